@@ -1,0 +1,39 @@
+# kvmesh: `make up` runs the mesh on the built-in tiny model; `make test` runs the test suite.
+# Both create and use a virtualenv at .venv/ in the repo.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# NOTE: torch is pinned in the install step only (a CPU build, fast to install); the package
+# itself accepts any recent torch.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: up test install proto proto-check bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+up: install
+	$(VENV)/bin/kvmesh up
+
+test: install
+	$(PY) -m pytest -q
+
+proto: install
+	$(PY) -m kvmesh.runtime.protogen
+
+proto-check: install
+	$(PY) -m kvmesh.runtime.protogen --check
+
+bench: install
+	$(PY) bench/engine.py
+	$(PY) bench/mesh.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

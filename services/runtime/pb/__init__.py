@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC stubs (python -m kvmesh.runtime.protogen). Do not edit."""

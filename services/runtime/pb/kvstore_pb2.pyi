@@ -1,0 +1,105 @@
+from . import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class LookupRequest(_message.Message):
+    __slots__ = ("spec", "block_hashes", "lease_s")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    spec: _common_pb2.ModelSpec
+    block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    lease_s: float
+    def __init__(self, spec: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., lease_s: _Optional[float] = ...) -> None: ...
+
+class LookupResponse(_message.Message):
+    __slots__ = ("num_blocks", "lease_id", "lease_expires_in_s")
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    num_blocks: int
+    lease_id: str
+    lease_expires_in_s: float
+    def __init__(self, num_blocks: _Optional[int] = ..., lease_id: _Optional[str] = ..., lease_expires_in_s: _Optional[float] = ...) -> None: ...
+
+class GetRequest(_message.Message):
+    __slots__ = ("spec", "block_hashes", "lease_id", "encoding")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    spec: _common_pb2.ModelSpec
+    block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    lease_id: str
+    encoding: _common_pb2.KvEncoding
+    def __init__(self, spec: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., lease_id: _Optional[str] = ..., encoding: _Optional[_Union[_common_pb2.KvEncoding, str]] = ...) -> None: ...
+
+class PutOpen(_message.Message):
+    __slots__ = ("spec", "producer_id")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    spec: _common_pb2.ModelSpec
+    producer_id: str
+    def __init__(self, spec: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., producer_id: _Optional[str] = ...) -> None: ...
+
+class PutCommit(_message.Message):
+    __slots__ = ("num_blocks",)
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    num_blocks: int
+    def __init__(self, num_blocks: _Optional[int] = ...) -> None: ...
+
+class PutMessage(_message.Message):
+    __slots__ = ("open", "block", "commit")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    open: PutOpen
+    block: _common_pb2.KvBlock
+    commit: PutCommit
+    def __init__(self, open: _Optional[_Union[PutOpen, _Mapping]] = ..., block: _Optional[_Union[_common_pb2.KvBlock, _Mapping]] = ..., commit: _Optional[_Union[PutCommit, _Mapping]] = ...) -> None: ...
+
+class PutResponse(_message.Message):
+    __slots__ = ("stored", "duplicates")
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    stored: int
+    duplicates: int
+    def __init__(self, stored: _Optional[int] = ..., duplicates: _Optional[int] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TierStats(_message.Message):
+    __slots__ = ("name", "blocks", "bytes", "capacity_bytes", "evictions")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    blocks: int
+    bytes: int
+    capacity_bytes: int
+    evictions: int
+    def __init__(self, name: _Optional[str] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., evictions: _Optional[int] = ...) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("tiers", "lookups", "lookup_hit_blocks", "lookup_query_blocks", "puts", "gets")
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    LOOKUPS_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_HIT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_QUERY_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PUTS_FIELD_NUMBER: _ClassVar[int]
+    GETS_FIELD_NUMBER: _ClassVar[int]
+    tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
+    lookups: int
+    lookup_hit_blocks: int
+    lookup_query_blocks: int
+    puts: int
+    gets: int
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., lookups: _Optional[int] = ..., lookup_hit_blocks: _Optional[int] = ..., lookup_query_blocks: _Optional[int] = ..., puts: _Optional[int] = ..., gets: _Optional[int] = ...) -> None: ...

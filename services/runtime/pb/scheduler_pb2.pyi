@@ -1,0 +1,111 @@
+from . import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RouteRequest(_message.Message):
+    __slots__ = ("request_id", "session_id", "model", "num_prompt_tokens", "block_hashes", "max_tokens", "pool", "exclude_workers")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    session_id: str
+    model: str
+    num_prompt_tokens: int
+    block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    max_tokens: int
+    pool: str
+    exclude_workers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., model: _Optional[str] = ..., num_prompt_tokens: _Optional[int] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., max_tokens: _Optional[int] = ..., pool: _Optional[str] = ..., exclude_workers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RouteResponse(_message.Message):
+    __slots__ = ("decode", "prefill", "local_prefill", "decode_cached_blocks", "prefill_cached_blocks", "policy", "pool", "queue_wait_s")
+    DECODE_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_PREFILL_FIELD_NUMBER: _ClassVar[int]
+    DECODE_CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    decode: _common_pb2.WorkerRef
+    prefill: _common_pb2.WorkerRef
+    local_prefill: bool
+    decode_cached_blocks: int
+    prefill_cached_blocks: int
+    policy: str
+    pool: str
+    queue_wait_s: float
+    def __init__(self, decode: _Optional[_Union[_common_pb2.WorkerRef, _Mapping]] = ..., prefill: _Optional[_Union[_common_pb2.WorkerRef, _Mapping]] = ..., local_prefill: bool = ..., decode_cached_blocks: _Optional[int] = ..., prefill_cached_blocks: _Optional[int] = ..., policy: _Optional[str] = ..., pool: _Optional[str] = ..., queue_wait_s: _Optional[float] = ...) -> None: ...
+
+class CompleteRequest(_message.Message):
+    __slots__ = ("request_id", "status")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    status: str
+    def __init__(self, request_id: _Optional[str] = ..., status: _Optional[str] = ...) -> None: ...
+
+class CompleteResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListWorkersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerStatus(_message.Message):
+    __slots__ = ("worker_id", "role", "endpoint", "pool", "model", "num_running", "num_waiting", "kv_blocks_total", "kv_blocks_free", "last_seen_age_s", "draining", "inflight")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCKS_FREE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    role: _common_pb2.WorkerRole
+    endpoint: str
+    pool: str
+    model: str
+    num_running: int
+    num_waiting: int
+    kv_blocks_total: int
+    kv_blocks_free: int
+    last_seen_age_s: float
+    draining: bool
+    inflight: int
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.WorkerRole, str]] = ..., endpoint: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., last_seen_age_s: _Optional[float] = ..., draining: bool = ..., inflight: _Optional[int] = ...) -> None: ...
+
+class ListWorkersResponse(_message.Message):
+    __slots__ = ("workers", "production_pool")
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCTION_POOL_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
+    production_pool: str
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., production_pool: _Optional[str] = ...) -> None: ...
+
+class SetProductionPoolRequest(_message.Message):
+    __slots__ = ("pool",)
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    def __init__(self, pool: _Optional[str] = ...) -> None: ...
+
+class SetProductionPoolResponse(_message.Message):
+    __slots__ = ("previous_pool",)
+    PREVIOUS_POOL_FIELD_NUMBER: _ClassVar[int]
+    previous_pool: str
+    def __init__(self, previous_pool: _Optional[str] = ...) -> None: ...
