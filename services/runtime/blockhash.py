@@ -73,3 +73,14 @@ class BlockHasher:
     def extend(self, parent: bytes | None, token_ids: Sequence[int]) -> bytes:
         """Hash of the block `token_ids` following `parent` (None = first block)."""
         return hash_block(self.root if parent is None else parent, token_ids)
+
+
+def resolve_dtype(setting: str, checkpoint_dtype: str | None) -> str:
+    """The dtype name a mesh serves in: 'auto' means the checkpoint's own dtype (float32 when it
+    names none), so every service resolves it the same way whatever device it runs on."""
+    aliases = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+    name = checkpoint_dtype or "float32" if setting == "auto" else setting
+    name = aliases.get(name, name)
+    if name not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"unsupported dtype {setting!r}: expected auto, float32, bfloat16 or float16")
+    return name

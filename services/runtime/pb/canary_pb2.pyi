@@ -33,7 +33,7 @@ class LatencyDelta(_message.Message):
     def __init__(self, production_p50_s: _Optional[float] = ..., production_p99_s: _Optional[float] = ..., candidate_p50_s: _Optional[float] = ..., candidate_p99_s: _Optional[float] = ...) -> None: ...
 
 class CanaryReport(_message.Message):
-    __slots__ = ("verdict", "reason", "samples", "exact_match_rate", "token_agreement", "noise_floor_agreement", "mean_first_divergence", "ttft", "tpot", "production_error_rate", "candidate_error_rate", "mirror_received", "mirror_dropped", "mirror_malformed", "production_pool", "candidate_pool")
+    __slots__ = ("verdict", "reason", "samples", "exact_match_rate", "token_agreement", "noise_floor_agreement", "mean_first_divergence", "ttft", "tpot", "production_error_rate", "candidate_error_rate", "mirror_received", "mirror_dropped", "mirror_malformed", "production_pool", "candidate_pool", "noise_samples", "mirror_duplicates", "buffered")
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,9 @@ class CanaryReport(_message.Message):
     MIRROR_MALFORMED_FIELD_NUMBER: _ClassVar[int]
     PRODUCTION_POOL_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_POOL_FIELD_NUMBER: _ClassVar[int]
+    NOISE_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MIRROR_DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    BUFFERED_FIELD_NUMBER: _ClassVar[int]
     verdict: Verdict
     reason: str
     samples: int
@@ -66,7 +69,10 @@ class CanaryReport(_message.Message):
     mirror_malformed: int
     production_pool: str
     candidate_pool: str
-    def __init__(self, verdict: _Optional[_Union[Verdict, str]] = ..., reason: _Optional[str] = ..., samples: _Optional[int] = ..., exact_match_rate: _Optional[float] = ..., token_agreement: _Optional[float] = ..., noise_floor_agreement: _Optional[float] = ..., mean_first_divergence: _Optional[float] = ..., ttft: _Optional[_Union[LatencyDelta, _Mapping]] = ..., tpot: _Optional[_Union[LatencyDelta, _Mapping]] = ..., production_error_rate: _Optional[float] = ..., candidate_error_rate: _Optional[float] = ..., mirror_received: _Optional[int] = ..., mirror_dropped: _Optional[int] = ..., mirror_malformed: _Optional[int] = ..., production_pool: _Optional[str] = ..., candidate_pool: _Optional[str] = ...) -> None: ...
+    noise_samples: int
+    mirror_duplicates: int
+    buffered: int
+    def __init__(self, verdict: _Optional[_Union[Verdict, str]] = ..., reason: _Optional[str] = ..., samples: _Optional[int] = ..., exact_match_rate: _Optional[float] = ..., token_agreement: _Optional[float] = ..., noise_floor_agreement: _Optional[float] = ..., mean_first_divergence: _Optional[float] = ..., ttft: _Optional[_Union[LatencyDelta, _Mapping]] = ..., tpot: _Optional[_Union[LatencyDelta, _Mapping]] = ..., production_error_rate: _Optional[float] = ..., candidate_error_rate: _Optional[float] = ..., mirror_received: _Optional[int] = ..., mirror_dropped: _Optional[int] = ..., mirror_malformed: _Optional[int] = ..., production_pool: _Optional[str] = ..., candidate_pool: _Optional[str] = ..., noise_samples: _Optional[int] = ..., mirror_duplicates: _Optional[int] = ..., buffered: _Optional[int] = ...) -> None: ...
 
 class PromoteRequest(_message.Message):
     __slots__ = ()

@@ -1,0 +1,257 @@
+"""`LLMEngine`: continuous batching over a paged KV cache, with KV import/export for workers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvmesh.engine.block_manager import BlockManager
+from kvmesh.engine.config import ModelArgs
+from kvmesh.engine.outputs import Completion, ContextLengthError, EngineStats, RequestOutput
+from kvmesh.engine.request_state import RequestState
+from kvmesh.engine.runner import ModelRunner, resolve_device, resolve_dtype
+from kvmesh.engine.sampler import make_generator, sample
+from kvmesh.engine.sampling import SamplingParams
+from kvmesh.engine.scheduler import Scheduler
+from kvmesh.engine.sequence import Sequence, SequenceStatus
+from kvmesh.engine.tiny import resolve_model
+from kvmesh.engine.tokenizer import Tokenizer
+from kvmesh.runtime.blockhash import BlockHasher
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str = "tiny"  # a Hugging Face-format directory, or "tiny"
+    dtype: str = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None = derive from kv_cache_memory_bytes
+    kv_cache_memory_bytes: int = 256 * 1024 * 1024
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    model_id: str | None = None  # block-hash model id; default "tiny" or the directory name
+    seed: int = 0  # for requests without their own seed
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        if config.block_size < 1 or config.max_num_seqs < 1 or config.max_num_batched_tokens < 1:
+            raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
+        path = resolve_model(config.model)
+        self.config = config
+        self.model_args = ModelArgs.from_dir(path)
+        self.tokenizer = Tokenizer.from_dir(path)
+        self.block_size = config.block_size
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.model_args, self.device)
+        num_blocks = config.num_kv_blocks or max(
+            1, config.kv_cache_memory_bytes // ModelRunner.bytes_per_block(self.model_args, self.block_size, self.dtype)
+        )
+        max_len = min(config.max_model_len or self.model_args.max_position_embeddings, self.model_args.max_position_embeddings)
+        # NOTE: one sequence must always fit the cache on its own, or preemption could not make progress.
+        self.max_model_len = min(max_len, num_blocks * self.block_size)
+        model_id = config.model_id or ("tiny" if config.model == "tiny" else path.resolve().name)
+        self.hasher = BlockHasher(model_id, str(self.dtype).removeprefix("torch."), self.block_size)
+        self.eos_token_ids = frozenset(self.model_args.eos_token_ids) | self.tokenizer.eos_token_ids
+        self.runner = ModelRunner(path, self.model_args, self.dtype, self.device, num_blocks, self.block_size, self.max_model_len)
+        self.block_manager = BlockManager(num_blocks, self.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, self.hasher.extend, config.max_num_seqs, config.max_num_batched_tokens)
+        self._requests: dict[str, RequestState] = {}
+        self._pending: list[RequestOutput] = []  # abort outputs, reported by the next step()
+        self._generator = torch.Generator()
+        self._generator.manual_seed(config.seed)
+        self._prompt_tokens_computed = 0
+        self._generated_tokens = 0
+
+    # ---- requests ----
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        computed_kv: torch.Tensor | None = None,
+        prefill_only: bool = False,
+    ) -> None:
+        """Queue a request. Raises ContextLengthError (prompt too long) or ValueError (bad input)."""
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        params.validate()
+        prompt = [int(t) for t in prompt_token_ids]
+        if not prompt:
+            raise ValueError("prompt_token_ids must not be empty")
+        if len(prompt) >= self.max_model_len:
+            raise ContextLengthError(len(prompt), self.max_model_len)
+        vocab = self.model_args.vocab_size
+        if any(t < 0 or t >= vocab for t in prompt):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if computed_kv is not None:
+            computed_kv = self._check_kv(computed_kv, len(prompt) - 1, "computed_kv")
+        seq = Sequence(request_id, prompt, len(prompt), params, prefill_only=prefill_only, computed_kv=computed_kv)
+        self._requests[request_id] = RequestState.create(seq, self.tokenizer, make_generator(params.seed, self._generator))
+        self.scheduler.add(seq)
+
+    def _check_kv(self, kv: torch.Tensor, max_tokens: int, what: str) -> torch.Tensor:
+        a = self.model_args
+        shape = tuple(kv.shape)
+        if len(shape) != 5 or shape[:2] != (2, a.num_layers) or shape[3:] != (a.num_kv_heads, a.head_dim):
+            raise ValueError(f"{what} has shape {shape}; expected [2, {a.num_layers}, k, {a.num_kv_heads}, {a.head_dim}]")
+        if shape[2] > max_tokens:
+            raise ValueError(f"{what} covers {shape[2]} tokens; at most {max_tokens} (all but the last prompt token)")
+        return kv
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request now; the next step() reports it with finish_reason "abort"."""
+        state = self._requests.pop(request_id, None)
+        if state is None:
+            return
+        if state.seq.status == SequenceStatus.PREFILLED:
+            self.scheduler.free_blocks(state.seq)
+            return
+        self.scheduler.finish(state.seq, "abort")
+        self._pending.append(state.take_output(True, "abort"))
+
+    def release(self, request_id: str) -> None:
+        """Free the blocks of a prefill-finished request (no-op for unknown ids)."""
+        state = self._requests.get(request_id)
+        if state is not None and state.seq.status == SequenceStatus.PREFILLED:
+            del self._requests[request_id]
+            self.scheduler.free_blocks(state.seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work()
+
+    def stats(self) -> EngineStats:
+        c = self.scheduler.counters
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_free_blocks=self.block_manager.num_free_blocks,
+            num_total_blocks=self.block_manager.num_blocks,
+            prefix_query_tokens=c.prefix_query_tokens,
+            prefix_hit_tokens=c.prefix_hit_tokens,
+            num_preemptions=c.num_preemptions,
+            num_prompt_tokens_computed=self._prompt_tokens_computed,
+            num_generated_tokens=self._generated_tokens,
+        )
+
+    # ---- the step loop ----
+
+    def step(self) -> list[RequestOutput]:
+        """One continuous-batching iteration; outputs for every sequence that advanced."""
+        outputs, self._pending = self._pending, []
+        sched = self.scheduler.schedule()
+        for seq, start, end in sched.kv_imports:
+            self.runner.write_kv(seq.block_table, start, seq.computed_kv[:, :, start:end])
+        for seq in sched.prefilled:
+            self.scheduler.commit_blocks(seq)
+            self._finish(seq, "prefill", outputs)
+        if not sched.scheduled:
+            return outputs
+        do_sample = [s.start + s.num_new_tokens == s.seq.num_tokens and not s.seq.prefill_only for s in sched.scheduled]
+        logits = self.runner.execute(sched.scheduled, do_sample)
+        sampled = [s.seq for s, d in zip(sched.scheduled, do_sample) if d]
+        states = [self._requests[seq.request_id] for seq in sampled]
+        tokens, logprobs = sample(logits, [s.params for s in sampled], [st.generator for st in states])
+        for s in sched.scheduled:
+            seq = s.seq
+            self._prompt_tokens_computed += max(0, min(s.start + s.num_new_tokens, seq.num_prompt_tokens) - s.start)
+            seq.num_computed_tokens += s.num_new_tokens
+            self.scheduler.commit_blocks(seq)
+        sampled_ids = {id(seq): i for i, seq in enumerate(sampled)}
+        for s in sched.scheduled:
+            seq = s.seq
+            state = self._requests[seq.request_id]
+            i = sampled_ids.get(id(seq))
+            if i is not None:
+                self._generated_tokens += 1
+                reason = state.append_token(tokens[i], logprobs[i], self.eos_token_ids, self.max_model_len)
+                if reason is not None:
+                    self._finish(seq, reason, outputs)
+                    continue
+            elif seq.prefill_only and seq.num_computed_tokens >= seq.target_len:
+                self._finish(seq, "prefill", outputs)
+                continue
+            outputs.append(state.take_output(False, None))
+        return outputs
+
+    def _finish(self, seq: Sequence, reason: str, outputs: list[RequestOutput]) -> None:
+        keep = reason == "prefill"
+        self.scheduler.finish(seq, reason, keep_blocks=keep)
+        state = self._requests[seq.request_id] if keep else self._requests.pop(seq.request_id)
+        outputs.append(state.take_output(True, reason))
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Completion]:
+        """Run prompts to completion (a convenience for tests, benchmarks and scripts)."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [f"generate-{id(self)}-{i}" for i in range(len(prompts))]
+        for rid, prompt, p in zip(ids, prompts, plist):
+            self.add_request(rid, prompt, p)
+        tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+        texts: dict[str, list[str]] = {rid: [] for rid in ids}
+        logprobs: dict[str, list] = {rid: [] for rid in ids}
+        done: dict[str, str | None] = {}
+        while len(done) < len(ids):
+            for out in self.step():
+                if out.request_id not in tokens:
+                    continue
+                tokens[out.request_id].extend(out.new_token_ids)
+                texts[out.request_id].append(out.new_text)
+                logprobs[out.request_id].extend(out.logprobs or [])
+                if out.finished:
+                    done[out.request_id] = out.finish_reason
+        return [
+            Completion(tokens[r], "".join(texts[r]), done[r], logprobs[r] if p.logprobs is not None else None)
+            for r, p in zip(ids, plist)
+        ]
+
+    # ---- KV movement ----
+
+    def export_kv(self, request_id: str, start: int, end: int) -> torch.Tensor:
+        """KV of tokens [start, end) of a live or prefilled request: [2, L, end-start, Hkv, D] on CPU."""
+        state = self._requests.get(request_id)
+        if state is None:
+            raise KeyError(f"unknown request id {request_id!r}")
+        seq = state.seq
+        if not 0 <= start <= end <= seq.num_computed_tokens:
+            raise ValueError(f"range [{start}, {end}) outside the {seq.num_computed_tokens} computed tokens of {request_id!r}")
+        return self.runner.read_kv(seq.block_table, start, end)
+
+    def cached_prefix_blocks(self, token_ids: list[int]) -> int:
+        """How many leading full blocks of `token_ids` this engine holds in its prefix cache."""
+        return len(self.block_manager.match_prefix(self.hasher.hashes(token_ids), token_ids))
+
+    def export_cached_blocks(self, token_ids: list[int], start_block: int = 0) -> list[torch.Tensor]:
+        """KV of cached full blocks from `start_block` on, each [2, L, block_size, Hkv, D] (CPU)."""
+        hits = self.block_manager.match_prefix(self.hasher.hashes(token_ids), token_ids)
+        return [self.runner.read_block(b) for b in hits[start_block:]]
+
+    def import_cached_blocks(self, token_ids: list[int], blocks: list[torch.Tensor], start_block: int = 0) -> int:
+        """Insert blocks computed elsewhere as cached free blocks.
+
+        Block i holds tokens of block `start_block + i` of `token_ids`. Returns how many of the
+        given blocks are now in the cache (stored now or already there), stopping at the first
+        that cannot be stored (no evictable block).
+        """
+        hashes = self.hasher.hashes(token_ids)
+        bs = self.block_size
+        stored = 0
+        for i, kv in enumerate(blocks):
+            idx = start_block + i
+            if idx >= len(hashes):
+                raise ValueError(f"block {idx} is not a full block of the given {len(token_ids)} tokens")
+            self._check_kv(kv, bs, f"block {idx}")
+            if kv.shape[2] != bs:
+                raise ValueError(f"block {idx} holds {kv.shape[2]} tokens; expected {bs}")
+            block_tokens = token_ids[idx * bs : (idx + 1) * bs]
+            if self.block_manager.lookup(hashes[idx], block_tokens) is None:
+                block_id = self.block_manager.import_block(hashes[idx], block_tokens)
+                if block_id is None:
+                    break
+                self.runner.write_block(block_id, kv)
+            stored += 1
+        return stored

@@ -1,0 +1,146 @@
+"""Llama-family decoder (Llama 2/3, Qwen2/2.5) in plain torch, attending over a paged KV cache.
+
+The forward pass works on a flat batch of T tokens from many sequences. Attention runs per
+`AttentionGroup` (decode rows together, prefill chunks together) with index tensors built
+once per step by the model runner, so there is no per-sequence Python work inside a layer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kvmesh.engine.config import ModelArgs
+
+
+@dataclass(slots=True)
+class AttentionGroup:
+    """Rows of the flat batch attended together (tokens `start:end` of the flat batch)."""
+
+    start: int
+    end: int
+    kv_slots: torch.Tensor  # [B, C] cache slots of each row's context (padding → any slot, masked)
+    mask: torch.Tensor  # [B, 1, Q, C] bool, True = attend
+    q_index: torch.Tensor | None  # [B, Q] flat token index per query (None: one query per row, in order)
+    out_index: torch.Tensor | None  # [end-start] rows of the [B*Q] output that are real tokens
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    slot_mapping: torch.Tensor  # [T] cache slot each new token's K/V is written to
+    groups: list[AttentionGroup]
+    logits_index: torch.Tensor  # [S] flat rows whose next-token logits are needed
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    input_norm: torch.Tensor  # [hidden]
+    qkv: torch.Tensor  # [q_size + 2*kv_size, hidden]
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor  # [hidden, q_size]
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor  # [hidden]
+    gate_up: torch.Tensor  # [2*intermediate, hidden]
+    down: torch.Tensor  # [hidden, intermediate]
+
+
+def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
+    """Inverse frequencies [head_dim/2] (fp32), with linear or Llama-3 scaling applied."""
+    dim = args.head_dim
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = args.rope_scaling or {}
+    kind = scaling.get("rope_type", "default")
+    if kind == "linear":
+        return inv_freq / float(scaling["factor"])
+    if kind != "llama3":
+        return inv_freq
+    factor = float(scaling["factor"])
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old_len = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def rope_tables(args: ModelArgs, max_len: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [max_len, head_dim] in the model dtype."""
+    pos = torch.arange(max_len, dtype=torch.float32)
+    freqs = pos[:, None] * rope_inv_freq(args)[None, :]  # [P, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
+    return emb.cos().to(dtype=dtype, device=device), emb.sin().to(dtype=dtype, device=device)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [T, H, D]; cos/sin: [T, 1, D]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class LlamaModel:
+    def __init__(
+        self,
+        args: ModelArgs,
+        embed: torch.Tensor,
+        layers: list[LayerWeights],
+        norm: torch.Tensor,
+        lm_head: torch.Tensor,
+        max_len: int,
+    ) -> None:
+        self.args = args
+        self.embed = embed  # [V, hidden]
+        self.layers = layers
+        self.norm = norm
+        self.lm_head = lm_head  # [V, hidden] (the embedding itself when tied)
+        self.cos, self.sin = rope_tables(args, max_len, embed.dtype, embed.device)
+        self._split = (args.q_size, args.kv_size, args.kv_size)
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # NOTE: normalise in fp32 like the reference implementation, scale in the model dtype.
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, weight.shape, weight, self.args.rms_norm_eps)
+        return weight * F.rms_norm(x.float(), weight.shape, eps=self.args.rms_norm_eps).to(x.dtype)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
+        """Run the flat batch, write its K/V into `kv_cache` [2, L, slots, Hkv, D]; return logits [S, V]."""
+        a = self.args
+        t = batch.input_ids.shape[0]
+        x = F.embedding(batch.input_ids, self.embed)  # [T, hidden]
+        cos = self.cos[batch.positions].unsqueeze(1)  # [T, 1, D]
+        sin = self.sin[batch.positions].unsqueeze(1)
+        for i, w in enumerate(self.layers):
+            h = self._rms_norm(x, w.input_norm)
+            q, k, v = F.linear(h, w.qkv, w.qkv_bias).split(self._split, dim=-1)
+            q = apply_rope(q.view(t, a.num_heads, a.head_dim), cos, sin)  # [T, Hq, D]
+            k = apply_rope(k.view(t, a.num_kv_heads, a.head_dim), cos, sin)  # [T, Hkv, D]
+            k_cache, v_cache = kv_cache[0, i], kv_cache[1, i]  # [slots, Hkv, D]
+            k_cache.index_copy_(0, batch.slot_mapping, k)
+            v_cache.index_copy_(0, batch.slot_mapping, v.view(t, a.num_kv_heads, a.head_dim))
+            attn = self._attention(q, k_cache, v_cache, batch.groups)  # [T, Hq*D]
+            x = x + F.linear(attn, w.o, w.o_bias)
+            gate, up = F.linear(self._rms_norm(x, w.post_norm), w.gate_up).chunk(2, dim=-1)  # [T, I] each
+            x = x + F.linear(F.silu(gate) * up, w.down)
+        x = self._rms_norm(x[batch.logits_index], self.norm)  # [S, hidden]
+        return F.linear(x, self.lm_head)  # [S, V]
+
+    def _attention(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, groups: list[AttentionGroup]
+    ) -> torch.Tensor:
+        outs = []
+        for g in groups:
+            qg = q[g.start : g.end].unsqueeze(1) if g.q_index is None else q[g.q_index]  # [B, Q, Hq, D]
+            kg = k_cache[g.kv_slots].transpose(1, 2)  # [B, Hkv, C, D]
+            vg = v_cache[g.kv_slots].transpose(1, 2)
+            o = F.scaled_dot_product_attention(qg.transpose(1, 2), kg, vg, attn_mask=g.mask, enable_gqa=True)  # [B, Hq, Q, D]
+            o = o.transpose(1, 2).reshape(-1, self.args.q_size)  # [B*Q, Hq*D]
+            outs.append(o if g.out_index is None else o[g.out_index])
+        return outs[0] if len(outs) == 1 else torch.cat(outs)

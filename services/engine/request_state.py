@@ -1,0 +1,73 @@
+"""Per-request output bookkeeping (pure): detokenization, stop checks, finish reasons."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvmesh.engine.outputs import RequestOutput, TokenLogprob
+from kvmesh.engine.sequence import Sequence
+from kvmesh.engine.stops import StopStringMatcher
+from kvmesh.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+@dataclass(slots=True)
+class RequestState:
+    seq: Sequence
+    detokenizer: IncrementalDetokenizer
+    matcher: StopStringMatcher
+    generator: Any  # torch.Generator (opaque here)
+    new_token_ids: list[int] = field(default_factory=list)
+    new_text: str = ""
+    new_logprobs: list[TokenLogprob] = field(default_factory=list)
+    text: str = ""  # everything emitted so far
+    all_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, seq: Sequence, tokenizer: Tokenizer, generator: Any) -> RequestState:
+        detok = IncrementalDetokenizer(tokenizer, seq.token_ids[: seq.num_prompt_tokens])
+        return cls(seq, detok, StopStringMatcher(seq.params.stop), generator)
+
+    def append_token(
+        self, token: int, logprob: TokenLogprob | None, eos_ids: frozenset[int], max_model_len: int
+    ) -> str | None:
+        """Record a sampled token; return the finish reason if the request is now done."""
+        seq, p = self.seq, self.seq.params
+        seq.token_ids.append(token)
+        self.new_token_ids.append(token)
+        if logprob is not None:
+            self.new_logprobs.append(logprob)
+        if token in p.stop_token_ids or (not p.ignore_eos and token in eos_ids):
+            self._emit(self.matcher.flush())
+            return "stop"
+        delta, stopped = self.matcher.add(self.detokenizer.push(token))
+        self._emit(delta)
+        if stopped:
+            return "stop"
+        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= max_model_len:
+            self._emit(self.matcher.flush())
+            return "length"
+        return None
+
+    def _emit(self, text: str) -> None:
+        self.new_text += text
+        self.text += text
+
+    def take_output(self, finished: bool, finish_reason: str | None) -> RequestOutput:
+        """The delta since the last output, then reset the delta."""
+        seq = self.seq
+        out = RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=self.new_token_ids,
+            new_text=self.new_text,
+            finished=finished,
+            finish_reason=finish_reason,
+            logprobs=self.new_logprobs if seq.params.logprobs is not None else None,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+            num_computed_tokens=seq.num_computed_tokens,
+        )
+        self.all_logprobs.extend(self.new_logprobs)
+        self.new_token_ids, self.new_text, self.new_logprobs = [], "", []
+        return out

@@ -1,0 +1,157 @@
+"""Tokenizer and chat template from a Hugging Face-format model directory (torch-free)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from kvmesh.engine.config import ModelLoadError
+
+_CONTEXT_TOKENS = 5  # prompt tokens kept as left context when decoding output incrementally
+
+
+class Tokenizer:
+    """`tokenizers` tokenizer + jinja2 chat template + special token ids."""
+
+    def __init__(
+        self,
+        hf_tokenizer: Any,
+        chat_template: str | None,
+        bos_token: str | None,
+        eos_token: str | None,
+        eos_token_ids: frozenset[int],
+        bos_token_id: int | None,
+    ) -> None:
+        self._tok = hf_tokenizer
+        self.chat_template = chat_template
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.eos_token_ids = eos_token_ids
+        self.bos_token_id = bos_token_id
+        self._template: Any = None
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> Tokenizer:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        path = Path(path)
+        tok_file = path / "tokenizer.json"
+        if not tok_file.is_file():
+            raise ModelLoadError(f"{tok_file}: file not found; expected a `tokenizers` tokenizer.json")
+        try:
+            hf = HFTokenizer.from_file(str(tok_file))
+        except Exception as exc:  # tokenizers raises a bare Exception on bad files
+            raise ModelLoadError(f"{tok_file}: cannot be parsed as a tokenizers tokenizer.json ({exc})") from exc
+        tok_cfg = _json_or_empty(path / "tokenizer_config.json")
+        bos = _token_str(tok_cfg.get("bos_token"))
+        eos = _token_str(tok_cfg.get("eos_token"))
+        eos_ids = set(_model_eos_ids(path))
+        if eos is not None and hf.token_to_id(eos) is not None:
+            eos_ids.add(hf.token_to_id(eos))
+        bos_id = hf.token_to_id(bos) if bos is not None else None
+        if bos_id is None:
+            bos_id = _json_or_empty(path / "config.json").get("bos_token_id")
+        return cls(hf, _chat_template(path, tok_cfg), bos, eos, frozenset(eos_ids), bos_id)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        """Render the model's chat template (from tokenizer_config.json) with jinja2."""
+        if self.chat_template is None:
+            raise ValueError("this model has no chat template (tokenizer_config.json has no 'chat_template')")
+        if self._template is None:
+            self._template = _compile_template(self.chat_template)
+        return self._template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+            **kwargs,
+        )
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of token ids into text deltas, never splitting a multi-byte character."""
+
+    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int] = (), skip_special_tokens: bool = True) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the newly completed text (possibly empty)."""
+        self._ids.append(token_id)
+        decode = self._tokenizer.decode
+        prefix_text = decode(self._ids[self._prefix_offset : self._read_offset], self._skip)
+        new_text = decode(self._ids[self._prefix_offset :], self._skip)
+        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+            return ""
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        return new_text[len(prefix_text) :]
+
+
+def _compile_template(source: str) -> Any:
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.TemplateError(message)
+
+    def tojson(value: Any, indent: int | None = None) -> str:
+        return json.dumps(value, ensure_ascii=False, indent=indent)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
+
+
+def _chat_template(path: Path, tok_cfg: dict[str, Any]) -> str | None:
+    jinja_file = path / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text(encoding="utf-8")
+    template = tok_cfg.get("chat_template")
+    if isinstance(template, list):  # named templates: pick "default"
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default") or next(iter(named.values()), None)
+    return template if isinstance(template, str) else None
+
+
+def _token_str(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _model_eos_ids(path: Path) -> list[int]:
+    for name in ("generation_config.json", "config.json"):
+        value = _json_or_empty(path / name).get("eos_token_id")
+        if value is not None:
+            return [int(v) for v in (value if isinstance(value, list) else [value])]
+    return []
+
+
+def _json_or_empty(file: Path) -> dict[str, Any]:
+    if not file.is_file():
+        return {}
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{file}: not valid JSON ({exc})") from exc

@@ -1,0 +1,120 @@
+"""The NATS control plane: protobuf messages on subjects, trace context in headers, reconnects.
+
+Services keep working on what they know while NATS is away; nats-py reconnects forever and
+`on_reconnect` callbacks let a service announce itself again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import nats
+from google.protobuf.message import DecodeError, Message
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from opentelemetry import propagate
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=Message)
+
+HEARTBEAT_SUBJECT = "kvmesh.workers.{role}.{worker_id}.heartbeat"
+HEARTBEAT_WILDCARD = "kvmesh.workers.*.*.heartbeat"
+KV_EVENTS_SUBJECT = "kvmesh.kv.events.{worker_id}"
+KV_EVENTS_WILDCARD = "kvmesh.kv.events.*"
+KV_REPLAY_SUBJECT = "kvmesh.kv.replay.{worker_id}"
+MIRROR_SUBJECT = "kvmesh.mirror.requests"
+
+
+class Bus:
+    """A NATS connection that speaks protobuf. Create with `await Bus.connect(url, name)`."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.malformed = 0
+        self._reconnect_hooks: list[Callable[[], Awaitable[None]]] = []
+
+    @classmethod
+    async def connect(cls, url: str, name: str, connect_timeout_s: float = 5.0, **options) -> Bus:
+        bus = cls.__new__(cls)
+
+        async def reconnected() -> None:
+            log.info("NATS reconnected (%s)", name)
+            for hook in bus._reconnect_hooks:
+                await hook()
+
+        async def disconnected() -> None:
+            log.warning("NATS disconnected (%s); serving on what we know", name)
+
+        async def error(exc: Exception) -> None:
+            log.debug("NATS error (%s): %s", name, exc)
+
+        client = await nats.connect(
+            servers=[u.strip() for u in url.split(",") if u.strip()],
+            name=name,
+            connect_timeout=connect_timeout_s,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            allow_reconnect=True,
+            reconnected_cb=reconnected,
+            disconnected_cb=disconnected,
+            error_cb=error,
+            **options,
+        )
+        cls.__init__(bus, client)
+        return bus
+
+    def on_reconnect(self, hook: Callable[[], Awaitable[None]]) -> None:
+        self._reconnect_hooks.append(hook)
+
+    @property
+    def connected(self) -> bool:
+        return self.client.is_connected
+
+    async def publish(self, subject: str, message: Message) -> None:
+        """Fire-and-forget publish with the current trace context in the headers."""
+        headers: dict[str, str] = {}
+        propagate.inject(headers)
+        await self.client.publish(subject, message.SerializeToString(), headers=headers or None)
+
+    async def subscribe(
+        self,
+        subject: str,
+        message_type: type[M],
+        handler: Callable[[M, Msg], Awaitable[None]],
+        queue: str = "",
+    ) -> None:
+        """Calls `handler(parsed, raw)` for each message; malformed payloads are counted and dropped."""
+
+        async def on_message(msg: Msg) -> None:
+            parsed = message_type()
+            try:
+                parsed.ParseFromString(msg.data)
+            except DecodeError:
+                self.malformed += 1
+                log.warning("dropped malformed %s on %s", message_type.__name__, msg.subject)
+                return
+            try:
+                await handler(parsed, msg)
+            except Exception:  # noqa: BLE001 - one bad message must not kill the subscription
+                log.exception("handler failed for %s", msg.subject)
+
+        await self.client.subscribe(subject, queue=queue, cb=on_message)
+
+    async def request(self, subject: str, message: Message, reply_type: type[M], timeout_s: float = 2.0) -> M:
+        headers: dict[str, str] = {}
+        propagate.inject(headers)
+        msg = await self.client.request(subject, message.SerializeToString(), timeout=timeout_s, headers=headers or None)
+        reply = reply_type()
+        reply.ParseFromString(msg.data)
+        return reply
+
+    async def close(self) -> None:
+        if self.client.is_closed:
+            return
+        try:
+            await self.client.drain()
+        except Exception:  # noqa: BLE001 - closing anyway
+            await self.client.close()

@@ -1,0 +1,68 @@
+"""Settings: one pydantic-settings class per service, plus CLI flags generated from its fields.
+
+Mesh-wide settings (`KVMESH_NATS_URL`, `KVMESH_MODEL`, `KVMESH_BLOCK_SIZE`, ...) are shared by
+every service; a service's own settings use its prefix (`KVMESH_GATEWAY_PORT`, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def mesh_field(default: Any, env: str, description: str) -> Any:
+    """A setting read from the mesh-wide variable `KVMESH_<env>` whatever the class's prefix."""
+    return Field(default, validation_alias=AliasChoices(f"KVMESH_{env}", env.lower()), description=description)
+
+
+class MeshSettings(BaseSettings):
+    """What every service of one mesh agrees on."""
+
+    model_config = SettingsConfigDict(env_prefix="KVMESH_", populate_by_name=True, extra="ignore")
+
+    nats_url: str = mesh_field("nats://127.0.0.1:4222", "NATS_URL", "NATS server URL(s), comma-separated")
+    model: str = mesh_field("tiny", "MODEL", "model directory (HF format) or 'tiny'")
+    model_name: str = mesh_field("", "MODEL_NAME", "name served at /v1/models (default: model dir name)")
+    block_size: int = mesh_field(16, "BLOCK_SIZE", "KV block size in tokens (mesh-wide)")
+    dtype: str = mesh_field("auto", "DTYPE", "model dtype: auto | float32 | bfloat16 | float16")
+    otlp_endpoint: str = mesh_field("", "OTLP_ENDPOINT", "OTLP gRPC endpoint for traces; empty = JSONL files")
+    trace_dir: str = mesh_field(".kvmesh/traces", "TRACE_DIR", "where JSONL traces go without OTLP")
+    log_level: str = mesh_field("INFO", "LOG_LEVEL", "logging level")
+
+    def served_model_name(self) -> str:
+        if self.model_name:
+            return self.model_name
+        return "tiny" if self.model == "tiny" else self.model.rstrip("/").split("/")[-1]
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def _flag_type(annotation: Any) -> type | None:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation = args[0] if len(args) == 1 else None
+    return annotation if annotation in (str, int, float, bool) else None
+
+
+def settings_from_argv(cls: type[S], argv: Sequence[str] | None, prog: str) -> S:
+    """Builds `cls` from the environment, overridden by `--flag value` for each simple field."""
+    parser = argparse.ArgumentParser(prog=prog, description=cls.__doc__)
+    for name, field in cls.model_fields.items():
+        kind = _flag_type(field.annotation)
+        if kind is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=field.description)
+        else:
+            parser.add_argument(flag, dest=name, type=kind, default=None, help=field.description)
+    args = parser.parse_args(argv)
+    overrides = {k: v for k, v in vars(args).items() if v is not None}
+    return cls(**overrides)

@@ -1,0 +1,172 @@
+"""gRPC helpers: a server with the standard health service and an exception-mapping interceptor,
+and client channels whose every call carries a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from .errors import ResourceExhausted, status_for
+
+log = logging.getLogger(__name__)
+
+# NOTE: KV blocks travel one per message, far below this; the limit is raised on both ends so a
+# large model's block (or an int8 block with scales) never trips gRPC's 4 MiB default.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+DEFAULT_DEADLINE_S = 30.0
+
+
+def _abort_args(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    code = status_for(exc)
+    if code is grpc.StatusCode.INTERNAL:
+        log.exception("unexpected error in handler", exc_info=exc)
+        return code, f"internal error: {type(exc).__name__}"
+    return code, str(exc) or type(exc).__name__
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    if isinstance(exc, ResourceExhausted):
+        context.set_trailing_metadata((("retry-after", f"{exc.retry_after_s:g}"),))
+    code, message = _abort_args(exc)
+    await context.abort(code, message)
+
+
+def _wrap_unary(behavior: Callable) -> Callable:
+    async def handler(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await behavior(request_or_iterator, context)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - mapped to a status code
+            await _abort(context, exc)
+
+    return handler
+
+
+def _wrap_stream(behavior: Callable) -> Callable:
+    async def handler(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            async for item in behavior(request_or_iterator, context):
+                yield item
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - mapped to a status code
+            await _abort(context, exc)
+
+    return handler
+
+
+class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
+    """Turns exceptions raised by servicers into status codes (see `errors.status_for`)."""
+
+    async def intercept_service(self, continuation: Callable, handler_call_details: Any) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                _wrap_unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                _wrap_stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer
+            )
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                _wrap_unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            _wrap_stream(handler.stream_stream), handler.request_deserializer, handler.response_serializer
+        )
+
+
+@dataclass(slots=True)
+class GrpcServer:
+    """A started server: `port` is the bound port (useful with port 0)."""
+
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    service_names: list[str] = field(default_factory=list)
+
+    async def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in [""] + self.service_names:
+            await self.health.set(name, status)
+
+    async def stop(self, grace_s: float) -> None:
+        await self.server.stop(grace_s)
+
+
+async def start_server(
+    host: str,
+    port: int,
+    register: Iterable[tuple[Callable[[Any, grpc.aio.Server], None], Any, str]],
+    interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
+) -> GrpcServer:
+    """Starts a gRPC server on host:port serving each (add_fn, servicer, full service name)
+    plus grpc.health.v1 (SERVING once started)."""
+    server = grpc.aio.server(interceptors=[*interceptors, ErrorMappingInterceptor()], options=CHANNEL_OPTIONS)
+    names = []
+    for add_fn, servicer, name in register:
+        add_fn(servicer, server)
+        names.append(name)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind gRPC server to {host}:{port}")
+    await server.start()
+    started = GrpcServer(server, bound, health_servicer, names)
+    await started.set_serving(True)
+    return started
+
+
+class ChannelPool:
+    """One aio channel per endpoint, created on first use, closed together."""
+
+    def __init__(self, interceptors: Iterable[grpc.aio.ClientInterceptor] = ()) -> None:
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._interceptors = list(interceptors)
+
+    def get(self, endpoint: str) -> grpc.aio.Channel:
+        channel = self._channels.get(endpoint)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS, interceptors=self._interceptors)
+            self._channels[endpoint] = channel
+        return channel
+
+    async def discard(self, endpoint: str) -> None:
+        channel = self._channels.pop(endpoint, None)
+        if channel is not None:
+            await channel.close()
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+
+
+async def check_health(endpoint: str, timeout_s: float = 2.0, service: str = "") -> bool:
+    """True when the server at `endpoint` answers SERVING."""
+    async with grpc.aio.insecure_channel(endpoint) as channel:
+        try:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING

@@ -1,0 +1,127 @@
+"""The plan of a local mesh: which processes `kvmesh up` starts, with which flags and env.
+
+Pure: `plan_mesh(options, ports)` returns ProcessSpecs; `supervisor.py` runs them.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+SERVICES = ("gateway", "scheduler", "prefill", "decode", "kvstore", "canary")
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSpec:
+    name: str                          # unique, e.g. "decode-0"
+    service: str                       # "decode"
+    args: tuple[str, ...]              # after `kvmesh <service>`
+    env: dict[str, str]
+    grpc_endpoint: str = ""            # health-checked when set
+    http_health: str = ""              # URL health-checked when set
+    metrics_target: str = ""           # host:port serving /metrics
+    pool: str = ""
+
+
+@dataclass(slots=True)
+class MeshOptions:
+    model: str = "tiny"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    prefill: int = 1
+    decode: int = 1
+    kvstore: bool = True
+    canary: bool = False
+    candidate_prefill: int = 0
+    candidate_decode: int = 0
+    candidate_model: str = ""
+    policy: str = ""
+    run_dir: str = ".kvmesh"
+    nats_port: int = 0
+    settings: list[str] = field(default_factory=list)            # "service.field=value"
+    candidate_settings: list[str] = field(default_factory=list)  # same, candidate workers only
+    env: dict[str, str] = field(default_factory=dict)            # mesh-wide extra env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def setting_env(assignments: list[str]) -> dict[str, dict[str, str]]:
+    """["decode.kv_encoding=int8"] → {"decode": {"KVMESH_DECODE_KV_ENCODING": "int8"}}."""
+    out: dict[str, dict[str, str]] = {}
+    for item in assignments:
+        key, sep, value = item.partition("=")
+        service, dot, name = key.partition(".")
+        if not sep or not dot or service not in SERVICES or not name:
+            raise ValueError(f"bad --set {item!r}: expected SERVICE.field=value with SERVICE in {', '.join(SERVICES)}")
+        out.setdefault(service, {})[f"KVMESH_{service.upper()}_{name.upper()}"] = value
+    return out
+
+
+def plan_mesh(opts: MeshOptions, nats_url: str, port_of: Callable[[], int] = free_port) -> list[ProcessSpec]:
+    """Processes in start order: kvstore, scheduler, prefill/decode workers, canary, gateway."""
+    overrides = setting_env(opts.settings)
+    candidate_overrides = setting_env(opts.candidate_settings)
+    base_env = {
+        "KVMESH_NATS_URL": nats_url,
+        "KVMESH_MODEL": opts.model,
+        "KVMESH_TRACE_DIR": f"{opts.run_dir}/traces",
+        **opts.env,
+    }
+    host = opts.host
+    specs: list[ProcessSpec] = []
+
+    def add(name: str, service: str, args: list[str], *, grpc_port: int = 0, metrics_port: int = 0,
+            http_health: str = "", pool: str = "", env: dict[str, str] | None = None) -> None:
+        merged = {**base_env, **overrides.get(service, {}), **(env or {})}
+        specs.append(ProcessSpec(
+            name, service, tuple(args), merged,
+            grpc_endpoint=f"{host}:{grpc_port}" if grpc_port else "",
+            http_health=http_health,
+            metrics_target=f"{host}:{metrics_port}" if metrics_port else "",
+            pool=pool,
+        ))
+
+    kvstore_endpoint = ""
+    if opts.kvstore:
+        port, mport = port_of(), port_of()
+        kvstore_endpoint = f"{host}:{port}"
+        add("kvstore", "kvstore", ["--host", host, "--port", str(port), "--metrics-port", str(mport),
+                                   "--store-id", "kvstore-0"], grpc_port=port, metrics_port=mport)
+    sched_port, sched_mport = port_of(), port_of()
+    scheduler = f"{host}:{sched_port}"
+    sched_args = ["--host", host, "--port", str(sched_port), "--metrics-port", str(sched_mport)]
+    if opts.policy:
+        sched_args += ["--policy", opts.policy]
+    add("scheduler", "scheduler", sched_args, grpc_port=sched_port, metrics_port=sched_mport)
+
+    def workers(role: str, count: int, pool: str) -> None:
+        extra = candidate_overrides.get(role, {}) if pool == "candidate" else {}
+        env = dict(extra)
+        if pool == "candidate" and opts.candidate_model:
+            env["KVMESH_MODEL"] = opts.candidate_model
+        for i in range(count):
+            port, mport = port_of(), port_of()
+            worker_id = f"{role}-{i}" if pool == "production" else f"{role}-{pool}-{i}"
+            args = ["--host", host, "--port", str(port), "--metrics-port", str(mport),
+                    "--worker-id", worker_id, "--pool", pool]
+            if kvstore_endpoint:
+                args += ["--kvstore", kvstore_endpoint]
+            add(worker_id, role, args, grpc_port=port, metrics_port=mport, pool=pool, env=env)
+
+    workers("prefill", opts.prefill, "production")
+    workers("decode", opts.decode, "production")
+    workers("prefill", opts.candidate_prefill, "candidate")
+    workers("decode", opts.candidate_decode, "candidate")
+    if opts.canary:
+        port, http_port = port_of(), port_of()
+        add("canary", "canary", ["--host", host, "--port", str(port), "--http-port", str(http_port),
+                                 "--scheduler", scheduler],
+            grpc_port=port, metrics_port=http_port, http_health=f"http://{host}:{http_port}/health")
+    add("gateway", "gateway", ["--host", host, "--port", str(opts.port), "--scheduler", scheduler],
+        http_health=f"http://{host}:{opts.port}/health", metrics_port=opts.port)
+    return specs

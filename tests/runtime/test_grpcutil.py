@@ -1,0 +1,74 @@
+import grpc
+import pytest
+
+from kvmesh.runtime.errors import InvalidArgument, ResourceExhausted
+from kvmesh.runtime.grpcutil import ChannelPool, check_health, start_server
+from kvmesh.runtime.pb import decode_pb2, decode_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+
+
+class Failing(scheduler_pb2_grpc.SchedulerServicer):
+    async def Route(self, request, context):
+        if request.request_id == "bad":
+            raise InvalidArgument("num_prompt_tokens must be > 0")
+        if request.request_id == "full":
+            raise ResourceExhausted("queue full", retry_after_s=2.5)
+        if request.request_id == "value":
+            raise ValueError("plain ValueError")
+        raise RuntimeError("boom")
+
+
+class Streaming(decode_pb2_grpc.DecodeWorkerServicer):
+    async def Generate(self, request, context):
+        yield decode_pb2.GenerateResponse(token_ids=[1])
+        raise InvalidArgument("stop after one")
+
+
+@pytest.fixture
+async def server():
+    started = await start_server("127.0.0.1", 0, [
+        (scheduler_pb2_grpc.add_SchedulerServicer_to_server, Failing(), "kvmesh.v1.Scheduler"),
+        (decode_pb2_grpc.add_DecodeWorkerServicer_to_server, Streaming(), "kvmesh.v1.DecodeWorker"),
+    ])
+    pool = ChannelPool()
+    yield started, pool.get(f"127.0.0.1:{started.port}")
+    await pool.close()
+    await started.stop(0)
+
+
+@pytest.mark.parametrize("request_id, code, message", [
+    ("bad", grpc.StatusCode.INVALID_ARGUMENT, "num_prompt_tokens must be > 0"),
+    ("value", grpc.StatusCode.INVALID_ARGUMENT, "plain ValueError"),
+    ("full", grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full"),
+    ("other", grpc.StatusCode.INTERNAL, "internal error: RuntimeError"),
+])
+async def test_exceptions_map_to_status_codes(server, request_id, code, message):
+    _, channel = server
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await scheduler_pb2_grpc.SchedulerStub(channel).Route(scheduler_pb2.RouteRequest(request_id=request_id), timeout=5)
+    assert info.value.code() == code
+    assert info.value.details() == message
+
+
+async def test_resource_exhausted_carries_retry_after(server):
+    _, channel = server
+    call = scheduler_pb2_grpc.SchedulerStub(channel).Route(scheduler_pb2.RouteRequest(request_id="full"), timeout=5)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    assert dict(info.value.trailing_metadata())["retry-after"] == "2.5"
+
+
+async def test_stream_errors_after_items_keep_the_items(server):
+    _, channel = server
+    got = []
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for reply in decode_pb2_grpc.DecodeWorkerStub(channel).Generate(decode_pb2.GenerateRequest(), timeout=5):
+            got.append(list(reply.token_ids))
+    assert got == [[1]] and info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_health_service_answers(server):
+    started, _ = server
+    assert await check_health(f"127.0.0.1:{started.port}")
+    assert await check_health(f"127.0.0.1:{started.port}", service="kvmesh.v1.Scheduler")
+    await started.set_serving(False)
+    assert not await check_health(f"127.0.0.1:{started.port}")

@@ -1,0 +1,38 @@
+import itertools
+
+import pytest
+
+from kvmesh.runtime.launcher import MeshOptions, plan_mesh, setting_env
+
+
+def plan(**options):
+    ports = itertools.count(20000)
+    return plan_mesh(MeshOptions(**options), "nats://127.0.0.1:4222", port_of=lambda: next(ports))
+
+
+def test_default_mesh_starts_store_scheduler_workers_then_gateway():
+    specs = plan()
+    assert [s.name for s in specs] == ["kvstore", "scheduler", "prefill-0", "decode-0", "gateway"]
+    gateway = specs[-1]
+    assert gateway.args == ("--host", "127.0.0.1", "--port", "8000", "--scheduler", "127.0.0.1:20002")
+    decode = specs[3]
+    assert ("--kvstore", "127.0.0.1:20000") == decode.args[-2:]
+    assert decode.env["KVMESH_NATS_URL"] == "nats://127.0.0.1:4222"
+    assert decode.metrics_target == "127.0.0.1:20007"
+
+
+def test_candidate_pool_gets_its_own_model_and_settings():
+    specs = plan(prefill=0, candidate_decode=1, candidate_model="/m2", canary=True,
+                 settings=["decode.kv_encoding=int8"], candidate_settings=["decode.step_delay_s=0.1"])
+    names = [s.name for s in specs]
+    assert names == ["kvstore", "scheduler", "decode-0", "decode-candidate-0", "canary", "gateway"]
+    prod, cand = specs[2], specs[3]
+    assert prod.env["KVMESH_DECODE_KV_ENCODING"] == "int8" and "KVMESH_DECODE_STEP_DELAY_S" not in prod.env
+    assert cand.env["KVMESH_DECODE_STEP_DELAY_S"] == "0.1" and cand.env["KVMESH_MODEL"] == "/m2"
+    assert "--pool" in cand.args and cand.args[cand.args.index("--pool") + 1] == "candidate"
+
+
+def test_setting_env_rejects_unknown_services():
+    assert setting_env(["gateway.mirror_sample=1"]) == {"gateway": {"KVMESH_GATEWAY_MIRROR_SAMPLE": "1"}}
+    with pytest.raises(ValueError, match="bad --set 'router.x=1'"):
+        setting_env(["router.x=1"])
