@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # itself accepts any recent torch.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: up test install proto proto-check bench clean
+.PHONY: up test install system-deps proto proto-check bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,14 @@ install: $(VENV)/.installed
 up: install
 	$(VENV)/bin/kvmesh up
 
-test: install
+# Debian's prometheus runs the dashboard-query test; installed when missing and apt-get is usable.
+system-deps:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; \
+	  else echo "note: prometheus not installed (needs root + apt-get); its test will be skipped"; fi; }
+
+test: install system-deps
 	$(PY) -m pytest -q
 
 proto: install

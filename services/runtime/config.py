@@ -33,6 +33,7 @@ class MeshSettings(BaseSettings):
     dtype: str = mesh_field("auto", "DTYPE", "model dtype: auto | float32 | bfloat16 | float16")
     otlp_endpoint: str = mesh_field("", "OTLP_ENDPOINT", "OTLP gRPC endpoint for traces; empty = JSONL files")
     trace_dir: str = mesh_field(".kvmesh/traces", "TRACE_DIR", "where JSONL traces go without OTLP")
+    tracing: bool = mesh_field(True, "TRACING", "record traces (false = no spans at all)")
     log_level: str = mesh_field("INFO", "LOG_LEVEL", "logging level")
 
     def served_model_name(self) -> str:

@@ -1,0 +1,139 @@
+"""The same workload through the full mesh and through the in-process engine, in one run.
+
+    .venv/bin/python bench/mesh.py [--requests 32] [--concurrency 8] [--prompt-tokens 64] [--max-tokens 32]
+
+Prints throughput (output tok/s) and TTFT p50/p99 for: the in-process engine, the mesh with a
+prefill and a decode worker (KV pushed over gRPC), the mesh with one decode worker prefilling
+locally, and the disaggregated mesh with tracing off; then the ratios. Ratios, not absolute
+numbers, are the result: the machine is shared and noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class Result:
+    name: str
+    wall_s: float
+    output_tokens: int
+    ttfts: list[float]
+
+    @property
+    def throughput(self) -> float:
+        return self.output_tokens / self.wall_s
+
+    def pct(self, q: float) -> float:
+        xs = sorted(self.ttfts)
+        return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def make_prompts(n: int, length: int) -> list[list[int]]:
+    return [[32 + (i * 7 + j * 13) % 90 for j in range(length)] for i in range(n)]
+
+
+def run_in_process(prompts: list[list[int]], max_tokens: int, concurrency: int) -> Result:
+    from kvmesh.engine.llm import EngineConfig, LLMEngine
+    from kvmesh.engine.sampling import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model="tiny", dtype="float32"))
+    engine.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=4))  # warm up
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    pending = list(enumerate(prompts))
+    started: dict[str, float] = {}
+    ttft: dict[str, float] = {}
+    inflight = 0
+    tokens = 0
+    t0 = time.perf_counter()
+    while pending or engine.has_unfinished_requests():
+        while pending and inflight < concurrency:
+            i, prompt = pending.pop(0)
+            started[f"r{i}"] = time.perf_counter()
+            engine.add_request(f"r{i}", prompt, params)
+            inflight += 1
+        for out in engine.step():
+            tokens += len(out.new_token_ids)
+            if out.new_token_ids and out.request_id not in ttft:
+                ttft[out.request_id] = time.perf_counter() - started[out.request_id]
+            inflight -= out.finished
+    return Result("in-process engine", time.perf_counter() - t0, tokens, list(ttft.values()))
+
+
+def run_mesh(name: str, prompts: list[list[int]], max_tokens: int, concurrency: int, **options) -> Result:
+    import openai
+
+    from kvmesh.runtime.launcher import MeshOptions, free_port
+    from kvmesh.runtime.supervisor import Mesh
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        mesh = Mesh(MeshOptions(port=free_port(), run_dir=run_dir, kvstore=False, **options))
+        mesh.start(timeout_s=180)
+        try:
+            client = openai.OpenAI(base_url=f"{mesh.gateway_url}/v1", api_key="x", max_retries=0, timeout=300)
+            client.completions.create(model="tiny", prompt=prompts[0], max_tokens=4)  # warm up
+            lock = threading.Lock()
+            ttfts: list[float] = []
+            tokens = 0
+
+            def one(prompt: list[int]) -> None:
+                nonlocal tokens
+                t = time.perf_counter()
+                first = None
+                count = 0
+                for chunk in client.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens,
+                                                       temperature=0, stream=True,
+                                                       stream_options={"include_usage": True},
+                                                       extra_body={"ignore_eos": True}):
+                    if chunk.choices and chunk.choices[0].text and first is None:
+                        first = time.perf_counter() - t
+                    if chunk.usage:
+                        count = chunk.usage.completion_tokens
+                with lock:
+                    ttfts.append(first or 0.0)
+                    tokens += count
+
+            t0 = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+                list(pool.map(one, prompts))
+            return Result(name, time.perf_counter() - t0, tokens, ttfts)
+        finally:
+            mesh.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=32)
+    args = p.parse_args(argv)
+    prompts = make_prompts(args.requests, args.prompt_tokens)
+    work = (prompts, args.max_tokens, args.concurrency)
+    results = [
+        run_in_process(*work),
+        run_mesh("mesh: prefill + decode (KV over gRPC)", *work, prefill=1, decode=1),
+        run_mesh("mesh: decode only (local prefill)", *work, prefill=0, decode=1),
+        run_mesh("mesh: prefill + decode, tracing off", *work, prefill=1, decode=1, env={"KVMESH_TRACING": "false"}),
+    ]
+    base = results[0]
+    print(f"\n{args.requests} requests, {args.prompt_tokens} prompt tokens, {args.max_tokens} output tokens, "
+          f"concurrency {args.concurrency}, tiny model\n")
+    print(f"{'setup':42} {'tok/s':>8} {'ratio':>6} {'TTFT p50 ms':>12} {'p99 ms':>8} {'+p50 ms':>8}")
+    for r in results:
+        print(f"{r.name:42} {r.throughput:8.1f} {r.throughput / base.throughput:6.2f} "
+              f"{r.pct(0.5) * 1e3:12.1f} {r.pct(0.99) * 1e3:8.1f} {(r.pct(0.5) - base.pct(0.5)) * 1e3:8.1f}")
+    traced, untraced = results[1], results[3]
+    print(f"\ntracing overhead: throughput with tracing / without = {traced.throughput / untraced.throughput:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""kvmesh gateway: the OpenAI-compatible REST front end (FastAPI + uvicorn)."""

@@ -1,0 +1,74 @@
+"""Two-phase put sessions: blocks are staged, invisible, until commit; abandoned sessions expire."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from kvmesh.runtime.errors import FailedPrecondition, InvalidArgument
+
+from .blocks import Block, ModelSpec, check_block
+
+
+@dataclass(slots=True)
+class PutSession:
+    put_id: str
+    spec: ModelSpec
+    producer_id: str
+    parent: bytes | None
+    last_activity: float
+    blocks: list[Block] = field(default_factory=list)
+
+    @property
+    def staged_bytes(self) -> int:
+        return sum(b.nbytes for b in self.blocks)
+
+
+class PutSessions:
+    """Open put sessions; `expire(now)` reclaims those idle for more than `timeout_s`."""
+
+    def __init__(self, timeout_s: float, max_blocks: int) -> None:
+        self.timeout_s = timeout_s
+        self.max_blocks = max_blocks
+        self._open: dict[str, PutSession] = {}
+        self._ids = itertools.count(1)
+        self.abandoned = 0
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def open(self, spec: ModelSpec, producer_id: str, parent: bytes | None, now: float) -> PutSession:
+        session = PutSession(f"put-{next(self._ids)}", spec, producer_id, parent, now)
+        self._open[session.put_id] = session
+        return session
+
+    def get(self, put_id: str, now: float) -> PutSession:
+        session = self._open.get(put_id)
+        if session is None:
+            raise FailedPrecondition(f"put {put_id} is unknown, finished or expired (idle > {self.timeout_s:g}s)")
+        session.last_activity = now
+        return session
+
+    def stage(self, put_id: str, block: Block, now: float) -> None:
+        """Validates `block` against the session's spec and order, then stages it (not yet visible)."""
+        session = self.get(put_id, now)
+        check_block(session.spec, block)
+        if len(session.blocks) >= self.max_blocks:
+            raise InvalidArgument(f"put {put_id}: more than {self.max_blocks} blocks in one put")
+        if session.blocks and block.header.block_index != session.blocks[-1].header.block_index + 1:
+            raise InvalidArgument(
+                f"put {put_id}: block_index {block.header.block_index} does not follow "
+                f"{session.blocks[-1].header.block_index} (blocks must come in sequence order)"
+            )
+        session.blocks.append(block)
+
+    def close(self, put_id: str) -> PutSession | None:
+        return self._open.pop(put_id, None)
+
+    def expire(self, now: float) -> list[str]:
+        """Drops sessions idle for longer than the timeout; returns their ids."""
+        stale = [pid for pid, s in self._open.items() if now - s.last_activity > self.timeout_s]
+        for pid in stale:
+            del self._open[pid]
+        self.abandoned += len(stale)
+        return stale

@@ -1,0 +1,292 @@
+"""Plumbing shared by the prefill and decode workers: settings, the engine thread, heartbeats.
+
+The engine is not thread-safe, so one `EngineLoop` thread owns it: it runs queued commands
+between steps and calls `engine.step()` while there is work. The asyncio side submits commands
+with `await loop.call(fn)` and receives each request's outputs through an `OutputStream`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import Field
+
+from .bus import HEARTBEAT_SUBJECT, Bus
+from .blockhash import resolve_dtype
+from .config import MeshSettings
+from .pb import common_pb2, events_pb2
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+ROLES = {"prefill": common_pb2.WORKER_ROLE_PREFILL, "decode": common_pb2.WORKER_ROLE_DECODE}
+
+
+class WorkerSettings(MeshSettings):
+    """Fields both workers share; each worker subclasses it with its own env prefix and ports."""
+
+    host: str = Field("127.0.0.1", description="bind address")
+    port: int = Field(0, description="gRPC port (0 = any free port)")
+    advertise_host: str = Field("", description="host others reach this worker at (default: host)")
+    metrics_port: int = Field(0, description="Prometheus /metrics port (0 = any free port, -1 = off)")
+    worker_id: str = Field("", description="worker id (default: <role>-<hostname>-<pid>)")
+    pool: str = Field("production", description="worker pool (production | candidate | ...)")
+    kvstore: str = Field("", description="KV store endpoint host:port (empty = none)")
+    kvstore_timeout_s: float = Field(0.5, description="deadline for KV store lookups")
+    kv_encoding: str = Field("raw", description="KV wire encoding: raw | int8 | int4")
+    device: str = Field("auto", description="torch device: auto | cpu | cuda[:n]")
+    num_kv_blocks: int = Field(0, description="KV cache blocks (0 = from kv_cache_memory_bytes)")
+    kv_cache_memory_bytes: int = Field(256 * 1024 * 1024, description="KV cache budget in bytes")
+    max_num_seqs: int = Field(64, description="most sequences in one batch")
+    max_num_batched_tokens: int = Field(2048, description="token budget of one engine step")
+    max_model_len: int = Field(0, description="context length cap (0 = the model's)")
+    heartbeat_interval_s: float = Field(0.5, description="heartbeat period on NATS")
+    drain_grace_s: float = Field(10.0, description="how long in-flight requests may finish on shutdown")
+
+    def resolved_worker_id(self, role: str) -> str:
+        return self.worker_id or f"{role}-{socket.gethostname()}-{os.getpid()}"
+
+    def endpoint(self, bound_port: int) -> str:
+        return f"{self.advertise_host or self.host}:{bound_port}"
+
+
+def engine_config(settings: WorkerSettings) -> Any:
+    """EngineConfig from worker settings; the dtype is resolved the mesh-wide way."""
+    from kvmesh.engine.config import ModelArgs  # noqa: PLC0415
+    from kvmesh.engine.llm import EngineConfig  # noqa: PLC0415
+    from kvmesh.engine.tiny import resolve_model  # noqa: PLC0415
+
+    args = ModelArgs.from_dir(resolve_model(settings.model))
+    return EngineConfig(
+        model=settings.model,
+        dtype=resolve_dtype(settings.dtype, args.torch_dtype),
+        device=settings.device,
+        block_size=settings.block_size,
+        num_kv_blocks=settings.num_kv_blocks or None,
+        kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_model_len=settings.max_model_len or None,
+    )
+
+
+class OutputStream:
+    """What the engine thread hands one request: items in order, exceptions re-raised."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def put(self, item: Any) -> None:
+        self._queue.put_nowait(item)
+
+    async def next_batch(self) -> list[Any]:
+        """Everything pending (at least one item); raises the first exception delivered."""
+        items = [await self._queue.get()]
+        while not self._queue.empty():
+            items.append(self._queue.get_nowait())
+        for item in items:
+            if isinstance(item, BaseException):
+                raise item
+        return items
+
+
+@dataclass(slots=True)
+class _Subscription:
+    stream: OutputStream
+    on_output: Callable[[Any, Any], Any] | None
+
+
+class EngineLoop:
+    """One thread that owns the engine; see the module docstring."""
+
+    def __init__(self, engine: Any, name: str = "engine") -> None:
+        self.engine = engine
+        self.stats = engine.stats()
+        self.step_hooks: list[Callable[[Any, list[Any]], None]] = []  # run on the engine thread after each step
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._commands: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._subs: dict[str, _Subscription] = {}
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread.start()
+
+    async def stop(self) -> None:
+        self._commands.put(None)
+        await asyncio.to_thread(self._thread.join, 10.0)
+
+    async def call(self, fn: Callable[[Any], T]) -> T:
+        """Run `fn(engine)` on the engine thread between steps; its result or exception comes back."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+
+        def run() -> None:
+            try:
+                result = fn(self.engine)
+            except Exception as exc:  # noqa: BLE001 - handed to the caller
+                self._deliver(lambda: future.done() or future.set_exception(exc))
+            else:
+                self._deliver(lambda: future.done() or future.set_result(result))
+
+        self._commands.put(run)
+        return await future
+
+    def call_nowait(self, fn: Callable[[Any], Any]) -> None:
+        """Fire-and-forget `fn(engine)` on the engine thread (errors are logged)."""
+
+        def run() -> None:
+            try:
+                fn(self.engine)
+            except Exception:  # noqa: BLE001 - nobody waits for it
+                log.exception("engine command failed")
+
+        self._commands.put(run)
+
+    async def add_request(
+        self, request_id: str, add: Callable[[Any], None], on_output: Callable[[Any, Any], Any] | None = None
+    ) -> OutputStream:
+        """`add(engine)` then stream the request's outputs; `on_output(engine, output)` (on the
+        engine thread, right after the step) turns each output into the item delivered."""
+        stream = OutputStream()
+
+        def run(engine: Any) -> None:
+            add(engine)
+            self._subs[request_id] = _Subscription(stream, on_output)
+
+        await self.call(run)
+        return stream
+
+    def cancel(self, request_id: str) -> None:
+        """Abort the request in the engine and stop delivering its outputs."""
+
+        def run(engine: Any) -> None:
+            self._subs.pop(request_id, None)
+            engine.abort_request(request_id)
+
+        self.call_nowait(run)
+
+    def _deliver(self, fn: Callable[[], Any]) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+    def _run(self) -> None:
+        while True:
+            busy = self.engine.has_unfinished_requests()
+            commands = []
+            try:
+                commands.append(self._commands.get(block=not busy))
+                while True:
+                    commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                pass
+            for command in commands:
+                if command is None:
+                    return
+                command()
+            if busy or commands:
+                self._step()
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - fail the requests, keep the worker alive
+            log.exception("engine step failed; failing %d requests", len(self._subs))
+            for request_id, sub in list(self._subs.items()):
+                self._deliver(lambda s=sub.stream: s.put(exc))
+                self.engine.abort_request(request_id)
+            self._subs.clear()
+            return
+        for out in outputs:
+            sub = self._subs.get(out.request_id)
+            if sub is None:
+                continue
+            if out.finished:
+                del self._subs[out.request_id]
+            try:
+                item = sub.on_output(self.engine, out) if sub.on_output else out
+            except Exception as exc:  # noqa: BLE001 - handed to the request's consumer
+                item = exc
+            self._deliver(lambda s=sub.stream, i=item: s.put(i))
+        for hook in self.step_hooks:
+            try:
+                hook(self.engine, outputs)
+            except Exception:  # noqa: BLE001
+                log.exception("engine step hook failed")
+        self.stats = self.engine.stats()
+
+
+@dataclass(slots=True)
+class HeartbeatInfo:
+    """The static part of a worker's heartbeat."""
+
+    worker_id: str
+    role: str
+    endpoint: str
+    pool: str
+    model: str
+    block_size: int
+    max_num_seqs: int
+    started_at: float
+
+
+class Heartbeater:
+    """Publishes a Heartbeat every `interval_s` (and right after a NATS reconnect)."""
+
+    def __init__(
+        self, bus: Bus | None, info: HeartbeatInfo, stats: Callable[[], Any], interval_s: float,
+        kv_event_seq: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self.bus = bus
+        self.info = info
+        self.draining = False
+        self._stats = stats
+        self._kv_event_seq = kv_event_seq
+        self._interval_s = interval_s
+        self._task: asyncio.Task | None = None
+        self.subject = HEARTBEAT_SUBJECT.format(role=info.role, worker_id=info.worker_id)
+
+    def message(self) -> events_pb2.Heartbeat:
+        s, i = self._stats(), self.info
+        return events_pb2.Heartbeat(
+            worker_id=i.worker_id, role=ROLES[i.role], endpoint=i.endpoint, pool=i.pool, model=i.model,
+            block_size=i.block_size, num_running=s.num_running, num_waiting=s.num_waiting,
+            kv_blocks_total=s.num_total_blocks, kv_blocks_free=s.num_free_blocks, max_num_seqs=i.max_num_seqs,
+            timestamp=time.time(), started_at=i.started_at, draining=self.draining, kv_event_seq=self._kv_event_seq(),
+        )
+
+    async def beat(self) -> None:
+        if self.bus is None:
+            return
+        try:
+            await self.bus.publish(self.subject, self.message())
+        except Exception as exc:  # noqa: BLE001 - NATS away: the next beat tries again
+            log.debug("heartbeat not sent: %s", exc)
+
+    def start(self) -> None:
+        if self.bus is None:
+            return
+        self.bus.on_reconnect(self.beat)
+        self._task = asyncio.create_task(self._run(), name="heartbeat")
+
+    async def _run(self) -> None:
+        while True:
+            await self.beat()
+            await asyncio.sleep(self._interval_s)
+
+    async def deregister(self) -> None:
+        """Announce draining (the scheduler stops routing here) and stop the periodic beat."""
+        self.draining = True
+        if self._task is not None:
+            self._task.cancel()
+        await self.beat()
