@@ -62,12 +62,14 @@ def setting_env(assignments: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
-def plan_mesh(opts: MeshOptions, nats_url: str, port_of: Callable[[], int] = free_port) -> list[ProcessSpec]:
-    """Processes in start order: kvstore, scheduler, prefill/decode workers, canary, gateway."""
+def plan_mesh(
+    opts: MeshOptions, nats_url: Callable[[str], str], port_of: Callable[[], int] = free_port
+) -> list[ProcessSpec]:
+    """Processes in start order: kvstore, scheduler, prefill/decode workers, canary, gateway.
+    `nats_url(service)` is the URL (with that service's credentials) each service connects to."""
     overrides = setting_env(opts.settings)
     candidate_overrides = setting_env(opts.candidate_settings)
     base_env = {
-        "KVMESH_NATS_URL": nats_url,
         "KVMESH_MODEL": opts.model,
         "KVMESH_TRACE_DIR": f"{opts.run_dir}/traces",
         **opts.env,
@@ -77,7 +79,7 @@ def plan_mesh(opts: MeshOptions, nats_url: str, port_of: Callable[[], int] = fre
 
     def add(name: str, service: str, args: list[str], *, grpc_port: int = 0, metrics_port: int = 0,
             http_health: str = "", pool: str = "", env: dict[str, str] | None = None) -> None:
-        merged = {**base_env, **overrides.get(service, {}), **(env or {})}
+        merged = {**base_env, "KVMESH_NATS_URL": nats_url(service), **overrides.get(service, {}), **(env or {})}
         specs.append(ProcessSpec(
             name, service, tuple(args), merged,
             grpc_endpoint=f"{host}:{grpc_port}" if grpc_port else "",

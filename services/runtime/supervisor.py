@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .launcher import MeshOptions, ProcessSpec, free_port, plan_mesh
+from .natsauth import NatsAuth
 
 log = logging.getLogger("kvmesh.up")
 
@@ -57,13 +58,16 @@ class Mesh:
         self.procs: list[Running] = []
         self.nats_port = opts.nats_port or free_port(opts.host)
         self.nats_url = f"nats://{opts.host}:{self.nats_port}"
-        self.specs = plan_mesh(opts, self.nats_url)
+        self.nats_auth = NatsAuth.generate()
+        self.specs = plan_mesh(opts, lambda service: self.nats_auth.url(service, opts.host, self.nats_port))
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, timeout_s: float = 120.0) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        nats = ProcessSpec("nats", "nats", (), {})
-        self._spawn(nats, [nats_server_binary(), "-a", self.opts.host, "-p", str(self.nats_port)])
+        conf = self.run_dir / "nats.conf"
+        conf.write_text(self.nats_auth.server_config(self.opts.host, self.nats_port))
+        conf.chmod(0o600)
+        self._spawn(ProcessSpec("nats", "nats", (), {}), [nats_server_binary(), "-c", str(conf)])
         _wait_tcp(self.opts.host, self.nats_port, timeout_s=10)
         deadline = time.monotonic() + timeout_s
         try:

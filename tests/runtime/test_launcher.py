@@ -7,7 +7,7 @@ from kvmesh.runtime.launcher import MeshOptions, plan_mesh, setting_env
 
 def plan(**options):
     ports = itertools.count(20000)
-    return plan_mesh(MeshOptions(**options), "nats://127.0.0.1:4222", port_of=lambda: next(ports))
+    return plan_mesh(MeshOptions(**options), lambda service: f"nats://{service}@127.0.0.1:4222", port_of=lambda: next(ports))
 
 
 def test_default_mesh_starts_store_scheduler_workers_then_gateway():
@@ -17,7 +17,7 @@ def test_default_mesh_starts_store_scheduler_workers_then_gateway():
     assert gateway.args == ("--host", "127.0.0.1", "--port", "8000", "--scheduler", "127.0.0.1:20002")
     decode = specs[3]
     assert ("--kvstore", "127.0.0.1:20000") == decode.args[-2:]
-    assert decode.env["KVMESH_NATS_URL"] == "nats://127.0.0.1:4222"
+    assert decode.env["KVMESH_NATS_URL"] == "nats://decode@127.0.0.1:4222"
     assert decode.metrics_target == "127.0.0.1:20007"
 
 

@@ -1,0 +1,46 @@
+"""Canary metrics (dashboards/METRICS.md), read from the current report at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .state import Report
+
+
+class CanaryCollector(Collector):
+    """Exports verdict, comparison, latency deltas and mirror intake counters of `report()`."""
+
+    def __init__(self, report: Callable[[], Report]) -> None:
+        self._report = report
+
+    def collect(self) -> Iterator[Metric]:
+        r = self._report()
+        s = r.summary
+        yield GaugeMetricFamily("kvmesh_canary_verdict", "0 collecting, 1 pass, 2 fail", value=r.decision.verdict.metric_value)
+        yield GaugeMetricFamily("kvmesh_canary_samples", "compared requests", value=s.samples)
+        yield GaugeMetricFamily("kvmesh_canary_token_agreement", "mean token agreement with production", value=s.token_agreement)
+        yield GaugeMetricFamily("kvmesh_canary_exact_match_rate", "share of identical outputs", value=s.exact_match_rate)
+        yield GaugeMetricFamily(
+            "kvmesh_canary_noise_floor_agreement", "token agreement of production with itself", value=s.noise_floor_agreement
+        )
+        for name, delta in (("ttft", s.ttft), ("tpot", s.tpot)):
+            family = GaugeMetricFamily(
+                f"kvmesh_canary_{name}_delta_seconds", f"candidate minus production {name.upper()}", labels=["quantile"]
+            )
+            family.add_metric(["0.5"], delta.delta_p50)
+            family.add_metric(["0.99"], delta.delta_p99)
+            yield family
+        yield CounterMetricFamily("kvmesh_canary_mirror_received", "mirrored records received", value=r.received)
+        yield CounterMetricFamily("kvmesh_canary_mirror_dropped", "mirrored records dropped (buffer full)", value=r.dropped)
+        yield CounterMetricFamily("kvmesh_canary_mirror_malformed", "mirrored messages unusable", value=r.malformed)
+
+
+def canary_registry(report: Callable[[], Report]) -> CollectorRegistry:
+    """A registry of its own, so several canaries can live in one test process."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(CanaryCollector(report))
+    return registry

@@ -1,0 +1,95 @@
+"""The REST face of the canary: GET /report, POST /promote, POST /rollback, GET /metrics, GET /health."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from kvmesh.runtime.errors import MeshError, status_for
+
+from .compare import LatencyDelta
+from .state import Pools, Report
+
+_HTTP_STATUS = {"INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 409, "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504}
+
+
+def _latency_json(delta: LatencyDelta) -> dict[str, float]:
+    return {
+        "production_p50_s": delta.production.p50,
+        "production_p99_s": delta.production.p99,
+        "candidate_p50_s": delta.candidate.p50,
+        "candidate_p99_s": delta.candidate.p99,
+        "delta_p50_s": delta.delta_p50,
+        "delta_p99_s": delta.delta_p99,
+    }
+
+
+def report_to_json(report: Report) -> dict[str, Any]:
+    """Field names follow kvmesh.v1.CanaryReport; `verdict` is "collecting" | "pass" | "fail"."""
+    s = report.summary
+    return {
+        "verdict": report.decision.verdict.name.lower(),
+        "reason": report.decision.reason,
+        "samples": s.samples,
+        "exact_match_rate": s.exact_match_rate,
+        "token_agreement": s.token_agreement,
+        "noise_floor_agreement": s.noise_floor_agreement,
+        "noise_samples": s.noise_samples,
+        "mean_first_divergence": s.mean_first_divergence,
+        "ttft": _latency_json(s.ttft),
+        "tpot": _latency_json(s.tpot),
+        "production_error_rate": s.production_error_rate,
+        "candidate_error_rate": s.candidate_error_rate,
+        "mirror_received": report.received,
+        "mirror_dropped": report.dropped,
+        "mirror_duplicates": report.duplicates,
+        "mirror_malformed": report.malformed,
+        "buffered": report.buffered,
+        "production_pool": report.pools.production,
+        "candidate_pool": report.pools.candidate,
+    }
+
+
+def build_app(
+    report: Callable[[], Report],
+    promote: Callable[[], Awaitable[Pools]],
+    rollback: Callable[[], Awaitable[Pools]],
+    registry: CollectorRegistry,
+    healthy: Callable[[], dict[str, Any]],
+) -> FastAPI:
+    app = FastAPI(title="kvmesh canary", docs_url=None, redoc_url=None)
+
+    async def switch(action: Callable[[], Awaitable[Pools]]) -> JSONResponse:
+        try:
+            pools = await action()
+        except MeshError as exc:
+            status = _HTTP_STATUS.get(status_for(exc).name, 500)
+            return JSONResponse({"error": str(exc)}, status_code=status)
+        return JSONResponse({"production_pool": pools.production, "candidate_pool": pools.candidate})
+
+    @app.get("/report")
+    async def get_report() -> dict[str, Any]:
+        return report_to_json(report())
+
+    @app.post("/promote")
+    async def post_promote() -> JSONResponse:
+        return await switch(promote)
+
+    @app.post("/rollback")
+    async def post_rollback() -> JSONResponse:
+        return await switch(rollback)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        body = healthy()
+        return JSONResponse(body, status_code=200 if body.get("status") == "ok" else 503)
+
+    return app

@@ -1,0 +1,1 @@
+"""The decode worker: receives pushed KV, runs continuous-batching decode, streams tokens."""

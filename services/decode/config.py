@@ -1,0 +1,20 @@
+"""Decode worker settings (`KVMESH_DECODE_*`, or `--flag` on the command line)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from kvmesh.runtime.worker import WorkerSettings
+
+
+class DecodeSettings(WorkerSettings):
+    """kvmesh decode worker: continuous-batching generation over KV pushed by prefill workers."""
+
+    model_config = SettingsConfigDict(env_prefix="KVMESH_DECODE_", populate_by_name=True, extra="ignore")
+
+    port: int = Field(50071, description="gRPC port (0 = any free port)")
+    metrics_port: int = Field(9121, description="Prometheus /metrics port (0 = any free port, -1 = off)")
+    prefill_timeout_s: float = Field(30.0, description="deadline for a remote Prefill call (then prefill locally)")
+    handback_queue: int = Field(16, description="finished turns waiting to be handed to the KV store (more are dropped)")
+    kvstore_put_timeout_s: float = Field(10.0, description="deadline for one KvStore.Put")

@@ -1,0 +1,23 @@
+"""Decode worker metrics (names per dashboards/METRICS.md)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from kvmesh.runtime.metrics import LATENCY_BUCKETS
+
+REQUESTS = Counter("kvmesh_decode_requests", "finished Generate calls", ["status"])
+RUNNING = Gauge("kvmesh_decode_running_requests", "running batch size")
+WAITING = Gauge("kvmesh_decode_waiting_requests", "queued in the engine")
+KV_BLOCKS_USED = Gauge("kvmesh_decode_kv_blocks_used", "paged KV cache blocks in use")
+KV_BLOCKS_FREE = Gauge("kvmesh_decode_kv_blocks_free", "free paged KV cache blocks")
+PREFIX_QUERY_TOKENS = Counter("kvmesh_decode_prefix_query_tokens", "prompt tokens looked up in the local prefix cache")
+PREFIX_HIT_TOKENS = Counter("kvmesh_decode_prefix_hit_tokens", "prompt tokens found in the local prefix cache")
+KV_BLOCKS_RECEIVED = Counter("kvmesh_decode_kv_blocks_received", "KV blocks pushed in by prefill workers", ["encoding"])
+KV_BYTES_RECEIVED = Counter("kvmesh_decode_kv_bytes_received", "KV bytes pushed in (on the wire)", ["encoding"])
+REMOTE_PREFILLS = Counter("kvmesh_decode_remote_prefill_requests", "requests whose prompt KV came from a prefill worker")
+LOCAL_PREFILLS = Counter("kvmesh_decode_local_prefill_requests", "requests prefilled on this worker")
+GENERATED_TOKENS = Counter("kvmesh_decode_generated_tokens", "tokens generated")
+QUEUE_WAIT = Histogram("kvmesh_decode_queue_wait_seconds", "Generate received -> first engine step", buckets=LATENCY_BUCKETS)
+TTFT = Histogram("kvmesh_decode_ttft_seconds", "Generate received -> first token", buckets=LATENCY_BUCKETS)
+HANDBACK_BLOCKS = Counter("kvmesh_decode_kv_handback_blocks", "blocks handed to the KV store on finish")

@@ -1,0 +1,334 @@
+"""BlockStore: the tiered KV block store core (pure, synchronous; the clock is injected).
+
+- Keys are (spec namespace, chained block hash); a block remembers its parent's hash.
+- Tiers: memory (byte budget) then, optionally, disk (byte budget, one file per block).
+  LRU within a tier; a memory victim is demoted to disk (re-encoded as `disk_encoding`), a disk
+  victim is dropped. Victims are leaves first - a suffix block goes before the prefix it extends -
+  then any unpinned block. A demoted block enters the disk tier as its most recently used entry.
+- Idle cap: a block untouched for `idle_cap_s` is dropped, whatever its tier.
+- Lookup pins the prefix it found under a lease that expires by itself; pinned blocks are never
+  dropped for space or idleness (they may still be demoted, and stay readable).
+- Put is two-phase (`puts.py`): staged blocks become visible only on commit; duplicates are ignored.
+- Every change a subscriber must know is appended to `events` (drained by the shell).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from kvmesh.runtime.errors import InvalidArgument, NotFound, ResourceExhausted
+
+from . import codec
+from .blocks import Block, BlockKey, Encoding, ModelSpec, check_spec
+from .disk import CorruptBlockFile, DiskDir
+from .events import Cleared, Removed, StoreEvent, Stored
+from .index import Entry, Tier, TierIndex
+from .puts import PutSessions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    memory_bytes: int
+    disk_bytes: int = 0
+    disk_encoding: Encoding = Encoding.RAW
+    idle_cap_s: float = 3600.0
+    lease_s: float = 30.0
+    max_lease_s: float = 600.0
+    put_timeout_s: float = 30.0
+    max_blocks_per_put: int = 4096
+    block_size: int = 0  # 0 = accept any block size
+    max_block_bytes: int = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class LookupResult:
+    num_blocks: int
+    lease_id: str = ""
+    expires_in_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    stored: int
+    duplicates: int
+
+
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    name: str
+    blocks: int
+    bytes: int
+    capacity_bytes: int
+    evictions: dict[str, int]  # by reason: lru | idle | demote | corrupt
+
+
+@dataclass(slots=True)
+class Counters:
+    lookups: int = 0
+    lookup_hit_blocks: int = 0
+    lookup_query_blocks: int = 0
+    puts: int = 0
+    gets: int = 0
+    get_bytes: int = 0
+    put_bytes: int = 0
+    evictions: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+
+
+@dataclass(slots=True)
+class Lease:
+    keys: list[BlockKey]
+    expires_at: float
+
+
+class BlockStore:
+    """The store core. `disk` is required when `config.disk_bytes > 0`; the index is rebuilt from it."""
+
+    def __init__(self, config: StoreConfig, clock: Callable[[], float], disk: DiskDir | None = None) -> None:
+        if config.disk_bytes > 0 and disk is None:
+            raise ValueError("a disk tier needs a directory")
+        self.config = config
+        self.clock = clock
+        self.disk = disk if config.disk_bytes > 0 else None
+        self.counters = Counters()
+        self.events: list[StoreEvent] = [Cleared()]
+        self.index = TierIndex()
+        self._leases: dict[str, Lease] = {}
+        self._puts = PutSessions(config.put_timeout_s, config.max_blocks_per_put)
+        self._removed: list[bytes] = []
+        if self.disk is not None:
+            self._rebuild()
+
+    # -- queries -------------------------------------------------------------------------
+
+    def lookup(self, spec: ModelSpec, hashes: Iterable[bytes], lease_s: float = 0.0) -> LookupResult:
+        """Longest contiguous prefix of `hashes` held; pins it under a lease (0 = the default length)."""
+        check_spec(spec)
+        now = self._expire(self.clock())
+        hashes = list(hashes)
+        found: list[Entry] = []
+        for block_hash in hashes:
+            entry = self._live((spec.namespace, block_hash), now)
+            if entry is None:
+                break
+            found.append(entry)
+        self.counters.lookups += 1
+        self.counters.lookup_query_blocks += len(hashes)
+        self.counters.lookup_hit_blocks += len(found)
+        self._flush_removed()
+        if not found:
+            return LookupResult(0)
+        duration = min(lease_s if lease_s > 0 else self.config.lease_s, self.config.max_lease_s)
+        lease_id = uuid.uuid4().hex[:16]
+        self._leases[lease_id] = Lease([e.key for e in found], now + duration)
+        for entry in found:
+            entry.pins += 1
+            self.index.touch(entry, now)
+        return LookupResult(len(found), lease_id, duration)
+
+    def read(self, spec: ModelSpec, hashes: Iterable[bytes]) -> list[Block]:
+        """The named blocks as stored (memory or disk); NotFound names the first one missing."""
+        check_spec(spec)
+        now = self._expire(self.clock())
+        entries = []
+        for block_hash in hashes:
+            entry = self._live((spec.namespace, block_hash), now)
+            if entry is None:
+                self._flush_removed()
+                raise NotFound(f"block {block_hash.hex()[:16]} is not held (never stored, evicted or expired)")
+            entries.append(entry)
+        blocks = [self._payload(entry) for entry in entries]
+        for entry in entries:
+            self.index.touch(entry, now)
+        self.counters.gets += 1
+        self.counters.get_bytes += sum(b.nbytes for b in blocks)
+        return blocks
+
+    def tier_of(self, spec: ModelSpec, block_hash: bytes) -> Tier | None:
+        entry = self.index.get((spec.namespace, block_hash))
+        return entry.tier if entry else None
+
+    def tier_hashes(self, tier: Tier) -> list[bytes]:
+        """Block hashes of a tier, least recently used first."""
+        return [key[1] for key in self.index.tiers[tier]]
+
+    def held_hashes(self) -> list[bytes]:
+        return [key[1] for key in self.index.entries]
+
+    def stats(self) -> list[TierStats]:
+        out = []
+        for tier, capacity in ((Tier.MEMORY, self.config.memory_bytes), (Tier.DISK, self.config.disk_bytes)):
+            evictions = {r: n for (t, r), n in self.counters.evictions.items() if t == tier.value}
+            out.append(TierStats(tier.value, len(self.index.tiers[tier]), self.index.bytes[tier], capacity, evictions))
+        return out
+
+    @property
+    def open_puts(self) -> int:
+        return len(self._puts)
+
+    @property
+    def active_leases(self) -> int:
+        return len(self._leases)
+
+    # -- two-phase put -------------------------------------------------------------------
+
+    def open_put(self, spec: ModelSpec, producer_id: str = "", parent: bytes | None = None) -> str:
+        """Opens a put session for blocks of `spec`; `parent` is the block before the first one."""
+        limit = min(self.config.max_block_bytes or self.config.memory_bytes, self.config.memory_bytes)
+        check_spec(spec, self.config.block_size, limit)
+        return self._puts.open(spec, producer_id, parent or None, self._expire(self.clock())).put_id
+
+    def stage(self, put_id: str, block: Block) -> None:
+        """Stages one block (invisible until commit); a bad block aborts the whole put."""
+        try:
+            self._puts.stage(put_id, block, self.clock())
+        except Exception:
+            self._puts.close(put_id)
+            raise
+
+    def abort(self, put_id: str) -> None:
+        self._puts.close(put_id)
+
+    def commit(self, put_id: str, num_blocks: int) -> PutResult:
+        """Makes the staged blocks visible; blocks already held are touched and counted as duplicates."""
+        now = self._expire(self.clock())
+        session = self._puts.get(put_id, now)
+        self._puts.close(put_id)
+        if num_blocks != len(session.blocks):
+            raise InvalidArgument(f"put {put_id}: commit says {num_blocks} blocks but {len(session.blocks)} were sent")
+        namespace = session.spec.namespace
+        fresh_bytes = sum(b.nbytes for b in session.blocks if (namespace, b.header.block_hash) not in self.index)
+        pinned = sum(e.nbytes for e in self.index.entries.values() if e.pins)
+        room = self.config.memory_bytes + (self.config.disk_bytes if self.disk else 0) - pinned
+        if fresh_bytes > room:
+            raise ResourceExhausted(f"put {put_id}: no room while leased blocks are pinned", self.config.lease_s)
+        parent, run_parent, run = session.parent, session.parent, []
+        stored = duplicates = 0
+        for block in session.blocks:
+            key = (namespace, block.header.block_hash)
+            held = self.index.get(key)
+            if held is not None:
+                duplicates += 1
+                self.index.touch(held, now)
+                self._emit_stored(run, run_parent)
+                run = []
+            else:
+                if not run:
+                    run_parent = parent
+                self.index.insert(Entry(key, parent, block.header, block.nbytes, Tier.MEMORY, now, block=block))
+                run.append(block.header.block_hash)
+                stored += 1
+            parent = block.header.block_hash
+        self._emit_stored(run, run_parent)
+        self.counters.puts += 1
+        self.counters.put_bytes += fresh_bytes
+        self._make_room()
+        self._flush_removed()
+        return PutResult(stored, duplicates)
+
+    # -- time ----------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Expires leases, abandoned puts and idle blocks (the shell calls this periodically)."""
+        now = self._expire(self.clock())
+        for tier in Tier:
+            idle = [e for e in self.index.tiers[tier].values() if not e.pins and self._is_idle(e, now)]
+            for entry in idle:
+                self._remove(entry, "idle")
+        self._flush_removed()
+
+    def _expire(self, now: float) -> float:
+        for lease_id in [i for i, lease in self._leases.items() if lease.expires_at <= now]:
+            for key in self._leases.pop(lease_id).keys:
+                entry = self.index.get(key)
+                if entry is not None:
+                    entry.pins -= 1
+        self._puts.expire(now)
+        return now
+
+    def _is_idle(self, entry: Entry, now: float) -> bool:
+        return now - entry.last_access >= self.config.idle_cap_s
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _live(self, key: BlockKey, now: float) -> Entry | None:
+        entry = self.index.get(key)
+        if entry is not None and not entry.pins and self._is_idle(entry, now):
+            self._remove(entry, "idle")
+            return None
+        return entry
+
+    def _payload(self, entry: Entry) -> Block:
+        if entry.block is not None:
+            return entry.block
+        assert self.disk is not None
+        try:
+            return self.disk.read(entry.key)
+        except (CorruptBlockFile, OSError) as exc:
+            log.warning("dropping corrupt block file of %s: %s", entry.key[1].hex()[:16], exc)
+            self._remove(entry, "corrupt")
+            self._flush_removed()
+            raise NotFound(f"block {entry.key[1].hex()[:16]} was corrupt on disk and has been dropped") from exc
+
+    def _remove(self, entry: Entry, reason: str) -> None:
+        self.index.remove(entry)
+        self.counters.evictions[(entry.tier.value, reason)] += 1
+        if entry.tier is Tier.DISK and self.disk is not None:
+            self.disk.delete(entry.key)
+        self._removed.append(entry.key[1])
+
+    def _make_room(self) -> None:
+        memory, disk = Tier.MEMORY, Tier.DISK
+        while self.index.bytes[memory] > self.config.memory_bytes:
+            victim = self.index.victim(memory, allow_pinned=self.disk is not None)
+            if victim is None:
+                break
+            if self.disk is not None:
+                self._demote(victim)
+            else:
+                self._remove(victim, "lru")
+        while self.disk is not None and self.index.bytes[disk] > self.config.disk_bytes:
+            victim = self.index.victim(disk, allow_pinned=False)
+            if victim is None:
+                log.warning("disk tier over budget: every block on it is leased")
+                break
+            self._remove(victim, "lru")
+
+    def _demote(self, entry: Entry) -> None:
+        assert self.disk is not None and entry.block is not None
+        block = entry.block
+        if self.config.disk_encoding is not Encoding.RAW and block.header.encoding is Encoding.RAW:
+            block = codec.convert(block, self.config.disk_encoding)
+        record = self.disk.write(entry.key, entry.parent, block)
+        self.counters.evictions[(Tier.MEMORY.value, "demote")] += 1
+        self.index.move(entry, Tier.DISK, record.file_bytes)
+        entry.block, entry.header = None, block.header
+
+    def _rebuild(self) -> None:
+        assert self.disk is not None
+        records, dropped = self.disk.scan()
+        self.counters.evictions[(Tier.DISK.value, "corrupt")] += dropped
+        now = self.clock()
+        for record in records:
+            self.index.insert(Entry(record.key, record.parent, record.header, record.file_bytes, Tier.DISK, now))
+            self.events.append(Stored([record.key[1]], record.parent))
+        self._make_room()
+        self._flush_removed()
+
+    def _emit_stored(self, hashes: list[bytes], parent: bytes | None) -> None:
+        if hashes:
+            self.events.append(Stored(list(hashes), parent))
+
+    def _flush_removed(self) -> None:
+        if self._removed:
+            self.events.append(Removed(self._removed))
+            self._removed = []
+
+    def drain_events(self) -> list[StoreEvent]:
+        events, self.events = self.events, []
+        return events

@@ -1,0 +1,52 @@
+"""NATS users and per-service subject permissions for a mesh that `kvmesh up` starts.
+
+Each service connects as its own user and may publish/subscribe only the subjects its role
+needs, so a compromised or buggy service cannot impersonate another (e.g. the gateway cannot
+publish worker heartbeats). Pure: returns the nats-server config text and the URLs.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+
+INBOX = "_INBOX.>"
+
+# publish / subscribe allow-lists per service; "allow_responses" lets a service answer requests.
+PERMISSIONS: dict[str, dict[str, list[str] | bool]] = {
+    "gateway": {"publish": ["kvmesh.mirror.requests"], "subscribe": [INBOX]},
+    "scheduler": {"publish": ["kvmesh.kv.replay.>"], "subscribe": ["kvmesh.workers.>", "kvmesh.kv.events.>", INBOX]},
+    "prefill": {"publish": ["kvmesh.workers.prefill.>", "kvmesh.kv.events.>"], "subscribe": ["kvmesh.kv.replay.>"],
+                "allow_responses": True},
+    "decode": {"publish": ["kvmesh.workers.decode.>", "kvmesh.kv.events.>"], "subscribe": ["kvmesh.kv.replay.>"],
+               "allow_responses": True},
+    "kvstore": {"publish": ["kvmesh.workers.kvstore.>", "kvmesh.kv.events.>"], "subscribe": ["kvmesh.kv.replay.>"],
+                "allow_responses": True},
+    "canary": {"publish": [], "subscribe": ["kvmesh.mirror.requests", INBOX]},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class NatsAuth:
+    passwords: dict[str, str]
+
+    @classmethod
+    def generate(cls) -> NatsAuth:
+        return cls({service: secrets.token_urlsafe(18) for service in PERMISSIONS})
+
+    def url(self, service: str, host: str, port: int) -> str:
+        return f"nats://{service}:{self.passwords[service]}@{host}:{port}"
+
+    def server_config(self, host: str, port: int) -> str:
+        users = []
+        for service, perms in PERMISSIONS.items():
+            permissions: dict[str, object] = {
+                "publish": {"allow": perms["publish"] or ["_kvmesh.nothing"]},
+                "subscribe": {"allow": perms["subscribe"]},
+            }
+            if perms.get("allow_responses"):
+                permissions["allow_responses"] = True
+            users.append({"user": service, "password": self.passwords[service], "permissions": permissions})
+        # NOTE: nats-server's config format accepts JSON syntax.
+        return json.dumps({"listen": f"{host}:{port}", "authorization": {"users": users}}, indent=2)

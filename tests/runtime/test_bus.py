@@ -1,0 +1,41 @@
+import asyncio
+
+from kvmesh.runtime.bus import Bus
+from kvmesh.runtime.pb import events_pb2
+
+
+async def _until(predicate, timeout_s=10.0):
+    for _ in range(int(timeout_s / 0.02)):
+        if predicate():
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+async def test_protobuf_round_trip_and_malformed_payloads_are_dropped(nats_server):
+    bus = await Bus.connect(nats_server.url, "test")
+    got = []
+
+    async def on_heartbeat(message, _raw):
+        got.append(message.worker_id)
+
+    await bus.subscribe("kvmesh.workers.*.*.heartbeat", events_pb2.Heartbeat, on_heartbeat)
+    await bus.publish("kvmesh.workers.decode.d1.heartbeat", events_pb2.Heartbeat(worker_id="d1"))
+    await bus.client.publish("kvmesh.workers.decode.d2.heartbeat", b"\xff\xff\xff not protobuf")
+    await bus.publish("kvmesh.workers.decode.d3.heartbeat", events_pb2.Heartbeat(worker_id="d3"))
+    assert await _until(lambda: len(got) == 2 and bus.malformed == 1)
+    assert got == ["d1", "d3"]
+    await bus.close()
+
+
+async def test_reconnects_after_a_nats_restart_and_runs_hooks(nats_server):
+    bus = await Bus.connect(nats_server.url, "test")
+    announced = []
+
+    async def announce():
+        announced.append(True)
+
+    bus.on_reconnect(announce)
+    await asyncio.get_running_loop().run_in_executor(None, nats_server.restart)
+    assert await _until(lambda: announced and bus.connected, timeout_s=15)
+    await bus.close()
