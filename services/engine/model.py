@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kvmesh.engine.config import ModelArgs
+from kvmesh.engine.linear import Linear
 
 
 @dataclass(slots=True)
@@ -40,13 +41,11 @@ class ForwardBatch:
 @dataclass(slots=True)
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
-    qkv: torch.Tensor  # [q_size + 2*kv_size, hidden]
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor  # [hidden, q_size]
-    o_bias: torch.Tensor | None
+    qkv: Linear  # hidden → q_size + 2*kv_size
+    o: Linear  # q_size → hidden
     post_norm: torch.Tensor  # [hidden]
-    gate_up: torch.Tensor  # [2*intermediate, hidden]
-    down: torch.Tensor  # [hidden, intermediate]
+    gate_up: Linear  # hidden → 2*intermediate
+    down: Linear  # intermediate → hidden
 
 
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
@@ -92,14 +91,14 @@ class LlamaModel:
         embed: torch.Tensor,
         layers: list[LayerWeights],
         norm: torch.Tensor,
-        lm_head: torch.Tensor,
+        lm_head: Linear,
         max_len: int,
     ) -> None:
         self.args = args
         self.embed = embed  # [V, hidden]
         self.layers = layers
         self.norm = norm
-        self.lm_head = lm_head  # [V, hidden] (the embedding itself when tied)
+        self.lm_head = lm_head  # hidden → V (the embedding's weight when tied)
         self.cos, self.sin = rope_tables(args, max_len, embed.dtype, embed.device)
         self._split = (args.q_size, args.kv_size, args.kv_size)
 
@@ -119,18 +118,18 @@ class LlamaModel:
         sin = self.sin[batch.positions].unsqueeze(1)
         for i, w in enumerate(self.layers):
             h = self._rms_norm(x, w.input_norm)
-            q, k, v = F.linear(h, w.qkv, w.qkv_bias).split(self._split, dim=-1)
+            q, k, v = w.qkv(h).split(self._split, dim=-1)
             q = apply_rope(q.view(t, a.num_heads, a.head_dim), cos, sin)  # [T, Hq, D]
             k = apply_rope(k.view(t, a.num_kv_heads, a.head_dim), cos, sin)  # [T, Hkv, D]
             k_cache, v_cache = kv_cache[0, i], kv_cache[1, i]  # [slots, Hkv, D]
             k_cache.index_copy_(0, batch.slot_mapping, k)
             v_cache.index_copy_(0, batch.slot_mapping, v.view(t, a.num_kv_heads, a.head_dim))
             attn = self._attention(q, k_cache, v_cache, batch.groups)  # [T, Hq*D]
-            x = x + F.linear(attn, w.o, w.o_bias)
-            gate, up = F.linear(self._rms_norm(x, w.post_norm), w.gate_up).chunk(2, dim=-1)  # [T, I] each
-            x = x + F.linear(F.silu(gate) * up, w.down)
+            x = x + w.o(attn)
+            gate, up = w.gate_up(self._rms_norm(x, w.post_norm)).chunk(2, dim=-1)  # [T, I] each
+            x = x + w.down(F.silu(gate) * up)
         x = self._rms_norm(x[batch.logits_index], self.norm)  # [S, hidden]
-        return F.linear(x, self.lm_head)  # [S, V]
+        return self.lm_head(x)  # [S, V]
 
     def _attention(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, groups: list[AttentionGroup]

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from kvmesh.engine.config import ModelArgs, ModelLoadError
+from kvmesh.engine.linear import make_linear, packed_linear_works
 from kvmesh.engine.model import LayerWeights, LlamaModel
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -97,6 +98,7 @@ def load_model(path: Path, args: ModelArgs, dtype: torch.dtype, device: torch.de
     def cat(*names: str) -> torch.Tensor:
         return torch.cat([raw[n] for n in names]).to(device=device, dtype=dtype)
 
+    packed = device.type == "cpu" and packed_linear_works(dtype)
     layers = []
     for i in range(args.num_layers):
         p = f"model.layers.{i}."
@@ -104,15 +106,17 @@ def load_model(path: Path, args: ModelArgs, dtype: torch.dtype, device: torch.de
         layers.append(
             LayerWeights(
                 input_norm=get(p + "input_layernorm.weight"),
-                qkv=cat(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
-                qkv_bias=cat(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias") if args.attention_bias else None,
-                o=get(a + "o_proj.weight"),
-                o_bias=get(a + "o_proj.bias") if args.o_proj_bias else None,
+                qkv=make_linear(
+                    cat(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
+                    cat(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias") if args.attention_bias else None,
+                    packed,
+                ),
+                o=make_linear(get(a + "o_proj.weight"), get(a + "o_proj.bias") if args.o_proj_bias else None, packed),
                 post_norm=get(p + "post_attention_layernorm.weight"),
-                gate_up=cat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                down=get(p + "mlp.down_proj.weight"),
+                gate_up=make_linear(cat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), None, packed),
+                down=make_linear(get(p + "mlp.down_proj.weight"), None, packed),
             )
         )
     embed = get("model.embed_tokens.weight")
-    lm_head = embed if args.tie_word_embeddings else get("lm_head.weight")
+    lm_head = make_linear(embed if args.tie_word_embeddings else get("lm_head.weight"), None, packed)
     return LlamaModel(args, embed, layers, get("model.norm.weight"), lm_head, max_len)

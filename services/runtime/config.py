@@ -35,6 +35,9 @@ class MeshSettings(BaseSettings):
     trace_dir: str = mesh_field(".kvmesh/traces", "TRACE_DIR", "where JSONL traces go without OTLP")
     tracing: bool = mesh_field(True, "TRACING", "record traces (false = no spans at all)")
     log_level: str = mesh_field("INFO", "LOG_LEVEL", "logging level")
+    tls_cert: str = mesh_field("", "TLS_CERT", "PEM certificate for gRPC servers and clients (empty = plaintext)")
+    tls_key: str = mesh_field("", "TLS_KEY", "PEM private key for tls_cert")
+    tls_ca: str = mesh_field("", "TLS_CA", "PEM CA that signs every peer; servers require client certificates")
 
     def served_model_name(self) -> str:
         if self.model_name:

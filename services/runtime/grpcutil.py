@@ -94,6 +94,32 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         )
 
 
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """Mutual TLS for gRPC: servers require a client certificate signed by `ca`."""
+
+    cert: bytes
+    key: bytes
+    ca: bytes
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> TlsConfig | None:
+        """None when the mesh runs in plaintext (no `tls_cert` configured)."""
+        if not settings.tls_cert:
+            return None
+        paths = (settings.tls_cert, settings.tls_key, settings.tls_ca)
+        if not all(paths):
+            raise ValueError("TLS needs all of KVMESH_TLS_CERT, KVMESH_TLS_KEY and KVMESH_TLS_CA")
+        cert, key, ca = (open(p, "rb").read() for p in paths)  # noqa: SIM115 - tiny files
+        return cls(cert, key, ca)
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.ca, require_client_auth=True)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert)
+
+
 @dataclass(slots=True)
 class GrpcServer:
     """A started server: `port` is the bound port (useful with port 0)."""
@@ -117,9 +143,11 @@ async def start_server(
     port: int,
     register: Iterable[tuple[Callable[[Any, grpc.aio.Server], None], Any, str]],
     interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
+    tls: TlsConfig | None = None,
 ) -> GrpcServer:
     """Starts a gRPC server on host:port serving each (add_fn, servicer, full service name)
-    plus grpc.health.v1 (SERVING once started)."""
+    plus grpc.health.v1 (SERVING once started); with `tls`, only clients holding a certificate
+    signed by the mesh CA get in."""
     server = grpc.aio.server(interceptors=[*interceptors, ErrorMappingInterceptor()], options=CHANNEL_OPTIONS)
     names = []
     for add_fn, servicer, name in register:
@@ -127,7 +155,8 @@ async def start_server(
         names.append(name)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = server.add_secure_port(address, tls.server_credentials()) if tls else server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"cannot bind gRPC server to {host}:{port}")
     await server.start()
@@ -139,14 +168,15 @@ async def start_server(
 class ChannelPool:
     """One aio channel per endpoint, created on first use, closed together."""
 
-    def __init__(self, interceptors: Iterable[grpc.aio.ClientInterceptor] = ()) -> None:
+    def __init__(self, interceptors: Iterable[grpc.aio.ClientInterceptor] = (), tls: TlsConfig | None = None) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._interceptors = list(interceptors)
+        self._tls = tls
 
     def get(self, endpoint: str) -> grpc.aio.Channel:
         channel = self._channels.get(endpoint)
         if channel is None:
-            channel = grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS, interceptors=self._interceptors)
+            channel = open_channel(endpoint, self._tls, self._interceptors)
             self._channels[endpoint] = channel
         return channel
 
@@ -160,9 +190,18 @@ class ChannelPool:
         await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
 
 
-async def check_health(endpoint: str, timeout_s: float = 2.0, service: str = "") -> bool:
+def open_channel(
+    endpoint: str, tls: TlsConfig | None = None, interceptors: Iterable[grpc.aio.ClientInterceptor] = ()
+) -> grpc.aio.Channel:
+    if tls:
+        return grpc.aio.secure_channel(endpoint, tls.channel_credentials(), options=CHANNEL_OPTIONS,
+                                       interceptors=list(interceptors))
+    return grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS, interceptors=list(interceptors))
+
+
+async def check_health(endpoint: str, timeout_s: float = 2.0, service: str = "", tls: TlsConfig | None = None) -> bool:
     """True when the server at `endpoint` answers SERVING."""
-    async with grpc.aio.insecure_channel(endpoint) as channel:
+    async with open_channel(endpoint, tls) as channel:
         try:
             reply = await health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout_s

@@ -1,0 +1,39 @@
+"""`kvmesh canary [flags]`: settings → service → serve until SIGTERM/SIGINT → graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from kvmesh.runtime.config import settings_from_argv
+from kvmesh.runtime.shutdown import GracefulShutdown
+from kvmesh.runtime.telemetry import Telemetry
+
+from .config import CanarySettings
+from .service import CanaryService
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = settings_from_argv(CanarySettings, argv, "kvmesh canary")
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(settings))
+    return 0
+
+
+async def serve(settings: CanarySettings, ready: asyncio.Event | None = None) -> None:
+    telemetry = Telemetry("canary", settings.otlp_endpoint, settings.trace_dir)
+    service = CanaryService(settings)
+    shutdown = GracefulShutdown(grace_s=settings.grace_s)
+    shutdown.install()
+    await service.start()
+
+    async def flush_telemetry() -> None:
+        telemetry.shutdown()
+
+    shutdown.deregister.append(service.deregister)
+    shutdown.drain.append(service.drain)
+    shutdown.close.extend([service.close, flush_telemetry])
+    if ready is not None:
+        ready.set()
+    await shutdown.wait()
+    await shutdown.run()

@@ -1,0 +1,287 @@
+"""The decode worker's request path: remote (or local) prefill, then streamed generation.
+
+`generate(job)` asks the named prefill worker to push the prompt's KV here (falling back to a
+local prefill if it fails), adds the sequence to the engine with that KV and yields one `Delta`
+per engine step that produced tokens (coalesced when the consumer is slower than the engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from kvmesh.engine.outputs import ContextLengthError, RequestOutput, TokenLogprob
+from kvmesh.engine.sampling import SamplingParams
+from kvmesh.runtime import kvwire
+from kvmesh.runtime.errors import InvalidArgument, MeshError, ResourceExhausted, Unavailable
+from kvmesh.runtime.grpcutil import ChannelPool
+from kvmesh.runtime.pb import common_pb2, prefill_pb2, prefill_pb2_grpc
+from kvmesh.runtime.telemetry import inject_metadata, tracer
+from kvmesh.runtime.worker import EngineLoop
+
+from . import metrics
+from .handback import Handback, Turn
+from .receive import KvReceiver, PendingKv, assemble
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class GenerateJob:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    prefill_endpoint: str = ""  # empty = prefill locally
+    kv_encoding: int = kvwire.RAW
+
+
+@dataclass(slots=True)
+class Delta:
+    token_ids: list[int]
+    text: str
+    logprobs: list[TokenLogprob]
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class DecodeCounters:
+    remote_prefills: int = 0
+    local_prefills: int = 0
+    prefill_fallbacks: int = 0
+    blocks_received: int = 0
+    bytes_received: int = 0
+
+
+@dataclass(slots=True)
+class _Inflight:
+    aborted: bool = False
+    in_engine: bool = False
+
+
+@dataclass(slots=True)
+class _Received:
+    start_block: int
+    blocks: list = field(default_factory=list)
+
+
+class DecodeWorker:
+    def __init__(
+        self, loop: EngineLoop, spec: common_pb2.ModelSpec, worker_id: str, endpoint: str,
+        channels: ChannelPool, prefill_timeout_s: float = 30.0, handback: Handback | None = None,
+    ) -> None:
+        self.loop = loop
+        self.spec = spec
+        self.worker_id = worker_id
+        self.endpoint = endpoint
+        self.channels = channels
+        self.prefill_timeout_s = prefill_timeout_s
+        self.handback = handback
+        self.receiver = KvReceiver()
+        self.counters = DecodeCounters()
+        self.draining = False
+        self.block_size = loop.engine.block_size
+        self.hasher = loop.engine.hasher
+        self.max_model_len = loop.engine.max_model_len
+        self.max_num_seqs = loop.engine.config.max_num_seqs
+        self._inflight: dict[str, _Inflight] = {}
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self._inflight)
+
+    def validate(self, job: GenerateJob) -> None:
+        if self.draining:
+            raise Unavailable("decode worker is draining; retry on another worker")
+        if not job.prompt:
+            raise InvalidArgument("prompt_token_ids must not be empty")
+        try:
+            job.params.validate()
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from exc
+        if len(job.prompt) >= self.max_model_len:
+            raise InvalidArgument(str(ContextLengthError(len(job.prompt), self.max_model_len)))
+        stats = self.loop.stats
+        if stats.num_waiting >= self.max_num_seqs or len(self._inflight) >= 4 * self.max_num_seqs:
+            raise ResourceExhausted(f"decode worker is full ({stats.num_waiting} requests waiting)", retry_after_s=1.0)
+
+    async def generate(self, job: GenerateJob) -> AsyncIterator[Delta]:
+        """Validate, prefill (remote or local), then yield token deltas until the request finishes."""
+        t0 = time.monotonic()
+        job.request_id = job.request_id or uuid.uuid4().hex
+        self.validate(job)
+        if job.request_id in self._inflight:
+            raise InvalidArgument(f"request id {job.request_id!r} is already running on this worker")
+        state = self._inflight[job.request_id] = _Inflight()
+        try:
+            with tracer.start_as_current_span("decode.generate", attributes={"request_id": job.request_id}) as span:
+                received = await self._remote_prefill(job) if job.prefill_endpoint else None
+                if state.aborted:
+                    yield Delta([], "", [], "abort", len(job.prompt))
+                    return
+                queue_span = tracer.start_span("decode.queue_wait")
+                stream = await self._add(job, received)
+                state.in_engine = True
+                first_step = first_token = True
+                finished = False
+                try:
+                    while not finished:
+                        items = await stream.next_batch()
+                        if first_step:
+                            first_step = False
+                            queue_span.end()
+                            metrics.QUEUE_WAIT.observe(time.monotonic() - t0)
+                        delta = self._merge(job, [out for out, _ in items], [turn for _, turn in items])
+                        finished = delta.finish_reason is not None
+                        if delta.token_ids and first_token:
+                            first_token = False
+                            ttft = time.monotonic() - t0
+                            metrics.TTFT.observe(ttft)
+                            span.set_attribute("ttft_s", ttft)
+                        metrics.GENERATED_TOKENS.inc(len(delta.token_ids))
+                        if finished:
+                            span.set_attribute("tokens", delta.completion_tokens)
+                            span.set_attribute("finish_reason", delta.finish_reason)
+                        yield delta
+                finally:
+                    if first_step:
+                        queue_span.end()
+                    if not finished:
+                        self.loop.cancel(job.request_id)
+        finally:
+            del self._inflight[job.request_id]
+
+    def abort(self, request_id: str) -> bool:
+        state = self._inflight.get(request_id)
+        if state is None:
+            return False
+        state.aborted = True
+        if state.in_engine:
+            self.loop.call_nowait(lambda engine: engine.abort_request(request_id))
+        return True
+
+    async def drain(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self._inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    async def _add(self, job: GenerateJob, received: _Received | None):
+        bs, counters, prompt = self.block_size, self.counters, job.prompt
+
+        def add(engine) -> None:
+            kv = None
+            if received is not None:
+                local = engine.export_cached_blocks(prompt[: received.start_block * bs])
+                if len(local) >= received.start_block:
+                    kv = assemble(local[: received.start_block], received.blocks)
+                else:  # NOTE: our cached prefix was evicted meanwhile; recompute here.
+                    counters.prefill_fallbacks += 1
+            engine.add_request(job.request_id, prompt, job.params, computed_kv=kv)
+            if kv is None:
+                counters.local_prefills += 1
+                metrics.LOCAL_PREFILLS.inc()
+            else:
+                counters.remote_prefills += 1
+                metrics.REMOTE_PREFILLS.inc()
+
+        try:
+            return await self.loop.add_request(job.request_id, add, self._output_hook(job))
+        except ValueError as exc:  # ContextLengthError included
+            raise InvalidArgument(str(exc)) from exc
+
+    def _output_hook(self, job: GenerateJob) -> Callable[[object, RequestOutput], tuple]:
+        """Runs on the engine thread: on finish, exports the turn's cached full blocks for the store."""
+        tokens = list(job.prompt)
+        handback = self.handback
+
+        def on_output(engine, out: RequestOutput) -> tuple:
+            tokens.extend(out.new_token_ids)
+            if handback is None or not out.finished or out.finish_reason == "abort":
+                return out, None
+            blocks = engine.export_cached_blocks(tokens)
+            return out, Turn(engine.hasher.hashes(tokens)[: len(blocks)], blocks)
+
+        return on_output
+
+    def _merge(self, job: GenerateJob, outs: list[RequestOutput], turns: list[Turn | None]) -> Delta:
+        delta = Delta([], "", [])
+        for out in outs:
+            delta.token_ids.extend(out.new_token_ids)
+            delta.text += out.new_text
+            delta.logprobs.extend(out.logprobs or [])
+            if out.finished:
+                delta.finish_reason = out.finish_reason
+                delta.prompt_tokens = out.num_prompt_tokens
+                delta.completion_tokens = out.num_output_tokens
+                delta.cached_tokens = out.num_cached_tokens
+        for turn in turns:
+            if turn is not None and self.handback is not None:
+                self.handback.offer(turn)
+        return delta
+
+    async def _remote_prefill(self, job: GenerateJob) -> _Received | None:
+        """Ask the prefill worker to push the prompt's KV; None means prefill locally."""
+        bs, prompt = self.block_size, job.prompt
+        num_tokens = len(prompt) - 1
+        cached = await self.loop.call(lambda engine: engine.cached_prefix_blocks(prompt))
+        start_block = min(cached, num_tokens // bs)
+        if start_block * bs >= num_tokens:
+            return None  # everything is in the local prefix cache (or nothing to prefill)
+        pending = self.receiver.register(
+            PendingKv(job.request_id, num_tokens, start_block, bs, self.hasher.hashes(prompt[:num_tokens]))
+        )
+        request = prefill_pb2.PrefillRequest(
+            request_id=job.request_id, prompt_token_ids=prompt, start_block=start_block, encoding=job.kv_encoding,
+            destination=common_pb2.WorkerRef(worker_id=self.worker_id, endpoint=self.endpoint),
+        )
+        try:
+            stub = prefill_pb2_grpc.PrefillWorkerStub(self.channels.get(job.prefill_endpoint))
+            await stub.Prefill(request, timeout=self.prefill_timeout_s, metadata=inject_metadata())
+            if not pending.complete:
+                raise Unavailable(pending.error or f"{len(pending.blocks)}/{pending.num_expected} KV blocks arrived")
+            return _Received(start_block, pending.blocks)
+        except (grpc.aio.AioRpcError, MeshError) as exc:
+            detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+            log.warning("remote prefill of %s on %s failed (%s); prefilling locally", job.request_id, job.prefill_endpoint, detail)
+            self.counters.prefill_fallbacks += 1
+            return None
+        finally:
+            self.receiver.unregister(job.request_id)
+
+    async def receive_push(self, messages: AsyncIterator) -> tuple[int, int]:
+        """Handle one PushKv stream; returns (blocks, bytes) received."""
+        first = await anext(aiter(messages), None)
+        if first is None or first.WhichOneof("msg") != "open":
+            raise InvalidArgument("a KV push must start with KvPushOpen")
+        kvwire.check_spec(self.spec, first.open.spec)
+        pending = self.receiver.get(first.open.request_id)
+        try:
+            pending.open(first.open)
+            async for msg in messages:
+                kind = msg.WhichOneof("msg")
+                if kind == "block":
+                    pending.add(msg.block, self.spec)
+                    label = kvwire.encoding_name(msg.block.header.encoding)
+                    metrics.KV_BLOCKS_RECEIVED.labels(label).inc()
+                    metrics.KV_BYTES_RECEIVED.labels(label).inc(kvwire.wire_bytes(msg.block))
+                elif kind == "close":
+                    pending.close(msg.close)
+                    break
+                else:
+                    raise InvalidArgument(f"unexpected {kind!r} frame in a KV push")
+            if not pending.closed:
+                raise InvalidArgument("KV push ended without KvPushClose")
+        except MeshError as exc:
+            pending.error = pending.error or str(exc)
+            raise
+        self.counters.blocks_received += len(pending.blocks)
+        self.counters.bytes_received += pending.bytes_received
+        return len(pending.blocks), pending.bytes_received
