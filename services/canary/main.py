@@ -21,14 +21,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def serve(settings: CanarySettings, ready: asyncio.Event | None = None) -> None:
-    telemetry = Telemetry("canary", settings.otlp_endpoint, settings.trace_dir)
+    telemetry = Telemetry("canary", settings.otlp_endpoint, settings.trace_dir) if settings.tracing else None
     service = CanaryService(settings)
     shutdown = GracefulShutdown(grace_s=settings.grace_s)
     shutdown.install()
     await service.start()
 
     async def flush_telemetry() -> None:
-        telemetry.shutdown()
+        if telemetry is not None:
+            telemetry.shutdown()
 
     shutdown.deregister.append(service.deregister)
     shutdown.drain.append(service.drain)

@@ -16,7 +16,7 @@ import uvicorn
 
 from kvmesh.runtime.bus import MIRROR_SUBJECT, Bus
 from kvmesh.runtime.errors import FailedPrecondition, Unavailable
-from kvmesh.runtime.grpcutil import DEFAULT_DEADLINE_S, ChannelPool, GrpcServer, start_server
+from kvmesh.runtime.grpcutil import DEFAULT_DEADLINE_S, ChannelPool, GrpcServer, TlsConfig, start_server
 from kvmesh.runtime.pb import canary_pb2_grpc, events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from kvmesh.runtime.telemetry import TracingServerInterceptor, inject_metadata
 from nats.aio.msg import Msg
@@ -57,7 +57,8 @@ class CanaryService:
         )
         pools = Pools(production=settings.production_pool, candidate=settings.candidate_pool)
         self.state = CanaryState(pools, settings.thresholds(), buffer, settings.latency_window)
-        self.channels = ChannelPool()
+        self.tls = TlsConfig.from_settings(settings)
+        self.channels = ChannelPool(tls=self.tls)
         self.scheduler = scheduler_pb2_grpc.SchedulerStub(self.channels.get(settings.scheduler))
         replayer = Replayer(self.scheduler, self.channels, settings.replay_timeout_s)
         self.replays = ReplayLoop(self.state, replayer, settings.max_concurrency, settings.noise_sample, rng)
@@ -84,6 +85,7 @@ class CanaryService:
             s.port,
             [(canary_pb2_grpc.add_CanaryServicer_to_server, servicer, "kvmesh.v1.Canary")],
             [TracingServerInterceptor()],
+            tls=self.tls,
         )
         await self._start_http()
         log.info(

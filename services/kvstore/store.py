@@ -231,6 +231,15 @@ class BlockStore:
         self._flush_removed()
         return PutResult(stored, duplicates)
 
+    def persist(self) -> None:
+        """Moves every memory block to disk (graceful shutdown), so a restart finds them there."""
+        while self.disk is not None and self.index.tiers[Tier.MEMORY]:
+            victim = self.index.victim(Tier.MEMORY, allow_pinned=True)
+            assert victim is not None
+            self._demote(victim)
+        self._make_room()
+        self._flush_removed()
+
     # -- time ----------------------------------------------------------------------------
 
     def tick(self) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from .errors import ResourceExhausted, status_for
+from .errors import InvalidArgument, ResourceExhausted, status_for
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +45,49 @@ async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
     await context.abort(code, message)
 
 
+class MalformedRequest:
+    """Stands in for a request whose bytes did not parse, so the handler can answer INVALID_ARGUMENT."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _safe_deserializer(deserialize: Callable | None) -> Callable | None:
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # noqa: BLE001 - any parse failure is the caller's bad input
+            return MalformedRequest(exc)
+
+    return parse
+
+
+def _checked(request: Any) -> Any:
+    if isinstance(request, MalformedRequest):
+        raise InvalidArgument(f"malformed request message: {type(request.error).__name__}")
+    return request
+
+
+async def _checked_stream(requests: Any) -> Any:
+    async for request in requests:
+        yield _checked(request)
+
+
+def _check_input(request_or_iterator: Any) -> Any:
+    if hasattr(request_or_iterator, "__aiter__"):
+        return _checked_stream(request_or_iterator)
+    return _checked(request_or_iterator)
+
+
 def _wrap_unary(behavior: Callable) -> Callable:
     async def handler(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            return await behavior(request_or_iterator, context)
+            return await behavior(_check_input(request_or_iterator), context)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as exc:  # noqa: BLE001 - mapped to a status code
@@ -60,7 +99,7 @@ def _wrap_unary(behavior: Callable) -> Callable:
 def _wrap_stream(behavior: Callable) -> Callable:
     async def handler(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            async for item in behavior(request_or_iterator, context):
+            async for item in behavior(_check_input(request_or_iterator), context):
                 yield item
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
@@ -79,18 +118,18 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
             return None
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer
+                _wrap_unary(handler.unary_unary), _safe_deserializer(handler.request_deserializer), handler.response_serializer
             )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                _wrap_stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer
+                _wrap_stream(handler.unary_stream), _safe_deserializer(handler.request_deserializer), handler.response_serializer
             )
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
-                _wrap_unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer
+                _wrap_unary(handler.stream_unary), _safe_deserializer(handler.request_deserializer), handler.response_serializer
             )
         return grpc.stream_stream_rpc_method_handler(
-            _wrap_stream(handler.stream_stream), handler.request_deserializer, handler.response_serializer
+            _wrap_stream(handler.stream_stream), _safe_deserializer(handler.request_deserializer), handler.response_serializer
         )
 
 

@@ -72,3 +72,13 @@ async def test_health_service_answers(server):
     assert await check_health(f"127.0.0.1:{started.port}", service="kvmesh.v1.Scheduler")
     await started.set_serving(False)
     assert not await check_health(f"127.0.0.1:{started.port}")
+
+
+@pytest.mark.parametrize("payload", [b"\xff\xff\xff\xff", b"\x0a\x05ab", bytes(range(256))])
+async def test_unparseable_request_bytes_are_invalid_argument(server, payload):
+    _, channel = server
+    raw = channel.unary_unary("/kvmesh.v1.Scheduler/Route", request_serializer=None, response_deserializer=None)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await raw(payload, timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed request message" in info.value.details()

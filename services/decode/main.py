@@ -1,0 +1,150 @@
+"""`kvmesh decode`: build the engine, serve DecodeWorker over gRPC, heartbeat on NATS, shut down cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvmesh.runtime import kvwire
+from kvmesh.runtime.bus import Bus
+from kvmesh.runtime.config import settings_from_argv
+from kvmesh.runtime.grpcutil import ChannelPool, GrpcServer, start_server
+from kvmesh.runtime.metrics import serve_metrics
+from kvmesh.runtime.pb import decode_pb2_grpc
+from kvmesh.runtime.shutdown import GracefulShutdown
+from kvmesh.runtime.telemetry import Telemetry, TracingServerInterceptor
+from kvmesh.runtime.worker import EngineLoop, HeartbeatInfo, Heartbeater, engine_config
+
+from . import metrics
+from .config import DecodeSettings
+from .handback import Handback
+from .server import DecodeServicer
+from .worker import DecodeWorker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class DecodeApp:
+    """A running decode worker: `port`/`endpoint` as bound; `stop()` shuts it down."""
+
+    settings: DecodeSettings
+    loop: EngineLoop
+    worker: DecodeWorker
+    server: GrpcServer
+    heartbeater: Heartbeater
+    channels: ChannelPool
+    handback: Handback | None
+    gauges: asyncio.Task
+    metrics_port: int | None = None
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def endpoint(self) -> str:
+        return self.worker.endpoint
+
+    async def deregister(self) -> None:
+        self.worker.draining = True
+        await self.server.set_serving(False)
+        await self.heartbeater.deregister()
+
+    async def close(self) -> None:
+        self.gauges.cancel()
+        await self.server.stop(1.0)
+        if self.handback is not None:
+            await self.handback.close()
+        await self.channels.close()
+        await self.loop.stop()
+
+    async def stop(self, grace_s: float = 0.0) -> None:
+        await self.deregister()
+        await self.worker.drain(grace_s)
+        await self.close()
+
+
+async def start(settings: DecodeSettings, bus: Bus | None = None) -> DecodeApp:
+    """Build the engine (off the event loop), start the gRPC server and the heartbeat."""
+    from kvmesh.engine.llm import LLMEngine  # noqa: PLC0415 - torch, only in worker processes
+
+    engine = await asyncio.to_thread(LLMEngine, engine_config(settings))
+    loop = EngineLoop(engine, name="decode-engine")
+    loop.start()
+    worker_id = settings.resolved_worker_id("decode")
+    spec = kvwire.model_spec(engine.hasher.model_id, engine.model_args, engine.hasher.dtype, engine.block_size)
+    channels = ChannelPool()
+    handback = None
+    if settings.kvstore:
+        handback = Handback(
+            settings.kvstore, channels, spec, worker_id, settings.handback_queue, settings.kvstore_put_timeout_s
+        )
+        handback.start()
+    worker = DecodeWorker(loop, spec, worker_id, "", channels, settings.prefill_timeout_s, handback)
+    server = await start_server(
+        settings.host,
+        settings.port,
+        [(decode_pb2_grpc.add_DecodeWorkerServicer_to_server, DecodeServicer(worker), "kvmesh.v1.DecodeWorker")],
+        [TracingServerInterceptor()],
+    )
+    worker.endpoint = settings.endpoint(server.port)
+    info = HeartbeatInfo(
+        worker_id, "decode", worker.endpoint, settings.pool, settings.served_model_name(), engine.block_size,
+        settings.max_num_seqs, time.time(),
+    )
+    heartbeater = Heartbeater(bus, info, lambda: loop.stats, settings.heartbeat_interval_s)
+    heartbeater.start()
+    gauges = asyncio.create_task(_refresh_gauges(loop, settings.heartbeat_interval_s), name="decode-gauges")
+    metrics_port = serve_metrics(settings.host, settings.metrics_port) if settings.metrics_port >= 0 else None
+    log.info("decode worker %s serving on %s (model %s)", worker_id, worker.endpoint, settings.model)
+    return DecodeApp(settings, loop, worker, server, heartbeater, channels, handback, gauges, metrics_port)
+
+
+async def _refresh_gauges(loop: EngineLoop, interval_s: float) -> None:
+    seen_query = seen_hit = 0
+    while True:
+        s = loop.stats
+        metrics.RUNNING.set(s.num_running)
+        metrics.WAITING.set(s.num_waiting)
+        metrics.KV_BLOCKS_FREE.set(s.num_free_blocks)
+        metrics.KV_BLOCKS_USED.set(s.num_total_blocks - s.num_free_blocks)
+        metrics.PREFIX_QUERY_TOKENS.inc(max(0, s.prefix_query_tokens - seen_query))
+        metrics.PREFIX_HIT_TOKENS.inc(max(0, s.prefix_hit_tokens - seen_hit))
+        seen_query, seen_hit = s.prefix_query_tokens, s.prefix_hit_tokens
+        await asyncio.sleep(interval_s)
+
+
+async def serve(settings: DecodeSettings, ready: asyncio.Event | None = None) -> None:
+    telemetry = Telemetry("decode", settings.otlp_endpoint, settings.trace_dir)
+    bus = await Bus.connect(settings.nats_url, f"decode-{settings.worker_id or 'worker'}") if settings.nats_url else None
+    app = await start(settings, bus)
+    shutdown = GracefulShutdown(
+        grace_s=settings.drain_grace_s,
+        deregister=[app.deregister],
+        drain=[app.worker.drain],
+        close=[app.close, *([bus.close] if bus else []), _flush(telemetry)],
+    )
+    shutdown.install()
+    if ready is not None:
+        ready.set()
+    await shutdown.wait()
+    log.info("decode worker shutting down")
+    await shutdown.run()
+
+
+def _flush(telemetry: Telemetry):
+    async def flush() -> None:
+        await asyncio.to_thread(telemetry.shutdown)
+
+    return flush
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = settings_from_argv(DecodeSettings, argv, "kvmesh decode")
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(settings))
+    return 0
