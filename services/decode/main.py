@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from kvmesh.runtime import kvwire
 from kvmesh.runtime.bus import Bus
 from kvmesh.runtime.config import settings_from_argv
-from kvmesh.runtime.grpcutil import ChannelPool, GrpcServer, start_server
+from kvmesh.runtime.grpcutil import ChannelPool, GrpcServer, TlsConfig, start_server
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import decode_pb2_grpc
 from kvmesh.runtime.shutdown import GracefulShutdown
@@ -20,6 +20,7 @@ from kvmesh.runtime.worker import EngineLoop, HeartbeatInfo, Heartbeater, engine
 
 from . import metrics
 from .config import DecodeSettings
+from .events import CacheEvents
 from .handback import Handback
 from .server import DecodeServicer
 from .worker import DecodeWorker
@@ -39,6 +40,7 @@ class DecodeApp:
     channels: ChannelPool
     handback: Handback | None
     gauges: asyncio.Task
+    events: CacheEvents
     metrics_port: int | None = None
 
     @property
@@ -60,6 +62,7 @@ class DecodeApp:
         if self.handback is not None:
             await self.handback.close()
         await self.channels.close()
+        await self.events.close()
         await self.loop.stop()
 
     async def stop(self, grace_s: float = 0.0) -> None:
@@ -77,31 +80,39 @@ async def start(settings: DecodeSettings, bus: Bus | None = None) -> DecodeApp:
     loop.start()
     worker_id = settings.resolved_worker_id("decode")
     spec = kvwire.model_spec(engine.hasher.model_id, engine.model_args, engine.hasher.dtype, engine.block_size)
-    channels = ChannelPool()
+    tls = TlsConfig.from_settings(settings)
+    channels = ChannelPool(tls=tls)
     handback = None
     if settings.kvstore:
         handback = Handback(
             settings.kvstore, channels, spec, worker_id, settings.handback_queue, settings.kvstore_put_timeout_s
         )
         handback.start()
-    worker = DecodeWorker(loop, spec, worker_id, "", channels, settings.prefill_timeout_s, handback)
+    worker = DecodeWorker(
+        loop, spec, worker_id, "", channels, settings.prefill_timeout_s, handback,
+        kvwire.encoding_from_name(settings.kv_encoding),
+    )
     server = await start_server(
         settings.host,
         settings.port,
         [(decode_pb2_grpc.add_DecodeWorkerServicer_to_server, DecodeServicer(worker), "kvmesh.v1.DecodeWorker")],
         [TracingServerInterceptor()],
+        tls=tls,
     )
     worker.endpoint = settings.endpoint(server.port)
     info = HeartbeatInfo(
         worker_id, "decode", worker.endpoint, settings.pool, settings.served_model_name(), engine.block_size,
         settings.max_num_seqs, time.time(),
     )
-    heartbeater = Heartbeater(bus, info, lambda: loop.stats, settings.heartbeat_interval_s)
+    events = CacheEvents(loop)
+    if bus is not None and not await events.start(bus, worker_id):
+        log.warning("engine exposes no KV cache events; this worker's prefix cache is not announced")
+    heartbeater = Heartbeater(bus, info, lambda: loop.stats, settings.heartbeat_interval_s, lambda: events.seq)
     heartbeater.start()
     gauges = asyncio.create_task(_refresh_gauges(loop, settings.heartbeat_interval_s), name="decode-gauges")
     metrics_port = serve_metrics(settings.host, settings.metrics_port) if settings.metrics_port >= 0 else None
     log.info("decode worker %s serving on %s (model %s)", worker_id, worker.endpoint, settings.model)
-    return DecodeApp(settings, loop, worker, server, heartbeater, channels, handback, gauges, metrics_port)
+    return DecodeApp(settings, loop, worker, server, heartbeater, channels, handback, gauges, events, metrics_port)
 
 
 async def _refresh_gauges(loop: EngineLoop, interval_s: float) -> None:
@@ -119,14 +130,19 @@ async def _refresh_gauges(loop: EngineLoop, interval_s: float) -> None:
 
 
 async def serve(settings: DecodeSettings, ready: asyncio.Event | None = None) -> None:
-    telemetry = Telemetry("decode", settings.otlp_endpoint, settings.trace_dir)
+    telemetry = Telemetry("decode", settings.otlp_endpoint, settings.trace_dir) if settings.tracing else None
     bus = await Bus.connect(settings.nats_url, f"decode-{settings.worker_id or 'worker'}") if settings.nats_url else None
     app = await start(settings, bus)
+
+    async def flush_telemetry() -> None:
+        if telemetry is not None:
+            await asyncio.to_thread(telemetry.shutdown)
+
     shutdown = GracefulShutdown(
         grace_s=settings.drain_grace_s,
         deregister=[app.deregister],
         drain=[app.worker.drain],
-        close=[app.close, *([bus.close] if bus else []), _flush(telemetry)],
+        close=[app.close, *([bus.close] if bus else []), flush_telemetry],
     )
     shutdown.install()
     if ready is not None:
@@ -134,13 +150,6 @@ async def serve(settings: DecodeSettings, ready: asyncio.Event | None = None) ->
     await shutdown.wait()
     log.info("decode worker shutting down")
     await shutdown.run()
-
-
-def _flush(telemetry: Telemetry):
-    async def flush() -> None:
-        await asyncio.to_thread(telemetry.shutdown)
-
-    return flush
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 import grpc
 
 from kvmesh.engine.sampling import SamplingParams
-from kvmesh.runtime import kvwire
 from kvmesh.runtime.errors import status_for
 from kvmesh.runtime.pb import common_pb2, decode_pb2, decode_pb2_grpc
 
@@ -36,7 +35,7 @@ def job_from_pb(request: decode_pb2.GenerateRequest) -> GenerateJob:
         prompt=list(request.prompt_token_ids),
         params=sampling_from_pb(request.sampling),
         prefill_endpoint=request.prefill.endpoint if request.HasField("prefill") else "",
-        kv_encoding=request.kv_encoding or kvwire.RAW,
+        kv_encoding=request.kv_encoding,
     )
 
 

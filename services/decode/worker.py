@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import grpc
+from opentelemetry import trace
 
 from kvmesh.engine.outputs import ContextLengthError, RequestOutput, TokenLogprob
 from kvmesh.engine.sampling import SamplingParams
@@ -38,7 +39,7 @@ class GenerateJob:
     prompt: list[int]
     params: SamplingParams
     prefill_endpoint: str = ""  # empty = prefill locally
-    kv_encoding: int = kvwire.RAW
+    kv_encoding: int = 0  # KvEncoding; 0 = this worker's default
 
 
 @dataclass(slots=True)
@@ -77,6 +78,7 @@ class DecodeWorker:
     def __init__(
         self, loop: EngineLoop, spec: common_pb2.ModelSpec, worker_id: str, endpoint: str,
         channels: ChannelPool, prefill_timeout_s: float = 30.0, handback: Handback | None = None,
+        kv_encoding: int = kvwire.RAW,
     ) -> None:
         self.loop = loop
         self.spec = spec
@@ -85,6 +87,7 @@ class DecodeWorker:
         self.channels = channels
         self.prefill_timeout_s = prefill_timeout_s
         self.handback = handback
+        self.kv_encoding = kv_encoding
         self.receiver = KvReceiver()
         self.counters = DecodeCounters()
         self.draining = False
@@ -107,6 +110,9 @@ class DecodeWorker:
             job.params.validate()
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from exc
+        vocab = self.loop.engine.model_args.vocab_size
+        if any(t < 0 or t >= vocab for t in job.prompt):
+            raise InvalidArgument(f"prompt token ids must be in [0, {vocab})")
         if len(job.prompt) >= self.max_model_len:
             raise InvalidArgument(str(ContextLengthError(len(job.prompt), self.max_model_len)))
         stats = self.loop.stats
@@ -121,42 +127,47 @@ class DecodeWorker:
         if job.request_id in self._inflight:
             raise InvalidArgument(f"request id {job.request_id!r} is already running on this worker")
         state = self._inflight[job.request_id] = _Inflight()
+        # NOTE: spans are ended by hand, never made current across a `yield`: the consumer may
+        # close this generator from another context.
+        span = tracer.start_span("decode.generate", attributes={"request_id": job.request_id})
         try:
-            with tracer.start_as_current_span("decode.generate", attributes={"request_id": job.request_id}) as span:
+            with trace.use_span(span, end_on_exit=False):
                 received = await self._remote_prefill(job) if job.prefill_endpoint else None
-                if state.aborted:
-                    yield Delta([], "", [], "abort", len(job.prompt))
-                    return
-                queue_span = tracer.start_span("decode.queue_wait")
-                stream = await self._add(job, received)
-                state.in_engine = True
-                first_step = first_token = True
-                finished = False
-                try:
-                    while not finished:
-                        items = await stream.next_batch()
-                        if first_step:
-                            first_step = False
-                            queue_span.end()
-                            metrics.QUEUE_WAIT.observe(time.monotonic() - t0)
-                        delta = self._merge(job, [out for out, _ in items], [turn for _, turn in items])
-                        finished = delta.finish_reason is not None
-                        if delta.token_ids and first_token:
-                            first_token = False
-                            ttft = time.monotonic() - t0
-                            metrics.TTFT.observe(ttft)
-                            span.set_attribute("ttft_s", ttft)
-                        metrics.GENERATED_TOKENS.inc(len(delta.token_ids))
-                        if finished:
-                            span.set_attribute("tokens", delta.completion_tokens)
-                            span.set_attribute("finish_reason", delta.finish_reason)
-                        yield delta
-                finally:
+            if state.aborted:
+                yield Delta([], "", [], "abort", len(job.prompt))
+                return
+            queue_span = tracer.start_span("decode.queue_wait", context=trace.set_span_in_context(span))
+            stream = await self._add(job, received)
+            state.in_engine = True
+            first_step = first_token = True
+            finished = False
+            try:
+                while not finished:
+                    items = await stream.next_batch()
                     if first_step:
+                        first_step = False
                         queue_span.end()
-                    if not finished:
-                        self.loop.cancel(job.request_id)
+                        metrics.QUEUE_WAIT.observe(time.monotonic() - t0)
+                    delta = self._merge(job, [out for out, _ in items], [turn for _, turn in items])
+                    finished = delta.finish_reason is not None
+                    if delta.token_ids and first_token:
+                        first_token = False
+                        ttft = time.monotonic() - t0
+                        metrics.TTFT.observe(ttft)
+                        span.set_attribute("ttft_s", ttft)
+                    metrics.GENERATED_TOKENS.inc(len(delta.token_ids))
+                    if finished:
+                        span.set_attribute("tokens", delta.completion_tokens)
+                        span.set_attribute("finish_reason", delta.finish_reason)
+                    if delta.token_ids or finished:
+                        yield delta
+            finally:
+                if first_step:
+                    queue_span.end()
+                if not finished:
+                    self.loop.cancel(job.request_id)
         finally:
+            span.end()
             del self._inflight[job.request_id]
 
     def abort(self, request_id: str) -> bool:
@@ -239,7 +250,8 @@ class DecodeWorker:
             PendingKv(job.request_id, num_tokens, start_block, bs, self.hasher.hashes(prompt[:num_tokens]))
         )
         request = prefill_pb2.PrefillRequest(
-            request_id=job.request_id, prompt_token_ids=prompt, start_block=start_block, encoding=job.kv_encoding,
+            request_id=job.request_id, prompt_token_ids=prompt, start_block=start_block,
+            encoding=job.kv_encoding or self.kv_encoding,
             destination=common_pb2.WorkerRef(worker_id=self.worker_id, endpoint=self.endpoint),
         )
         try:

@@ -196,7 +196,10 @@ class LLMEngine:
         logprobs: dict[str, list] = {rid: [] for rid in ids}
         done: dict[str, str | None] = {}
         while len(done) < len(ids):
-            for out in self.step():
+            outputs = self.step()
+            if not outputs and not self.scheduler.running:
+                raise RuntimeError("engine cannot make progress: the KV cache is held by prefilled requests awaiting release")
+            for out in outputs:
                 if out.request_id not in tokens:
                     continue
                 tokens[out.request_id].extend(out.new_token_ids)

@@ -70,18 +70,23 @@ def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
 
 
 def rope_tables(args: ModelArgs, max_len: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables [max_len, head_dim] in the model dtype."""
+    """cos and signed sin tables [max_len, head_dim] in the model dtype.
+
+    The sin table carries the sign of rotate_half (`[-sin, sin]`), saving a negation per call.
+    """
     pos = torch.arange(max_len, dtype=torch.float32)
     freqs = pos[:, None] * rope_inv_freq(args)[None, :]  # [P, D/2]
-    emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
-    return emb.cos().to(dtype=dtype, device=device), emb.sin().to(dtype=dtype, device=device)
+    cos, sin = freqs.cos(), freqs.sin()
+    cos_t = torch.cat((cos, cos), dim=-1)  # [P, D]
+    sin_t = torch.cat((-sin, sin), dim=-1)  # [P, D]
+    return cos_t.to(dtype=dtype, device=device), sin_t.to(dtype=dtype, device=device)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [T, H, D]; cos/sin: [T, 1, D]
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    # x: [T, H, D]; cos/signed_sin: [T, 1, D]
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # [T, H, D]
+    return torch.addcmul(x * cos, swapped, signed_sin)
 
 
 class LlamaModel:
@@ -100,7 +105,7 @@ class LlamaModel:
         self.norm = norm
         self.lm_head = lm_head  # hidden → V (the embedding's weight when tied)
         self.cos, self.sin = rope_tables(args, max_len, embed.dtype, embed.device)
-        self._split = (args.q_size, args.kv_size, args.kv_size)
+        self._num_qk_heads = args.num_heads + args.num_kv_heads
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # NOTE: normalise in fp32 like the reference implementation, scale in the model dtype.
@@ -118,12 +123,12 @@ class LlamaModel:
         sin = self.sin[batch.positions].unsqueeze(1)
         for i, w in enumerate(self.layers):
             h = self._rms_norm(x, w.input_norm)
-            q, k, v = w.qkv(h).split(self._split, dim=-1)
-            q = apply_rope(q.view(t, a.num_heads, a.head_dim), cos, sin)  # [T, Hq, D]
-            k = apply_rope(k.view(t, a.num_kv_heads, a.head_dim), cos, sin)  # [T, Hkv, D]
+            qkv = w.qkv(h).view(t, self._num_qk_heads + a.num_kv_heads, a.head_dim)  # [T, Hq+2Hkv, D]
+            qk = apply_rope(qkv[:, : self._num_qk_heads], cos, sin)  # [T, Hq+Hkv, D], q and k together
+            q = qk[:, : a.num_heads]  # [T, Hq, D]
             k_cache, v_cache = kv_cache[0, i], kv_cache[1, i]  # [slots, Hkv, D]
-            k_cache.index_copy_(0, batch.slot_mapping, k)
-            v_cache.index_copy_(0, batch.slot_mapping, v.view(t, a.num_kv_heads, a.head_dim))
+            k_cache.index_copy_(0, batch.slot_mapping, qk[:, a.num_heads :])
+            v_cache.index_copy_(0, batch.slot_mapping, qkv[:, self._num_qk_heads :])
             attn = self._attention(q, k_cache, v_cache, batch.groups)  # [T, Hq*D]
             x = x + w.o(attn)
             gate, up = w.gate_up(self._rms_norm(x, w.post_norm)).chunk(2, dim=-1)  # [T, I] each

@@ -201,30 +201,33 @@ def _validate(model: type[_Body], data: dict[str, Any]) -> Any:
 
 
 def _validation_error(exc: ValidationError, data: dict[str, Any]) -> ApiError:
-    first = exc.errors(include_url=False)[0]
-    param, rest = _param(first["loc"], data)
-    if first["type"] == "missing" and not rest:
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    missing = first["type"] == "missing"
+    param = _param(first["loc"], data, missing)
+    if missing:
         return invalid(f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
-    same = [e for e in exc.errors(include_url=False) if _param(e["loc"], data)[0] == param]
+    same = [e for e in errors if _param(e["loc"], data, False) == param]
     if len(same) > 1:  # a union: every alternative failed
         return invalid(f"Invalid type for '{param}': got {_json_type(same[0]['input'])}.", param, "invalid_type")
     return invalid(f"Invalid value for '{param}': {first['msg']}.", param, "invalid_value")
 
 
-def _param(loc: tuple[Any, ...], data: Any) -> tuple[str, tuple[Any, ...]]:
-    """The dotted parameter path of `loc` that exists in the input (OpenAI style: messages.[0].role)."""
+def _param(loc: tuple[Any, ...], data: Any, missing: bool) -> str:
+    """The dotted path of `loc` as far as it exists in the input (OpenAI style: messages.[0].role);
+    union member tags that pydantic adds to `loc` are not part of it."""
     parts: list[str] = []
     node = data
     for i, key in enumerate(loc):
-        if isinstance(node, dict) and isinstance(key, str) and (key in node or i == len(loc) - 1):
+        if isinstance(node, dict) and isinstance(key, str) and (key in node or (missing and i == len(loc) - 1)):
             parts.append(key)
             node = node.get(key)
         elif isinstance(node, list) and isinstance(key, int) and key < len(node):
             parts.append(f"[{key}]")
             node = node[key]
         else:
-            return ".".join(parts), loc[i:]
-    return ".".join(parts), ()
+            break
+    return ".".join(parts)
 
 
 def _json_type(value: Any) -> str:

@@ -4,10 +4,11 @@ Layout, shared with the wire (`KvEncoding` in common.proto) - symmetric quantiza
 - a RAW block is `[2, L, n, H, D]` in the model dtype, little-endian;
 - K (`[0]`, `[L, n, H, D]`) has one scale per channel, taken over the tokens: `k_scales [L, H, D]`;
 - V (`[1]`, `[L, n, H, D]`) has one scale per token, taken over head_dim: `v_scales [L, n, H]`;
-- `scales` = float32 little-endian `k_scales` then `v_scales`; `scale = amax / qmax` (0 for an all-zero group);
-- INT8 data: int8 values `round(x / scale)` clipped to ±127, in `[2, L, n, H, D]` order;
-- INT4 data: the same with qmax 7, two's-complement nibbles packed two per byte, the even element in
+- `scales` = float32 little-endian `k_scales` then `v_scales`; `scale = amax / qmax` (1 for an all-zero group);
+- INT8 data: int8 values `round(x / scale)` (half to even) clipped to ±qmax, in `[2, L, n, H, D]` order;
+- INT4 data: the same with qmax 7, stored as `q + 8` nibbles packed two per byte, the even element in
   the low nibble (a zero nibble pads an odd count).
+This is byte-for-byte what the workers' torch codec (`kvmesh.runtime.kvwire`) produces.
 Decoding is `q * scale`, then rounding to the model dtype (bfloat16 round-to-nearest-even).
 """
 
@@ -49,19 +50,20 @@ def from_float32(x: np.ndarray, dtype: str) -> bytes:
 def quantize(x: np.ndarray, encoding: Encoding) -> tuple[bytes, bytes]:
     """`x [2, L, n, H, D]` float32 → (data, scales) in `encoding` (INT8 or INT4)."""
     qmax = QMAX[encoding]
-    k_scales = np.abs(x[0]).max(axis=1) / qmax  # [L, H, D]
-    v_scales = np.abs(x[1]).max(axis=3) / qmax  # [L, n, H]
-    k_safe = np.where(k_scales == 0, 1.0, k_scales)[:, None, :, :]  # [L, 1, H, D]
-    v_safe = np.where(v_scales == 0, 1.0, v_scales)[:, :, :, None]  # [L, n, H, 1]
-    q = np.stack([x[0] / k_safe, x[1] / v_safe])  # [2, L, n, H, D]
+    qmax32 = np.float32(qmax)
+    k_scales = np.abs(x[0]).max(axis=1) / qmax32  # [L, H, D]
+    v_scales = np.abs(x[1]).max(axis=3) / qmax32  # [L, n, H]
+    k_scales = np.where(k_scales > 0, k_scales, np.float32(1.0))
+    v_scales = np.where(v_scales > 0, v_scales, np.float32(1.0))
+    q = np.stack([x[0] / k_scales[:, None, :, :], x[1] / v_scales[:, :, :, None]])  # [2, L, n, H, D]
     q = np.clip(np.rint(q), -qmax, qmax).astype(np.int8).ravel()
     scales = np.concatenate([k_scales.ravel(), v_scales.ravel()]).astype("<f4").tobytes()
     if encoding is Encoding.INT8:
         return q.tobytes(), scales
-    if q.size % 2:
-        q = np.append(q, np.int8(0))
-    nibbles = (q.view(np.uint8) & 0x0F).reshape(-1, 2)
-    return (nibbles[:, 0] | (nibbles[:, 1] << 4)).astype(np.uint8).tobytes(), scales
+    nibbles = (q.astype(np.int16) + 8).astype(np.uint8)  # [N] in 1..15
+    if nibbles.size % 2:
+        nibbles = np.append(nibbles, np.uint8(0))
+    return (nibbles[0::2] | (nibbles[1::2] << 4)).astype(np.uint8).tobytes(), scales
 
 
 def dequantize(data: bytes, scales: bytes, shape: tuple[int, ...], encoding: Encoding) -> np.ndarray:
@@ -73,7 +75,7 @@ def dequantize(data: bytes, scales: bytes, shape: tuple[int, ...], encoding: Enc
     else:
         packed = np.frombuffer(data, dtype=np.uint8)
         nibbles = np.stack([packed & 0x0F, packed >> 4], axis=1).ravel()[:numel]
-        q = ((nibbles.astype(np.int8) ^ 8) - 8).astype(np.int8)
+        q = nibbles.astype(np.int16) - 8
     q = q.astype(np.float32).reshape(shape)
     all_scales = np.frombuffer(scales, dtype="<f4")
     k_count = num_layers * heads * head_dim

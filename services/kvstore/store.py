@@ -15,18 +15,18 @@
 from __future__ import annotations
 
 import logging
-import uuid
-from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kvmesh.runtime.errors import InvalidArgument, NotFound, ResourceExhausted
 
 from . import codec
-from .blocks import Block, BlockKey, Encoding, ModelSpec, check_spec
+from .blocks import HASH_BYTES, Block, BlockKey, Encoding, ModelSpec, check_spec
 from .disk import CorruptBlockFile, DiskDir
 from .events import Cleared, Removed, StoreEvent, Stored
 from .index import Entry, Tier, TierIndex
+from .leases import LeaseTable
+from .results import Counters, LookupResult, PutResult, TierStats
 from .puts import PutSessions
 
 log = logging.getLogger(__name__)
@@ -46,46 +46,6 @@ class StoreConfig:
     max_block_bytes: int = 64 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class LookupResult:
-    num_blocks: int
-    lease_id: str = ""
-    expires_in_s: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class PutResult:
-    stored: int
-    duplicates: int
-
-
-@dataclass(frozen=True, slots=True)
-class TierStats:
-    name: str
-    blocks: int
-    bytes: int
-    capacity_bytes: int
-    evictions: dict[str, int]  # by reason: lru | idle | demote | corrupt
-
-
-@dataclass(slots=True)
-class Counters:
-    lookups: int = 0
-    lookup_hit_blocks: int = 0
-    lookup_query_blocks: int = 0
-    puts: int = 0
-    gets: int = 0
-    get_bytes: int = 0
-    put_bytes: int = 0
-    evictions: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
-
-
-@dataclass(slots=True)
-class Lease:
-    keys: list[BlockKey]
-    expires_at: float
-
-
 class BlockStore:
     """The store core. `disk` is required when `config.disk_bytes > 0`; the index is rebuilt from it."""
 
@@ -98,7 +58,7 @@ class BlockStore:
         self.counters = Counters()
         self.events: list[StoreEvent] = [Cleared()]
         self.index = TierIndex()
-        self._leases: dict[str, Lease] = {}
+        self._leases = LeaseTable()
         self._puts = PutSessions(config.put_timeout_s, config.max_blocks_per_put)
         self._removed: list[bytes] = []
         if self.disk is not None:
@@ -124,28 +84,24 @@ class BlockStore:
         if not found:
             return LookupResult(0)
         duration = min(lease_s if lease_s > 0 else self.config.lease_s, self.config.max_lease_s)
-        lease_id = uuid.uuid4().hex[:16]
-        self._leases[lease_id] = Lease([e.key for e in found], now + duration)
+        lease_id = self._leases.grant([e.key for e in found], now + duration)
         for entry in found:
             entry.pins += 1
             self.index.touch(entry, now)
         return LookupResult(len(found), lease_id, duration)
 
+    def require(self, spec: ModelSpec, hashes: Iterable[bytes]) -> None:
+        """Counts one Get; raises NotFound naming the first block of `hashes` not held."""
+        self.counters.gets += 1
+        self._entries(spec, hashes)
+
     def read(self, spec: ModelSpec, hashes: Iterable[bytes]) -> list[Block]:
         """The named blocks as stored (memory or disk); NotFound names the first one missing."""
-        check_spec(spec)
-        now = self._expire(self.clock())
-        entries = []
-        for block_hash in hashes:
-            entry = self._live((spec.namespace, block_hash), now)
-            if entry is None:
-                self._flush_removed()
-                raise NotFound(f"block {block_hash.hex()[:16]} is not held (never stored, evicted or expired)")
-            entries.append(entry)
+        entries = self._entries(spec, hashes)
+        now = self.clock()
         blocks = [self._payload(entry) for entry in entries]
         for entry in entries:
             self.index.touch(entry, now)
-        self.counters.gets += 1
         self.counters.get_bytes += sum(b.nbytes for b in blocks)
         return blocks
 
@@ -172,6 +128,10 @@ class BlockStore:
         return len(self._puts)
 
     @property
+    def abandoned_puts(self) -> int:
+        return self._puts.abandoned
+
+    @property
     def active_leases(self) -> int:
         return len(self._leases)
 
@@ -181,6 +141,8 @@ class BlockStore:
         """Opens a put session for blocks of `spec`; `parent` is the block before the first one."""
         limit = min(self.config.max_block_bytes or self.config.memory_bytes, self.config.memory_bytes)
         check_spec(spec, self.config.block_size, limit)
+        if parent is not None and len(parent) not in (0, HASH_BYTES):
+            raise InvalidArgument(f"parent_hash must be {HASH_BYTES} bytes, got {len(parent)}")
         return self._puts.open(spec, producer_id, parent or None, self._expire(self.clock())).put_id
 
     def stage(self, put_id: str, block: Block) -> None:
@@ -203,10 +165,11 @@ class BlockStore:
             raise InvalidArgument(f"put {put_id}: commit says {num_blocks} blocks but {len(session.blocks)} were sent")
         namespace = session.spec.namespace
         fresh_bytes = sum(b.nbytes for b in session.blocks if (namespace, b.header.block_hash) not in self.index)
-        pinned = sum(e.nbytes for e in self.index.entries.values() if e.pins)
-        room = self.config.memory_bytes + (self.config.disk_bytes if self.disk else 0) - pinned
-        if fresh_bytes > room:
-            raise ResourceExhausted(f"put {put_id}: no room while leased blocks are pinned", self.config.lease_s)
+        capacity = self.config.memory_bytes + (self.config.disk_bytes if self.disk else 0)
+        if fresh_bytes > capacity - sum(self.index.bytes.values()):  # something must go: can it?
+            pinned = sum(e.nbytes for e in self.index.entries.values() if e.pins)
+            if fresh_bytes > capacity - pinned:
+                raise ResourceExhausted(f"put {put_id}: no room while leased blocks are pinned", self.config.lease_s)
         parent, run_parent, run = session.parent, session.parent, []
         stored = duplicates = 0
         for block in session.blocks:
@@ -252,11 +215,10 @@ class BlockStore:
         self._flush_removed()
 
     def _expire(self, now: float) -> float:
-        for lease_id in [i for i, lease in self._leases.items() if lease.expires_at <= now]:
-            for key in self._leases.pop(lease_id).keys:
-                entry = self.index.get(key)
-                if entry is not None:
-                    entry.pins -= 1
+        for key in self._leases.expire(now):
+            entry = self.index.get(key)
+            if entry is not None:
+                entry.pins -= 1
         self._puts.expire(now)
         return now
 
@@ -264,6 +226,18 @@ class BlockStore:
         return now - entry.last_access >= self.config.idle_cap_s
 
     # -- internals -----------------------------------------------------------------------
+
+    def _entries(self, spec: ModelSpec, hashes: Iterable[bytes]) -> list[Entry]:
+        check_spec(spec)
+        now = self._expire(self.clock())
+        entries = []
+        for block_hash in hashes:
+            entry = self._live((spec.namespace, block_hash), now)
+            if entry is None:
+                self._flush_removed()
+                raise NotFound(f"block {block_hash.hex()[:16]} is not held (never stored, evicted or expired)")
+            entries.append(entry)
+        return entries
 
     def _live(self, key: BlockKey, now: float) -> Entry | None:
         entry = self.index.get(key)
@@ -313,7 +287,12 @@ class BlockStore:
         block = entry.block
         if self.config.disk_encoding is not Encoding.RAW and block.header.encoding is Encoding.RAW:
             block = codec.convert(block, self.config.disk_encoding)
-        record = self.disk.write(entry.key, entry.parent, block)
+        try:
+            record = self.disk.write(entry.key, entry.parent, block)
+        except OSError as exc:
+            log.warning("cannot demote a block to disk (%s); dropping it", exc)
+            self._remove(entry, "lru")
+            return
         self.counters.evictions[(Tier.MEMORY.value, "demote")] += 1
         self.index.move(entry, Tier.DISK, record.file_bytes)
         entry.block, entry.header = None, block.header
@@ -321,7 +300,8 @@ class BlockStore:
     def _rebuild(self) -> None:
         assert self.disk is not None
         records, dropped = self.disk.scan()
-        self.counters.evictions[(Tier.DISK.value, "corrupt")] += dropped
+        if dropped:
+            self.counters.evictions[(Tier.DISK.value, "corrupt")] += dropped
         now = self.clock()
         for record in records:
             self.index.insert(Entry(record.key, record.parent, record.header, record.file_bytes, Tier.DISK, now))

@@ -133,7 +133,7 @@ class EngineLoop:
             try:
                 result = fn(self.engine)
             except Exception as exc:  # noqa: BLE001 - handed to the caller
-                self._deliver(lambda: future.done() or future.set_exception(exc))
+                self._deliver(lambda e=exc: future.done() or future.set_exception(e))
             else:
                 self._deliver(lambda: future.done() or future.set_result(result))
 
@@ -174,6 +174,10 @@ class EngineLoop:
 
         self.call_nowait(run)
 
+    def post(self, fn: Callable[[], Any]) -> None:
+        """From the engine thread (e.g. a step hook): run `fn()` on the event loop."""
+        self._deliver(fn)
+
     def _deliver(self, fn: Callable[[], Any]) -> None:
         try:
             self._loop.call_soon_threadsafe(fn)
@@ -203,7 +207,7 @@ class EngineLoop:
         except Exception as exc:  # noqa: BLE001 - fail the requests, keep the worker alive
             log.exception("engine step failed; failing %d requests", len(self._subs))
             for request_id, sub in list(self._subs.items()):
-                self._deliver(lambda s=sub.stream: s.put(exc))
+                self._deliver(lambda s=sub.stream, e=exc: s.put(e))
                 self.engine.abort_request(request_id)
             self._subs.clear()
             return

@@ -9,6 +9,7 @@ before the worker's events arrive. Pure and synchronous.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -62,6 +63,7 @@ class BlockIndex:
     """`apply(batch)` returns None, or the `from_seq` of the replay to request for that worker."""
 
     max_buffered: int = 4096
+    max_predictions: int = 100_000
     stats: IndexStats = field(default_factory=IndexStats)
     _holders: dict[bytes, set[str]] = field(default_factory=dict)
     _held: dict[str, set[bytes]] = field(default_factory=dict)
@@ -69,6 +71,7 @@ class BlockIndex:
     _repairing: dict[str, list[EventBatch]] = field(default_factory=dict)
     _behind: dict[str, int] = field(default_factory=dict)
     _predicted: dict[bytes, dict[str, float]] = field(default_factory=dict)
+    _expiries: deque[tuple[float, str, tuple[bytes, ...]]] = field(default_factory=deque)
 
     # --- feeding ---
 
@@ -149,39 +152,53 @@ class BlockIndex:
         self._seq.pop(worker_id, None)
         self._repairing.pop(worker_id, None)
         self._behind.pop(worker_id, None)
-        for holders in self._predicted.values():
-            holders.pop(worker_id, None)
+        for block_hash in [h for h, holders in self._predicted.items() if worker_id in holders]:
+            holders = self._predicted[block_hash]
+            del holders[worker_id]
+            if not holders:
+                del self._predicted[block_hash]
 
     # --- predictions ---
 
-    def predict(self, worker_id: str, block_hashes: Iterable[bytes], expires_at: float) -> None:
+    def predict(self, worker_id: str, block_hashes: Sequence[bytes], expires_at: float) -> None:
         """Counts `block_hashes` as held by `worker_id` until `expires_at` (routing-time guess)."""
         for block_hash in block_hashes:
             self._predicted.setdefault(block_hash, {})[worker_id] = expires_at
+        self._expiries.append((expires_at, worker_id, tuple(block_hashes)))
 
     def prune_predictions(self, now: float) -> None:
-        for block_hash in list(self._predicted):
-            holders = {w: t for w, t in self._predicted[block_hash].items() if t > now}
-            if holders:
-                self._predicted[block_hash] = holders
-            else:
-                del self._predicted[block_hash]
+        """Forgets expired predictions (amortized: each prediction is visited once)."""
+        while self._expiries and (self._expiries[0][0] <= now or len(self._expiries) > self.max_predictions):
+            expires_at, worker_id, block_hashes = self._expiries.popleft()
+            for block_hash in block_hashes:
+                holders = self._predicted.get(block_hash)
+                if holders is not None and holders.get(worker_id) == expires_at:
+                    del holders[worker_id]
+                    if not holders:
+                        del self._predicted[block_hash]
 
     # --- queries ---
 
     def overlap(self, worker_ids: Iterable[str], block_hashes: Sequence[bytes], now: float | None = None) -> dict[str, int]:
         """Leading blocks of `block_hashes` each worker holds (longest contiguous prefix).
         Predicted entries count when `now` is given and they have not expired."""
-        counts = {w: 0 for w in worker_ids}
+        counts = dict.fromkeys(worker_ids, 0)
         alive = set(counts)
         for i, block_hash in enumerate(block_hashes):
-            holders = self._holders.get(block_hash, ())
-            predicted = self._predicted.get(block_hash, {}) if now is not None else {}
-            alive = {w for w in alive if w in holders or predicted.get(w, -1.0) > now}  # type: ignore[operator]
+            holders = self._holders.get(block_hash)
+            predicted = self._predicted.get(block_hash) if now is not None else None
+            if predicted:
+                guessed = {w for w, t in predicted.items() if t > now}  # type: ignore[operator]
+                held = alive & (holders | guessed if holders else guessed)
+            else:
+                held = alive & holders if holders else set()
+            for w in alive - held:
+                counts[w] = i
+            alive = held
             if not alive:
-                break
-            for w in alive:
-                counts[w] = i + 1
+                return counts
+        for w in alive:
+            counts[w] = len(block_hashes)
         return counts
 
     def held(self, worker_id: str) -> set[bytes]:

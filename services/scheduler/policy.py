@@ -18,9 +18,9 @@ from typing import ClassVar
 class CostModel:
     """Seconds per unit of work, calibrated on the real engine (see bench/sim_calibration.md)."""
 
-    prefill_s_per_token: float = 5.0e-5
-    decode_s_per_step: float = 0.012
-    decode_s_per_seq: float = 1.0e-4
+    prefill_s_per_token: float = 5.76e-5
+    decode_s_per_step: float = 1.02e-3
+    decode_s_per_seq: float = 3.57e-5
     block_size: int = 16
 
     def prefill_s(self, tokens: float) -> float:

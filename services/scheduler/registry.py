@@ -95,6 +95,7 @@ class Registry:
     _workers: dict[str, Worker] = field(default_factory=dict)
     _assignments: dict[str, Assignment] = field(default_factory=dict)
     _orphaned: list[Assignment] = field(default_factory=list)
+    _sorted: list[Worker] | None = None
 
     def observe(self, hb: HeartbeatInfo) -> Seen:
         """Records a heartbeat; a new `started_at` resets the worker's state (RESTARTED)."""
@@ -109,6 +110,7 @@ class Registry:
         if worker is not None:
             self._drop_assignments(hb.worker_id)
         self._workers[hb.worker_id] = Worker(hb, now, backlog_at=now)
+        self._sorted = None
         return seen
 
     def expire(self) -> list[str]:
@@ -122,20 +124,26 @@ class Registry:
     def remove(self, worker_id: str) -> list[Assignment]:
         """Forgets a worker; returns the assignments that were still open on it."""
         self._workers.pop(worker_id, None)
+        self._sorted = None
         return self._drop_assignments(worker_id)
 
     def get(self, worker_id: str) -> Worker | None:
         return self._workers.get(worker_id)
 
     def all(self) -> list[Worker]:
-        return sorted(self._workers.values(), key=lambda w: w.worker_id)
+        """Every known worker, sorted by id."""
+        if self._sorted is None:
+            self._sorted = sorted(self._workers.values(), key=lambda w: w.worker_id)
+        return list(self._sorted)
 
     def live(self, role: Role, pool: str | None = None, exclude: Iterable[str] = ()) -> list[Worker]:
         """Workers of `role` in `pool` that take new requests (not draining), sorted by id."""
         skip = set(exclude)
+        if self._sorted is None:
+            self._sorted = sorted(self._workers.values(), key=lambda w: w.worker_id)
         return [
             w
-            for w in self.all()
+            for w in self._sorted
             if w.info.role is role and not w.info.draining and w.worker_id not in skip and (pool is None or w.info.pool == pool)
         ]
 

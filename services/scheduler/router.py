@@ -119,8 +119,7 @@ class Router:
         if not decodes:
             excluded = f" (excluding {', '.join(sorted(query.exclude))})" if query.exclude else ""
             raise NoWorkerAvailable(f"no decode worker available in pool {pool!r}{excluded}")
-        if self.registry.complete(query.request_id) is not None:
-            pass  # NOTE: a retry of a routed request replaces its previous attempt
+        self.registry.complete(query.request_id)  # NOTE: a retry replaces the previous attempt
         now = self.registry.clock()
         prefills = self.registry.live(Role.PREFILL, pool, query.exclude)
         stores = self.registry.live(Role.KVSTORE)

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from kvmesh.engine.config import ModelArgs
-from kvmesh.engine.model import LlamaModel
 from kvmesh.engine.runner import ModelRunner
 from kvmesh.engine.scheduler import ScheduledSeq
 from kvmesh.engine.sampling import SamplingParams
@@ -56,21 +55,15 @@ def test_greedy_32_tokens_match_transformers(hf_pair) -> None:
     assert out.finish_reason == "length"
 
 
-def test_sharded_checkpoint_loads(hf_pair) -> None:
+def test_checkpoint_layout_and_parsed_config(hf_pair) -> None:
     name, _, path = hf_pair
-    if name != "llama_gqa":
-        pytest.skip("only llama_gqa is saved sharded")
-    assert (path / "model.safetensors.index.json").is_file()
-    assert len(list(path.glob("*.safetensors"))) > 1
-
-
-def test_llama3_rope_scaling_is_parsed(hf_pair) -> None:
-    name, _, path = hf_pair
-    if name != "llama3_tied":
-        pytest.skip("llama3 config only")
     args = ModelArgs.from_dir(path)
-    assert args.rope_scaling is not None and args.rope_scaling["rope_type"] == "llama3"
-    assert args.tie_word_embeddings and args.num_kv_heads == 1
+    sharded = (path / "model.safetensors.index.json").is_file()
+    assert sharded == (name == "llama_gqa")
+    assert len(list(path.glob("*.safetensors"))) > 1 if sharded else (path / "model.safetensors").is_file()
+    assert args.tie_word_embeddings == name.endswith("tied")
+    assert (args.rope_scaling or {}).get("rope_type") == ("llama3" if name == "llama3_tied" else None)
+    assert args.attention_bias == name.startswith("qwen2")
 
 
 @pytest.mark.cuda

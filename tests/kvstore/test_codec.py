@@ -53,7 +53,7 @@ def test_int4_packs_the_even_element_in_the_low_nibble():
     x[0, 0, 0, 0, 0], x[0, 0, 0, 0, 1] = 1.0, -1.0  # K channels scale 1/7 each
     x[0, 0, 1, 0, 0], x[0, 0, 1, 0, 1] = 1.0, -1.0
     data, _ = codec.quantize(x, Encoding.INT4)
-    assert data[0] == (7 | (0x9 << 4))  # 7 and -7 (0b1001)
+    assert data[0] == (7 + 8) | ((-7 + 8) << 4)  # stored as q + 8
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -72,3 +72,25 @@ def test_bfloat16_rounds_to_nearest_even():
     x = np.array([1.0 + 2**-8, 1.0 + 3 * 2**-8], dtype=np.float32)  # halfway cases
     out = np.frombuffer(codec.from_float32(x, "bfloat16"), dtype="<u2")
     assert list(out) == [0x3F80, 0x3F82]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("encoding", [Encoding.INT8, Encoding.INT4])
+def test_numpy_codec_matches_the_workers_torch_codec_byte_for_byte(dtype, encoding):
+    torch = pytest.importorskip("torch")
+    from kvmesh.runtime import kvwire
+
+    spec = dataclasses.replace(SPEC, dtype=dtype)
+    raw = block("a", spec=spec)
+    kv = torch.frombuffer(bytearray(raw.data), dtype=kvwire.TORCH_DTYPES[dtype]).reshape(spec.block_shape)
+    kv[0, 1, :, 1, 2] = 0  # an all-zero K channel
+    raw = make_block(spec, raw.header.block_hash, 0, kvwire._to_bytes(kv))
+    theirs = kvwire.encode_block(kv, encoding=int(encoding), block_hash=raw.header.block_hash)
+    ours = codec.convert(raw, encoding)
+    assert (ours.data, ours.scales, ours.header.checksum) == (theirs.data, theirs.scales, theirs.header.checksum)
+    decoded = kvwire.decode_block(theirs, kvwire.model_spec("m", _Args(), dtype, SPEC.block_size))
+    assert codec.convert(ours, Encoding.RAW).data == kvwire._to_bytes(decoded)
+
+
+class _Args:
+    num_layers, num_kv_heads, head_dim = SPEC.num_layers, SPEC.num_kv_heads, SPEC.head_dim

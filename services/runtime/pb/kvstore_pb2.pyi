@@ -39,12 +39,14 @@ class GetRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., lease_id: _Optional[str] = ..., encoding: _Optional[_Union[_common_pb2.KvEncoding, str]] = ...) -> None: ...
 
 class PutOpen(_message.Message):
-    __slots__ = ("spec", "producer_id")
+    __slots__ = ("spec", "producer_id", "parent_hash")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_HASH_FIELD_NUMBER: _ClassVar[int]
     spec: _common_pb2.ModelSpec
     producer_id: str
-    def __init__(self, spec: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., producer_id: _Optional[str] = ...) -> None: ...
+    parent_hash: bytes
+    def __init__(self, spec: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., producer_id: _Optional[str] = ..., parent_hash: _Optional[bytes] = ...) -> None: ...
 
 class PutCommit(_message.Message):
     __slots__ = ("num_blocks",)

@@ -1,0 +1,62 @@
+"""KV events for this worker's prefix cache: BlockStored / BlockRemoved on `kvmesh.kv.events.<id>`.
+
+NOTE: needs the engine hook `take_kv_events() -> list[(kind, block_hashes, parent_hash)]` with
+kind "stored" | "removed" | "cleared", drained on the engine thread after each step. An engine
+without it publishes nothing (the scheduler then routes on heartbeats alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from kvmesh.runtime import kvevents
+from kvmesh.runtime.bus import Bus
+from kvmesh.runtime.kvevents import KvEventPublisher
+from kvmesh.runtime.worker import EngineLoop
+
+log = logging.getLogger(__name__)
+
+
+class CacheEvents:
+    """Forwards the engine's cache movements to a KvEventPublisher; mirrors the held set for dumps."""
+
+    def __init__(self, loop: EngineLoop) -> None:
+        self.loop = loop
+        self.held: dict[bytes, None] = {}
+        self.publisher: KvEventPublisher | None = None
+
+    @property
+    def seq(self) -> int:
+        return self.publisher.seq if self.publisher else 0
+
+    async def start(self, bus: Bus | None, worker_id: str) -> bool:
+        if bus is None or not hasattr(self.loop.engine, "take_kv_events"):
+            return False
+        self.publisher = await KvEventPublisher.start(bus, worker_id, lambda: list(self.held))
+        self.loop.step_hooks.append(self._on_step)
+        return True
+
+    def _on_step(self, engine, outputs) -> None:  # engine thread
+        events = engine.take_kv_events()
+        if events:
+            self.loop.post(lambda: self._publish(events))
+
+    def _publish(self, events) -> None:  # event loop
+        pb = []
+        for kind, hashes, parent in events:
+            if kind == "stored":
+                self.held.update(dict.fromkeys(hashes))
+                pb.append(kvevents.stored(hashes, parent))
+            elif kind == "removed":
+                for h in hashes:
+                    self.held.pop(h, None)
+                pb.append(kvevents.removed(hashes))
+            elif kind == "cleared":
+                self.held.clear()
+                pb.append(kvevents.cleared())
+        asyncio.create_task(self.publisher.publish(pb))
+
+    async def close(self) -> None:
+        if self.publisher is not None:
+            await self.publisher.close()

@@ -1,0 +1,157 @@
+"""The HTTP adapter: FastAPI routes, auth, OpenAI-shaped errors, request metrics."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .auth import ApiKeys
+from .backend import Backend
+from .config import GatewaySettings
+from .errors import ApiError, model_not_found
+from .handlers import CompletionService
+from .metrics import GatewayMetrics
+from .mirror import MirrorTap
+from .prompt import ServedModel
+from .protocol import Endpoint
+
+log = logging.getLogger(__name__)
+
+
+def error_response(error: ApiError, request_id: str | None = None) -> JSONResponse:
+    headers = error.headers()
+    if request_id:
+        headers["X-Request-Id"] = request_id
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def _request_id(request: Request) -> str | None:
+    return getattr(request.state, "request_id", None)
+
+
+class ObserveRequests:
+    """ASGI middleware: counts finished requests by route template and status."""
+
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = [500]
+
+        async def send_status(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", None) or "other"
+            self.metrics.requests.labels(route=path, status=str(status[0])).inc()
+
+
+def create_app(
+    settings: GatewaySettings,
+    backend: Backend,
+    *,
+    model: ServedModel | None = None,
+    metrics: GatewayMetrics | None = None,
+    mirror: MirrorTap | None = None,
+) -> FastAPI:
+    """The gateway app. `model` defaults to loading settings.model's tokenizer and config."""
+    model = model or ServedModel.load(settings)
+    metrics = metrics or GatewayMetrics()
+    mirror = mirror or MirrorTap(settings.mirror_sample, settings.mirror_buffer, metrics, settings.nats_url)
+    service = CompletionService(settings, backend, model, metrics, mirror)
+    keys = ApiKeys(settings.api_key_set())
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await mirror.close()
+        await backend.close()
+
+    app = FastAPI(title="kvmesh gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.service = service
+    app.state.metrics = metrics
+    app.state.mirror = mirror
+    app.add_middleware(ObserveRequests, metrics=metrics)
+
+    @app.exception_handler(ApiError)
+    async def on_api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc, _request_id(request))
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = (exc.errors() or [{}])[0]
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return error_response(ApiError(400, f"Invalid request: {first.get('msg', 'validation failed')}", param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return error_response(ApiError(exc.status_code, str(exc.detail), code=code))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error serving %s", request.url.path, exc_info=exc)
+        error = ApiError(500, f"Internal server error: {type(exc).__name__}", code="internal_error")
+        return error_response(error, _request_id(request))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        key = keys.check(request.headers.get("authorization"))
+        return await service.handle(request, Endpoint.COMPLETIONS, key)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        key = keys.check(request.headers.get("authorization"))
+        return await service.handle(request, Endpoint.CHAT, key)
+
+    def model_card() -> dict:
+        return {
+            "id": model.name,
+            "object": "model",
+            "created": model.created,
+            "owned_by": "kvmesh",
+            "root": model.name,
+            "parent": None,
+            "max_model_len": model.max_model_len,
+        }
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> dict:
+        keys.check(request.headers.get("authorization"))
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str, request: Request) -> dict:
+        keys.check(request.headers.get("authorization"))
+        if model_id != model.name:
+            raise model_not_found(model_id)
+        return model_card()
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if await backend.healthy():
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "unavailable", "scheduler": settings.scheduler}, status_code=503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,92 @@
+"""HTTP plumbing for long requests: an SSE response that notices a client going away, and a
+race between work and the client disconnecting (for non-streaming requests)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TypeVar
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+T = TypeVar("T")
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away before the response was complete."""
+
+
+async def wait_disconnect(receive: Receive) -> None:
+    """Returns once the ASGI server reports `http.disconnect` (the body was already read)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def race_disconnect(receive: Receive, work: Awaitable[T]) -> T:
+    """Runs `work`; cancels it and raises ClientDisconnected if the client leaves first."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(wait_disconnect(receive))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, watch):
+            if not t.done():
+                t.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(task, watch, return_exceptions=True)
+    if task.cancelled() or not task.done():
+        raise ClientDisconnected()
+    return task.result()
+
+
+class EventStreamResponse(Response):
+    """`text/event-stream` from an async iterator of encoded events.
+
+    Unlike a plain StreamingResponse it always calls `on_close(disconnected)` exactly once, after
+    the stream ended or the client left, so the caller can abort work downstream.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        events: AsyncIterator[bytes],
+        on_close: Callable[[bool], Awaitable[None]],
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.events = events
+        self.on_close = on_close
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        disconnected = True
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            pump = asyncio.ensure_future(self._pump(send))
+            watch = asyncio.ensure_future(wait_disconnect(receive))
+            try:
+                await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in (pump, watch):
+                    t.cancel()
+                await asyncio.gather(pump, watch, return_exceptions=True)
+            disconnected = not pump.done() or pump.cancelled() or pump.exception() is not None
+            if not disconnected:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            disconnected = True
+        finally:
+            with contextlib.suppress(Exception):
+                await self.events.aclose()  # type: ignore[attr-defined]
+            await asyncio.shield(self.on_close(disconnected))
+
+    async def _pump(self, send: Send) -> None:
+        async for chunk in self.events:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+

@@ -1,0 +1,176 @@
+"""The KvStore gRPC servicer: a thin adapter (from_pb → BlockStore → to_pb) plus the KV event feed."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from kvmesh.runtime import kvevents
+from kvmesh.runtime.errors import FailedPrecondition, InvalidArgument, MeshError, ResourceExhausted
+from kvmesh.runtime.pb import common_pb2, events_pb2, kvstore_pb2, kvstore_pb2_grpc
+from kvmesh.runtime.telemetry import tracer
+
+from . import codec
+from .blocks import Block, BlockHeader, Encoding, ModelSpec
+from .events import Cleared, Removed, StoreEvent, Stored
+from .metrics import StoreMetrics
+from .store import BlockStore
+
+log = logging.getLogger(__name__)
+
+GET_CHUNK_BLOCKS = 16  # blocks read (from disk) at a time while a Get streams
+EVENTS_PER_BATCH = 512  # keeps a KV event batch far below NATS's 1 MiB payload limit
+
+
+def spec_from_pb(pb: common_pb2.ModelSpec) -> ModelSpec:
+    return ModelSpec(pb.model_id, pb.dtype, pb.block_size, pb.num_layers, pb.num_kv_heads, pb.head_dim)
+
+
+def encoding_from_pb(value: int) -> Encoding:
+    if value == common_pb2.KV_ENCODING_UNSPECIFIED:
+        return Encoding.RAW
+    try:
+        return Encoding(value)
+    except ValueError:
+        raise InvalidArgument(f"unknown KV encoding {value}") from None
+
+
+def block_from_pb(pb: common_pb2.KvBlock) -> Block:
+    h = pb.header
+    header = BlockHeader(
+        block_hash=h.block_hash, block_index=h.block_index, layer_start=h.layer_start, layer_end=h.layer_end,
+        dtype=h.dtype, shape=tuple(h.shape), encoding=encoding_from_pb(h.encoding), byte_length=h.byte_length,
+        checksum=h.checksum, num_tokens=h.num_tokens, scales_length=h.scales_length,
+    )
+    return Block(header, pb.data, pb.scales)
+
+
+def block_to_pb(block: Block) -> common_pb2.KvBlock:
+    h = block.header
+    header = common_pb2.KvBlockHeader(
+        block_hash=h.block_hash, block_index=h.block_index, layer_start=h.layer_start, layer_end=h.layer_end,
+        dtype=h.dtype, shape=list(h.shape), encoding=int(h.encoding), byte_length=h.byte_length,
+        checksum=h.checksum, num_tokens=h.num_tokens, scales_length=h.scales_length,
+    )
+    return common_pb2.KvBlock(header=header, data=block.data, scales=block.scales)
+
+
+def event_to_pb(event: StoreEvent) -> events_pb2.KvEvent:
+    if isinstance(event, Stored):
+        return kvevents.stored(event.hashes, event.parent)
+    if isinstance(event, Removed):
+        return kvevents.removed(event.hashes)
+    assert isinstance(event, Cleared)
+    return kvevents.cleared()
+
+
+class EventFeed:
+    """Publishes what the store changed as KV event batches (nowhere when there is no bus)."""
+
+    def __init__(self, publisher: kvevents.KvEventPublisher | None) -> None:
+        self.publisher = publisher
+
+    @property
+    def seq(self) -> int:
+        return self.publisher.seq if self.publisher else 0
+
+    async def flush(self, store: BlockStore) -> None:
+        events = store.drain_events()
+        if self.publisher is None or not events:
+            return
+        for start in range(0, len(events), EVENTS_PER_BATCH):
+            await self.publisher.publish([event_to_pb(e) for e in events[start : start + EVENTS_PER_BATCH]])
+
+
+class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
+    def __init__(self, store: BlockStore, metrics: StoreMetrics, feed: EventFeed | None = None) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.feed = feed or EventFeed(None)
+
+    async def after_change(self) -> None:
+        """Publishes pending events and refreshes metrics (also called by the periodic tick)."""
+        await self.feed.flush(self.store)
+        self.metrics.sync(self.store)
+
+    async def Lookup(self, request: kvstore_pb2.LookupRequest, context: grpc.aio.ServicerContext) -> kvstore_pb2.LookupResponse:
+        with tracer.start_as_current_span("kvstore.lookup", attributes={"query_blocks": len(request.block_hashes)}) as span:
+            try:
+                result = self.store.lookup(spec_from_pb(request.spec), request.block_hashes, request.lease_s)
+            finally:
+                await self.after_change()
+            span.set_attribute("hit_blocks", result.num_blocks)
+            return kvstore_pb2.LookupResponse(
+                num_blocks=result.num_blocks, lease_id=result.lease_id, lease_expires_in_s=result.expires_in_s
+            )
+
+    async def Get(self, request: kvstore_pb2.GetRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[common_pb2.KvBlock]:
+        hashes = list(request.block_hashes)
+        with tracer.start_as_current_span("kvstore.get", attributes={"blocks": len(hashes)}) as span:
+            spec, encoding = spec_from_pb(request.spec), encoding_from_pb(request.encoding)
+            limit = self.store.config.max_blocks_per_put
+            if len(hashes) > limit:
+                raise InvalidArgument(f"Get of {len(hashes)} blocks: at most {limit} per call")
+            sent = 0
+            try:
+                self.store.require(spec, hashes)
+                for start in range(0, len(hashes), GET_CHUNK_BLOCKS):
+                    for block in self.store.read(spec, hashes[start : start + GET_CHUNK_BLOCKS]):
+                        out = codec.convert(block, encoding)
+                        sent += out.nbytes
+                        yield block_to_pb(out)
+            finally:
+                span.set_attribute("bytes", sent)
+                await self.after_change()
+
+    async def Put(self, request_iterator: AsyncIterator[kvstore_pb2.PutMessage], context: grpc.aio.ServicerContext) -> kvstore_pb2.PutResponse:
+        with tracer.start_as_current_span("kvstore.put") as span:
+            put_id, committed = "", False
+            try:
+                async for message in request_iterator:
+                    kind = message.WhichOneof("msg")
+                    if not put_id:
+                        if kind != "open":
+                            raise InvalidArgument("a Put stream must start with an `open` message")
+                        put_id = self.store.open_put(
+                            spec_from_pb(message.open.spec), message.open.producer_id, message.open.parent_hash or None
+                        )
+                    elif kind == "block":
+                        self.store.stage(put_id, block_from_pb(message.block))
+                    elif kind == "commit":
+                        result = self.store.commit(put_id, message.commit.num_blocks)
+                        committed = True
+                        span.set_attributes({"stored": result.stored, "duplicates": result.duplicates})
+                        return kvstore_pb2.PutResponse(stored=result.stored, duplicates=result.duplicates)
+                    else:
+                        raise InvalidArgument(f"unexpected {kind or 'empty'} message in a Put stream")
+                raise InvalidArgument("the Put stream ended without a commit; nothing was stored")
+            except MeshError as exc:
+                self.metrics.rejected.labels(_reason(exc)).inc()
+                raise
+            finally:
+                if put_id and not committed:
+                    self.store.abort(put_id)
+                await self.after_change()
+
+    async def Stats(self, request: kvstore_pb2.StatsRequest, context: grpc.aio.ServicerContext) -> kvstore_pb2.StatsResponse:
+        c = self.store.counters
+        tiers = [
+            kvstore_pb2.TierStats(name=t.name, blocks=t.blocks, bytes=t.bytes, capacity_bytes=t.capacity_bytes,
+                                  evictions=sum(t.evictions.values()))
+            for t in self.store.stats()
+        ]
+        return kvstore_pb2.StatsResponse(
+            tiers=tiers, lookups=c.lookups, lookup_hit_blocks=c.lookup_hit_blocks,
+            lookup_query_blocks=c.lookup_query_blocks, puts=c.puts, gets=c.gets,
+        )
+
+
+def _reason(exc: MeshError) -> str:
+    if isinstance(exc, ResourceExhausted):
+        return "full"
+    if isinstance(exc, FailedPrecondition):
+        return "expired"
+    return "invalid"

@@ -1,0 +1,135 @@
+"""`kvmesh prefill`: build the engine, serve PrefillWorker over gRPC, heartbeat on NATS, shut down cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvmesh.runtime import kvwire
+from kvmesh.runtime.bus import Bus
+from kvmesh.runtime.config import settings_from_argv
+from kvmesh.runtime.grpcutil import ChannelPool, GrpcServer, TlsConfig, start_server
+from kvmesh.runtime.metrics import serve_metrics
+from kvmesh.runtime.pb import prefill_pb2_grpc
+from kvmesh.runtime.shutdown import GracefulShutdown
+from kvmesh.runtime.telemetry import Telemetry, TracingServerInterceptor
+from kvmesh.runtime.worker import EngineLoop, HeartbeatInfo, Heartbeater, engine_config
+
+from . import metrics
+from .config import PrefillSettings
+from .server import PrefillServicer
+from .store import StoreReader
+from .worker import PrefillWorker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PrefillApp:
+    """A running prefill worker: `port`/`endpoint` as bound; `stop()` shuts it down."""
+
+    settings: PrefillSettings
+    loop: EngineLoop
+    worker: PrefillWorker
+    server: GrpcServer
+    heartbeater: Heartbeater
+    channels: ChannelPool
+    gauges: asyncio.Task
+    endpoint: str
+    metrics_port: int | None = None
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    async def deregister(self) -> None:
+        self.worker.draining = True
+        await self.server.set_serving(False)
+        await self.heartbeater.deregister()
+
+    async def close(self) -> None:
+        self.gauges.cancel()
+        await self.server.stop(1.0)
+        await self.channels.close()
+        await self.loop.stop()
+
+    async def stop(self, grace_s: float = 0.0) -> None:
+        await self.deregister()
+        await self.worker.drain(grace_s)
+        await self.close()
+
+
+async def start(settings: PrefillSettings, bus: Bus | None = None) -> PrefillApp:
+    """Build the engine (off the event loop), start the gRPC server and the heartbeat."""
+    from kvmesh.engine.llm import LLMEngine  # noqa: PLC0415 - torch, only in worker processes
+
+    engine = await asyncio.to_thread(LLMEngine, engine_config(settings))
+    loop = EngineLoop(engine, name="prefill-engine")
+    loop.start()
+    worker_id = settings.resolved_worker_id("prefill")
+    spec = kvwire.model_spec(engine.hasher.model_id, engine.model_args, engine.hasher.dtype, engine.block_size)
+    tls = TlsConfig.from_settings(settings)
+    channels = ChannelPool(tls=tls)
+    store = StoreReader(settings.kvstore, channels, spec, settings.kvstore_timeout_s) if settings.kvstore else None
+    worker = PrefillWorker(
+        loop, spec, channels, store, settings.push_timeout_s, kvwire.encoding_from_name(settings.kv_encoding)
+    )
+    server = await start_server(
+        settings.host,
+        settings.port,
+        [(prefill_pb2_grpc.add_PrefillWorkerServicer_to_server, PrefillServicer(worker), "kvmesh.v1.PrefillWorker")],
+        [TracingServerInterceptor()],
+        tls=tls,
+    )
+    endpoint = settings.endpoint(server.port)
+    info = HeartbeatInfo(
+        worker_id, "prefill", endpoint, settings.pool, settings.served_model_name(), engine.block_size,
+        settings.max_num_seqs, time.time(),
+    )
+    heartbeater = Heartbeater(bus, info, lambda: loop.stats, settings.heartbeat_interval_s)
+    heartbeater.start()
+    gauges = asyncio.create_task(_refresh_gauges(loop, settings.heartbeat_interval_s), name="prefill-gauges")
+    metrics_port = serve_metrics(settings.host, settings.metrics_port) if settings.metrics_port >= 0 else None
+    log.info("prefill worker %s serving on %s (model %s)", worker_id, endpoint, settings.model)
+    return PrefillApp(settings, loop, worker, server, heartbeater, channels, gauges, endpoint, metrics_port)
+
+
+async def _refresh_gauges(loop: EngineLoop, interval_s: float) -> None:
+    while True:
+        s = loop.stats
+        metrics.KV_BLOCKS_FREE.set(s.num_free_blocks)
+        metrics.KV_BLOCKS_USED.set(s.num_total_blocks - s.num_free_blocks)
+        await asyncio.sleep(interval_s)
+
+
+async def serve(settings: PrefillSettings, ready: asyncio.Event | None = None) -> None:
+    telemetry = Telemetry("prefill", settings.otlp_endpoint, settings.trace_dir) if settings.tracing else None
+    bus = await Bus.connect(settings.nats_url, f"prefill-{settings.worker_id or 'worker'}") if settings.nats_url else None
+    app = await start(settings, bus)
+
+    async def flush_telemetry() -> None:
+        if telemetry is not None:
+            await asyncio.to_thread(telemetry.shutdown)
+
+    shutdown = GracefulShutdown(
+        grace_s=settings.drain_grace_s,
+        deregister=[app.deregister],
+        drain=[app.worker.drain],
+        close=[app.close, *([bus.close] if bus else []), flush_telemetry],
+    )
+    shutdown.install()
+    if ready is not None:
+        ready.set()
+    await shutdown.wait()
+    log.info("prefill worker shutting down")
+    await shutdown.run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = settings_from_argv(PrefillSettings, argv, "kvmesh prefill")
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(settings))
+    return 0

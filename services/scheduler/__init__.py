@@ -1,0 +1,1 @@
+"""kvmesh scheduler: worker registry, global KV block index, routing policies, admission queue."""

@@ -1,0 +1,103 @@
+"""kvmesh scheduler entry point: settings → router + admission → gRPC server + NATS feeds."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from kvmesh.runtime.bus import Bus
+from kvmesh.runtime.config import settings_from_argv
+from kvmesh.runtime.grpcutil import GrpcServer, start_server
+from kvmesh.runtime.metrics import serve_metrics
+from kvmesh.runtime.pb import scheduler_pb2_grpc
+from kvmesh.runtime.shutdown import GracefulShutdown
+from kvmesh.runtime.telemetry import Telemetry, TracingServerInterceptor
+
+from . import metrics
+from .admission import AdmissionQueue
+from .config import SchedulerSettings
+from .feeds import BusFeeds
+from .index import BlockIndex
+from .policy import make_policy
+from .registry import Registry
+from .router import Router
+from .server import AdmissionGate, SchedulerServicer, refresh
+from .sticky import StickySessions
+
+log = logging.getLogger("kvmesh.scheduler")
+
+
+def build_router(settings: SchedulerSettings) -> Router:
+    settings.check()
+    registry = Registry(heartbeat_timeout_s=settings.heartbeat_timeout_s, clock=time.monotonic)
+    policy = make_policy(settings.policy, settings.policy_config())
+    return Router(registry, BlockIndex(), policy, StickySessions(settings.sticky_ttl_s), settings.router_config())
+
+
+@dataclass(slots=True)
+class SchedulerApp:
+    """A running scheduler: `await SchedulerApp.start(settings)`, then `await app.stop()`."""
+
+    router: Router
+    gate: AdmissionGate
+    server: GrpcServer
+    bus: Bus
+    feeds: BusFeeds
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @classmethod
+    async def start(cls, settings: SchedulerSettings) -> SchedulerApp:
+        router = build_router(settings)
+        gate = AdmissionGate(AdmissionQueue(settings.admission_config(), time.monotonic))
+        counters = metrics.IndexCounters()
+        bus = await Bus.connect(settings.nats_url, "scheduler")
+        feeds = BusFeeds(router, bus, lambda: refresh(router, gate, counters), settings.replay_timeout_s)
+        await feeds.start()
+        servicer = SchedulerServicer(router, gate)
+        server = await start_server(
+            settings.host,
+            settings.port,
+            [(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, "kvmesh.v1.Scheduler")],
+            interceptors=[TracingServerInterceptor()],
+        )
+        log.info("scheduler serving on %s:%d (policy %s)", settings.host, server.port, settings.policy)
+        return cls(router, gate, server, bus, feeds)
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        await self.server.set_serving(False)
+        await self.server.stop(grace_s)
+        await self.feeds.stop()
+        await self.bus.close()
+
+
+async def serve(settings: SchedulerSettings, ready: asyncio.Event | None = None) -> None:
+    telemetry = Telemetry("scheduler", settings.otlp_endpoint, settings.trace_dir)
+    metrics_port = serve_metrics(settings.host, settings.metrics_port)
+    log.info("metrics on %s:%d/metrics", settings.host, metrics_port)
+    app = await SchedulerApp.start(settings)
+    shutdown = GracefulShutdown(grace_s=2.0)
+    shutdown.install()
+    shutdown.deregister.append(lambda: app.server.set_serving(False))
+    shutdown.close.append(app.stop)
+    shutdown.close.append(lambda: asyncio.to_thread(telemetry.shutdown))
+    if ready is not None:
+        ready.set()
+    await shutdown.wait()
+    await shutdown.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = settings_from_argv(SchedulerSettings, argv, "kvmesh scheduler")
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings.check()
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
+    asyncio.run(serve(settings))
+    return 0

@@ -1,0 +1,37 @@
+"""The scheduler's Prometheus metrics (names per dashboards/METRICS.md)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+ROUTE_DECISIONS = Counter(
+    "kvmesh_scheduler_route_decisions_total", "routing decisions", ["policy", "prefill"]
+)
+ROUTE_OVERLAP_BLOCKS = Histogram(
+    "kvmesh_scheduler_route_overlap_blocks",
+    "cached blocks on the chosen decode worker",
+    ["policy"],
+    buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096),
+)
+QUEUE_DEPTH = Gauge("kvmesh_scheduler_queue_depth", "requests waiting for admission")
+REJECTED = Counter("kvmesh_scheduler_rejected_total", "requests refused (queue full -> 429)")
+WORKERS = Gauge("kvmesh_scheduler_workers", "live workers", ["role", "pool"])
+KV_EVENTS_APPLIED = Counter("kvmesh_scheduler_kv_events_applied_total", "KV event batches applied to the index")
+KV_EVENT_GAPS = Counter("kvmesh_scheduler_kv_event_gaps_total", "sequence gaps detected (repaired by replay/dump)")
+INDEX_BLOCKS = Gauge("kvmesh_scheduler_index_blocks", "block entries in the global index")
+
+
+class IndexCounters:
+    """Mirrors the index's running totals into the Prometheus counters."""
+
+    def __init__(self) -> None:
+        self._applied = 0
+        self._gaps = 0
+
+    def update(self, batches_applied: int, gaps: int, entries: int) -> None:
+        if batches_applied > self._applied:
+            KV_EVENTS_APPLIED.inc(batches_applied - self._applied)
+        if gaps > self._gaps:
+            KV_EVENT_GAPS.inc(gaps - self._gaps)
+        self._applied, self._gaps = max(self._applied, batches_applied), max(self._gaps, gaps)
+        INDEX_BLOCKS.set(entries)

@@ -1,0 +1,165 @@
+"""gRPC adapter: Scheduler.Route / Complete / ListWorkers / SetProductionPool."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kvmesh.runtime.errors import InvalidArgument, ResourceExhausted, Unavailable
+from kvmesh.runtime.pb import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from kvmesh.runtime.telemetry import tracer
+
+from . import metrics
+from .admission import AdmissionQueue, QueueFull
+from .registry import Role
+from .router import NoWorkerAvailable, RouteDecision, RouteQuery, Router, validate
+
+
+class AdmissionGate:
+    """Async waiting on the pure AdmissionQueue: one future per queued request."""
+
+    def __init__(self, queue: AdmissionQueue) -> None:
+        self.queue = queue
+        self._waiters: dict[str, asyncio.Future[None]] = {}
+
+    async def acquire(self, request_id: str, cost: int) -> None:
+        """Returns once the request holds a slot; raises QueueFull when the queue is full."""
+        if self.queue.offer(request_id, cost):
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._waiters[request_id] = future
+        metrics.QUEUE_DEPTH.set(self.queue.depth)
+        try:
+            await future
+        except asyncio.CancelledError:
+            self.release(request_id)
+            raise
+
+    def release(self, request_id: str) -> None:
+        self._wake(self.queue.release(request_id))
+
+    def resize(self, total_max_num_seqs: int) -> None:
+        self._wake(self.queue.set_capacity(total_max_num_seqs))
+
+    def reclaim(self) -> None:
+        self._wake(self.queue.reclaim())
+
+    def _wake(self, admitted: list[str]) -> None:
+        for request_id in admitted:
+            future = self._waiters.pop(request_id, None)
+            if future is not None and not future.done():
+                future.set_result(None)
+        metrics.QUEUE_DEPTH.set(self.queue.depth)
+
+
+def query_from_pb(request: scheduler_pb2.RouteRequest) -> RouteQuery:
+    return RouteQuery(
+        request_id=request.request_id,
+        num_prompt_tokens=request.num_prompt_tokens,
+        block_hashes=tuple(request.block_hashes),
+        session_id=request.session_id,
+        max_tokens=request.max_tokens,
+        pool=request.pool,
+        exclude=frozenset(request.exclude_workers),
+    )
+
+
+def decision_to_pb(decision: RouteDecision, queue_wait_s: float) -> scheduler_pb2.RouteResponse:
+    reply = scheduler_pb2.RouteResponse(
+        decode=common_pb2.WorkerRef(worker_id=decision.decode.worker_id, endpoint=decision.decode.endpoint),
+        local_prefill=decision.local_prefill,
+        decode_cached_blocks=decision.decode_cached_blocks,
+        prefill_cached_blocks=decision.prefill_cached_blocks,
+        policy=decision.policy,
+        pool=decision.pool,
+        queue_wait_s=queue_wait_s,
+    )
+    if decision.prefill is not None:
+        reply.prefill.CopyFrom(common_pb2.WorkerRef(worker_id=decision.prefill.worker_id, endpoint=decision.prefill.endpoint))
+    return reply
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, router: Router, gate: AdmissionGate) -> None:
+        self.router = router
+        self.gate = gate
+
+    async def Route(self, request: scheduler_pb2.RouteRequest, context) -> scheduler_pb2.RouteResponse:  # noqa: ANN001, N802
+        query = query_from_pb(request)
+        validate(query, self.router.block_size)
+        with tracer.start_as_current_span("scheduler.route") as span:
+            span.set_attribute("kvmesh.request_id", query.request_id)
+            span.set_attribute("kvmesh.policy", self.router.policy.name)
+            if not self.router.has_decode_workers(query.pool):
+                raise Unavailable(f"no decode worker in pool {query.pool or self.router.registry.production_pool!r}")
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            try:
+                await self.gate.acquire(query.request_id, query.num_prompt_tokens)
+            except QueueFull as exc:
+                metrics.REJECTED.inc()
+                raise ResourceExhausted(str(exc), exc.retry_after_s) from None
+            try:
+                decision = self.router.route(query)
+            except NoWorkerAvailable as exc:
+                self.gate.release(query.request_id)
+                raise Unavailable(str(exc)) from None
+            except BaseException:
+                self.gate.release(query.request_id)
+                raise
+            prefill = "local" if decision.local_prefill else "remote"
+            metrics.ROUTE_DECISIONS.labels(decision.policy, prefill).inc()
+            metrics.ROUTE_OVERLAP_BLOCKS.labels(decision.policy).observe(decision.decode_cached_blocks)
+            span.set_attribute("kvmesh.decode_worker", decision.decode.worker_id)
+            span.set_attribute("kvmesh.prefill_worker", decision.prefill.worker_id if decision.prefill else "local")
+            span.set_attribute("kvmesh.overlap_blocks", decision.decode_cached_blocks)
+            return decision_to_pb(decision, loop.time() - started)
+
+    async def Complete(self, request: scheduler_pb2.CompleteRequest, context) -> scheduler_pb2.CompleteResponse:  # noqa: ANN001, N802
+        if not request.request_id:
+            raise InvalidArgument("request_id is required")
+        self.router.complete(request.request_id)
+        self.gate.release(request.request_id)
+        return scheduler_pb2.CompleteResponse()
+
+    async def ListWorkers(self, request: scheduler_pb2.ListWorkersRequest, context) -> scheduler_pb2.ListWorkersResponse:  # noqa: ANN001, N802
+        registry = self.router.registry
+        now = registry.clock()
+        reply = scheduler_pb2.ListWorkersResponse(production_pool=registry.production_pool)
+        for w in registry.all():
+            info = w.info
+            reply.workers.add(
+                worker_id=info.worker_id,
+                role=int(info.role),
+                endpoint=info.endpoint,
+                pool=info.pool,
+                model=info.model,
+                num_running=info.num_running,
+                num_waiting=info.num_waiting,
+                kv_blocks_total=info.kv_blocks_total,
+                kv_blocks_free=info.kv_blocks_free,
+                last_seen_age_s=max(0.0, now - w.last_seen),
+                draining=info.draining,
+                inflight=w.inflight,
+            )
+        return reply
+
+    async def SetProductionPool(self, request: scheduler_pb2.SetProductionPoolRequest, context):  # noqa: ANN001, ANN201, N802
+        if not request.pool:
+            raise InvalidArgument("pool is required")
+        registry = self.router.registry
+        previous, registry.production_pool = registry.production_pool, request.pool
+        return scheduler_pb2.SetProductionPoolResponse(previous_pool=previous)
+
+
+def refresh(router: Router, gate: AdmissionGate, counters: metrics.IndexCounters) -> None:
+    """Re-derives admission capacity and gauges from the registry and index (cheap; run often)."""
+    registry = router.registry
+    for orphan in registry.drain_orphaned():
+        gate.release(orphan.request_id)
+    decodes = registry.live(Role.DECODE)
+    gate.resize(sum(w.capacity for w in decodes))
+    metrics.WORKERS.clear()
+    for w in registry.all():
+        metrics.WORKERS.labels(w.info.role.name.lower(), w.info.pool).inc()
+    stats = router.index.stats
+    counters.update(stats.batches_applied, stats.gaps, router.index.num_entries)

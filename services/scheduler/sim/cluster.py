@@ -1,0 +1,222 @@
+"""Event-driven simulation of a mesh: the real Router (registry, index, policy, P/D, sticky)
+over simulated workers that have a prefix cache, a prefill queue and a continuous decode batch.
+
+Worker model (times from the CostModel, see bench/sim_calibration.md):
+- each worker runs one prefill at a time, FCFS; a prefill of n uncached tokens takes
+  n × prefill_s_per_token plus one decode step (step_s(running)) per chunk of
+  max_num_batched_tokens, since the running batch rides along with every chunk;
+- up to max_num_seqs sequences run; more wait for a slot;
+- after the first token a sequence decodes its other tokens at step_s(running) each;
+- the cache is an LRU of kv_blocks blocks; prompt blocks enter it when prefilled, the whole turn
+  (prompt + output) when it finishes; every change is a KV event the scheduler sees
+  `event_delay_s` later; heartbeats every `heartbeat_interval_s`.
+With prefill workers, the decode-first P/D decision may send the prompt to one; its KV then
+reaches the decode worker after kv_transfer_s_per_token × tokens.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from ..index import BlockIndex, EventBatch, Removed, Stored
+from ..pd import PdConfig
+from ..policy import CostModel, PolicyConfig, make_policy
+from ..registry import HeartbeatInfo, Registry, Role
+from ..router import RouteDecision, RouteQuery, Router, RouterConfig
+from ..sticky import StickySessions
+from .trace import TraceRequest
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    num_workers: int = 32
+    num_prefill_workers: int = 0
+    max_num_seqs: int = 64
+    kv_blocks: int = 8192
+    max_num_batched_tokens: int = 2048
+    heartbeat_interval_s: float = 0.5
+    event_delay_s: float = 0.05
+    kv_transfer_s_per_token: float = 2.0e-6
+    sticky_ttl_s: float = 0.0
+    prediction_ttl_s: float = 2.0
+    cost: CostModel = field(default_factory=CostModel)
+    pd: PdConfig = field(default_factory=PdConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+
+@dataclass(slots=True)
+class RequestResult:
+    request: TraceRequest
+    decode_id: str
+    hashes: tuple[bytes, ...] = ()
+    cached_tokens: int = 0
+    first_token_s: float = 0.0
+    finish_s: float = 0.0
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.request.arrival_s
+
+
+@dataclass(slots=True)
+class SimWorker:
+    worker_id: str
+    role: Role
+    kv_blocks: int
+    max_num_seqs: int
+    cache: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
+    running: int = 0
+    slot_queue: deque[tuple[RequestResult, RouteDecision]] = field(default_factory=deque)
+    busy_until: float = 0.0
+    seq: int = 0
+    load_area: float = 0.0          # ∫ (running + waiting) dt, for the imbalance figure
+    load_since: float = 0.0
+
+    def cached_prefix(self, hashes: tuple[bytes, ...]) -> int:
+        n = 0
+        for h in hashes:
+            if h not in self.cache:
+                break
+            n += 1
+        return n
+
+    def insert(self, hashes: tuple[bytes, ...]) -> tuple[list[bytes], list[bytes]]:
+        """Adds/touches blocks (LRU); returns (stored, removed)."""
+        stored, removed = [], []
+        for h in hashes:
+            if h in self.cache:
+                self.cache.move_to_end(h)
+            else:
+                self.cache[h] = None
+                stored.append(h)
+        while len(self.cache) > self.kv_blocks:
+            removed.append(self.cache.popitem(last=False)[0])
+        return stored, removed
+
+    def mark_load(self, now: float) -> None:
+        self.load_area += (self.running + len(self.slot_queue)) * (now - self.load_since)
+        self.load_since = now
+
+
+class Cluster:
+    """Replays a trace; `run(requests)` returns one RequestResult per request."""
+
+    def __init__(self, policy_name: str, config: SimConfig) -> None:
+        self.config = config
+        self.now = 0.0
+        self.registry = Registry(heartbeat_timeout_s=3600.0, clock=lambda: self.now)
+        policy = make_policy(policy_name, config.policy)
+        sticky = StickySessions(config.sticky_ttl_s)
+        self.router = Router(self.registry, BlockIndex(), policy, sticky, RouterConfig(config.cost, config.pd, config.prediction_ttl_s))
+        decodes = [SimWorker(f"d{i:03d}", Role.DECODE, config.kv_blocks, config.max_num_seqs) for i in range(config.num_workers)]
+        prefills = [SimWorker(f"p{i:03d}", Role.PREFILL, config.kv_blocks, config.max_num_seqs) for i in range(config.num_prefill_workers)]
+        self.workers = {w.worker_id: w for w in (*decodes, *prefills)}
+        self._events: list[tuple[float, int, str, object]] = []
+        self._order = itertools.count()
+        self.results: list[RequestResult] = []
+
+    # --- event loop ---
+
+    def _at(self, t: float, kind: str, payload: object = None) -> None:
+        heapq.heappush(self._events, (t, next(self._order), kind, payload))
+
+    def run(self, requests: list[TraceRequest]) -> list[RequestResult]:
+        for r in requests:
+            self._at(r.arrival_s, "arrive", r)
+        self._heartbeats()
+        self._at(self.config.heartbeat_interval_s, "heartbeat")
+        pending = len(requests)
+        while self._events and pending:
+            self.now, _, kind, payload = heapq.heappop(self._events)
+            if kind == "arrive":
+                self._arrive(payload)  # type: ignore[arg-type]
+            elif kind == "first_token":
+                self._first_token(*payload)  # type: ignore[misc]
+            elif kind == "finish":
+                self._finish(payload)  # type: ignore[arg-type]
+                pending -= 1
+            elif kind == "deliver":
+                self.router.index.apply(payload)  # type: ignore[arg-type]
+            elif kind == "heartbeat":
+                self._heartbeats()
+                self._at(self.now + self.config.heartbeat_interval_s, "heartbeat")
+        for w in self.workers.values():
+            w.mark_load(self.now)
+        return self.results
+
+    def _heartbeats(self) -> None:
+        for w in self.workers.values():
+            self.router.observe_heartbeat(HeartbeatInfo(
+                worker_id=w.worker_id, role=w.role, endpoint=w.worker_id, num_running=w.running,
+                num_waiting=len(w.slot_queue), kv_blocks_total=w.kv_blocks, kv_blocks_free=w.kv_blocks - len(w.cache),
+                max_num_seqs=w.max_num_seqs,
+            ))
+        self.router.sweep()
+
+    def _publish(self, w: SimWorker, stored: list[bytes], removed: list[bytes]) -> None:
+        if not stored and not removed:
+            return
+        w.seq += 1
+        events = ((Stored(tuple(stored)),) if stored else ()) + ((Removed(tuple(removed)),) if removed else ())
+        self._at(self.now + self.config.event_delay_s, "deliver", EventBatch(w.worker_id, w.seq, events))
+
+    # --- request lifecycle ---
+
+    def _arrive(self, r: TraceRequest) -> None:
+        hashes = r.block_hashes()[: r.prompt_tokens // self.config.cost.block_size]
+        decision = self.router.route(RouteQuery(r.request_id, r.prompt_tokens, hashes, r.session_id, r.output_tokens))
+        d = self.workers[decision.decode.worker_id]
+        d.mark_load(self.now)
+        result = RequestResult(r, d.worker_id, hashes)
+        if d.running < d.max_num_seqs:
+            self._start(d, result, decision)
+        else:
+            d.slot_queue.append((result, decision))
+
+    def _prefill_s(self, tokens: int, running: int) -> float:
+        cost = self.config.cost
+        chunks = -(-tokens // self.config.max_num_batched_tokens)
+        return cost.prefill_s(tokens) + chunks * cost.step_s(running)
+
+    def _start(self, d: SimWorker, result: RequestResult, decision: RouteDecision) -> None:
+        d.running += 1
+        bs = self.config.cost.block_size
+        r, hashes = result.request, result.hashes
+        d_cached = d.cached_prefix(hashes)
+        if decision.prefill is None:
+            result.cached_tokens = d_cached * bs
+            end = max(self.now, d.busy_until) + self._prefill_s(r.prompt_tokens - d_cached * bs, d.running)
+            d.busy_until = end
+        else:
+            p = self.workers[decision.prefill.worker_id]
+            cached = max(d_cached, p.cached_prefix(hashes))
+            result.cached_tokens = cached * bs
+            p_end = max(self.now, p.busy_until) + self._prefill_s(r.prompt_tokens - cached * bs, 0)
+            p.busy_until = p_end
+            self._publish(p, *p.insert(hashes))  # NOTE: published early; the scheduler sees it after the delay anyway
+            end = p_end + (r.prompt_tokens - d_cached * bs) * self.config.kv_transfer_s_per_token
+            end += self.config.cost.step_s(d.running)
+        self._at(end, "first_token", (d, result))
+
+    def _first_token(self, d: SimWorker, result: RequestResult) -> None:
+        result.first_token_s = self.now
+        self._publish(d, *d.insert(result.hashes))
+        decode_s = (result.request.output_tokens - 1) * self.config.cost.step_s(d.running)
+        self._at(self.now + decode_s, "finish", (d, result))
+
+    def _finish(self, payload: tuple[SimWorker, RequestResult]) -> None:
+        d, result = payload
+        r = result.request
+        result.finish_s = self.now
+        self.results.append(result)
+        output = tuple(h.to_bytes(8, "little") for h in r.output_hash_ids)
+        self._publish(d, *d.insert(result.hashes + output))
+        d.mark_load(self.now)
+        d.running -= 1
+        self.router.complete(r.request_id)
+        if d.slot_queue:
+            nxt, decision = d.slot_queue.popleft()
+            self._start(d, nxt, decision)

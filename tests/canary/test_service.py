@@ -1,0 +1,242 @@
+"""The canary service in process: real nats-server, fake scheduler and decode workers on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import httpx
+import nats
+import pytest
+
+from kvmesh.canary.config import CanarySettings
+from kvmesh.canary.service import CanaryService
+from kvmesh.runtime.bus import MIRROR_SUBJECT
+from kvmesh.runtime.pb import canary_pb2, canary_pb2_grpc
+
+from .fakes import FakeMesh, echo_plus_one
+from .records import mirror_record
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def eventually(condition, timeout_s=10.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class Harness:
+    def __init__(self, fakes: FakeMesh, canary: CanaryService, publisher) -> None:
+        self.fakes, self.canary, self.publisher = fakes, canary, publisher
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{canary.port}")
+        self.stub = canary_pb2_grpc.CanaryStub(self.channel)
+        self.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{canary.http_port}", timeout=5)
+
+    async def publish(self, *records) -> None:
+        for record in records:
+            data = record if isinstance(record, bytes) else record.SerializeToString()
+            await self.publisher.publish(MIRROR_SUBJECT, data)
+        await self.publisher.flush()
+
+    async def mirror(self, count: int, first: int = 0) -> None:
+        """Publishes `count` distinct records whose production output is echo_plus_one(prompt)."""
+        records = []
+        for i in range(first, first + count):
+            prompt = [i, i + 1, i + 2]
+            records.append(mirror_record(f"req-{i}", prompt=prompt, output=echo_plus_one(prompt)))
+        await self.publish(*records)
+
+    async def report(self) -> canary_pb2.CanaryReport:
+        return await self.stub.GetReport(canary_pb2.GetReportRequest(), timeout=5)
+
+    async def close(self) -> None:
+        await self.http.aclose()
+        await self.channel.close()
+        await self.publisher.close()
+        await self.canary.close()
+        await self.fakes.stop()
+
+
+@pytest.fixture
+async def start_canary(nats_server):
+    started: list[Harness] = []
+
+    async def start(candidate_script=echo_plus_one, **overrides) -> Harness:
+        fakes = await FakeMesh(candidate_script).start()
+        options = dict(nats_url=nats_server.url, port=0, http_port=0, scheduler=fakes.scheduler_endpoint,
+                       min_samples=4, noise_sample=0.0, max_concurrency=2, latency_slack_s=1.0, tracing=False)
+        options.update(overrides)
+        canary = CanaryService(CanarySettings(**options))
+        await canary.start()
+        publisher = await nats.connect(nats_server.url)
+        harness = Harness(fakes, canary, publisher)
+        started.append(harness)
+        return harness
+
+    yield start
+    for harness in started:
+        await harness.close()
+
+
+async def test_identical_candidate_agrees_fully_and_passes(start_canary):
+    h = await start_canary()
+    await h.mirror(4)
+    await eventually(lambda: h.canary.report().summary.samples == 4, what="4 samples")
+    report = await h.report()
+    assert report.verdict == canary_pb2.VERDICT_PASS
+    assert (report.samples, report.token_agreement, report.exact_match_rate) == (4, 1.0, 1.0)
+    assert report.mean_first_divergence == -1.0
+    assert (report.mirror_received, report.mirror_dropped, report.mirror_malformed) == (4, 0, 0)
+    assert (report.production_pool, report.candidate_pool) == ("production", "candidate")
+
+
+async def test_replay_uses_candidate_pool_same_prompt_sampling_and_seed(start_canary):
+    h = await start_canary()
+    record = mirror_record("req-x", prompt=(5, 6, 7), output=(6, 7, 8), seed=1234, max_tokens=3)
+    await h.publish(record)
+    await eventually(lambda: len(h.fakes.scheduler.completes) == 1, what="one Complete")
+    [route] = h.fakes.scheduler.routes
+    assert (route.pool, route.request_id, route.num_prompt_tokens, route.max_tokens) == ("candidate", "canary-req-x", 3, 3)
+    [generate] = h.fakes.candidate.requests
+    assert list(generate.prompt_token_ids) == [5, 6, 7]
+    assert generate.sampling == record.sampling
+    assert generate.sampling.seed == 1234
+    assert h.fakes.production.requests == []
+    assert [(c.request_id, c.status) for c in h.fakes.scheduler.completes] == [("canary-req-x", "ok")]
+
+
+async def test_different_candidate_has_low_agreement_and_fails(start_canary):
+    h = await start_canary(candidate_script=lambda prompt: [prompt[0] + 1, 0, 0])
+    await h.mirror(4)
+    await eventually(lambda: h.canary.report().summary.samples == 4, what="4 samples")
+    report = await h.report()
+    assert report.verdict == canary_pb2.VERDICT_FAIL
+    assert report.token_agreement == pytest.approx(1 / 3)
+    assert (report.exact_match_rate, report.mean_first_divergence) == (0.0, 1.0)
+    assert report.reason.startswith("token agreement 0.333 < 0.980")
+
+
+async def test_noise_replays_go_to_production_and_set_the_noise_floor(start_canary):
+    h = await start_canary(noise_sample=1.0)
+    await h.mirror(4)
+    await eventually(lambda: h.canary.report().summary.noise_samples == 4, what="4 noise samples")
+    pools = sorted((r.pool, r.request_id) for r in h.fakes.scheduler.routes)
+    assert pools[:4] == [("candidate", f"canary-req-{i}") for i in range(4)]
+    assert pools[4:] == [("production", f"canary-noise-req-{i}") for i in range(4)]
+    assert (await h.report()).noise_floor_agreement == 1.0
+
+
+async def test_malformed_messages_are_counted_and_the_service_keeps_going(start_canary):
+    h = await start_canary(min_samples=1)
+    await h.publish(b"\xff\xff\xff not a protobuf", mirror_record("empty", prompt=()))
+    no_sampling = mirror_record("nosampling")
+    no_sampling.ClearField("sampling")
+    await h.publish(no_sampling)
+    await eventually(lambda: h.canary.report().malformed == 3, what="3 malformed")
+    await h.mirror(1)
+    await eventually(lambda: h.canary.report().summary.samples == 1, what="a sample after the bad ones")
+    report = await h.report()
+    assert (report.mirror_malformed, report.mirror_received, report.verdict) == (3, 3, canary_pb2.VERDICT_PASS)
+
+
+async def test_duplicates_are_replayed_once(start_canary):
+    h = await start_canary(min_samples=1)
+    record = mirror_record("dup", prompt=(1, 2), output=(2, 3))
+    same_prompt = mirror_record("dup-2", prompt=(1, 2), output=(2, 3))
+    await h.publish(record, record, same_prompt)
+    await eventually(lambda: h.canary.report().duplicates == 2, what="2 duplicates")
+    await eventually(lambda: h.canary.report().summary.samples == 1, what="1 sample")
+    assert len(h.fakes.candidate.requests) == 1
+
+
+async def test_slow_candidate_fills_the_buffer_and_drops_are_counted(start_canary):
+    h = await start_canary(max_concurrency=1, buffer_max_records=2)
+    h.fakes.candidate.gate = asyncio.Event()
+    await h.mirror(1)
+    await eventually(lambda: len(h.fakes.candidate.requests) == 1, what="the first replay to start")
+    await h.mirror(4, first=1)
+    await eventually(lambda: h.canary.report().received == 5, what="5 records received")
+    report = await h.report()
+    assert (report.mirror_dropped, report.buffered) == (2, 2)
+    h.fakes.candidate.gate.set()
+    await eventually(lambda: h.canary.report().summary.samples == 3, what="3 samples")
+    assert len(h.fakes.production.requests) == 0
+
+
+async def test_promote_and_rollback_move_the_production_pool(start_canary):
+    h = await start_canary()
+    promoted = await h.stub.Promote(canary_pb2.PromoteRequest(), timeout=5)
+    assert promoted.production_pool == "candidate"
+    assert h.fakes.scheduler.set_pool_calls == ["candidate"]
+    report = await h.report()
+    assert (report.production_pool, report.candidate_pool) == ("candidate", "production")
+    rolled_back = await h.stub.Rollback(canary_pb2.RollbackRequest(), timeout=5)
+    assert rolled_back.production_pool == "production"
+    assert h.fakes.scheduler.set_pool_calls == ["candidate", "production"]
+    assert h.fakes.scheduler.production_pool == "production"
+
+
+async def test_after_promote_replays_target_the_former_production_pool(start_canary):
+    h = await start_canary(min_samples=1)
+    await h.stub.Promote(canary_pb2.PromoteRequest(), timeout=5)
+    await h.mirror(1)
+    await eventually(lambda: h.canary.report().summary.samples == 1, what="1 sample")
+    assert [r.pool for r in h.fakes.scheduler.routes] == ["production"]
+
+
+async def test_promote_refused_by_the_scheduler_keeps_the_pools(start_canary):
+    h = await start_canary()
+    h.fakes.scheduler.refuse_set_pool = True
+    with pytest.raises(grpc.aio.AioRpcError) as failure:
+        await h.stub.Promote(canary_pb2.PromoteRequest(), timeout=5)
+    assert failure.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "no workers in pool 'candidate'" in failure.value.details()
+    assert (await h.report()).production_pool == "production"
+    reply = await h.http.post("/promote")
+    assert reply.status_code == 409
+
+
+async def test_candidate_errors_are_counted(start_canary):
+    h = await start_canary(min_samples=2, candidate_pool="missing")
+    await h.mirror(2)
+    await eventually(lambda: h.canary.report().summary.samples == 2, what="2 samples")
+    report = await h.report()
+    assert (report.candidate_error_rate, report.production_error_rate) == (1.0, 0.0)
+    assert report.verdict == canary_pb2.VERDICT_FAIL
+    assert report.reason.startswith("error rate 1.000 vs production 0.000")
+
+
+async def test_rest_report_promote_rollback_health_and_metrics(start_canary):
+    h = await start_canary()
+    await h.mirror(4)
+    await eventually(lambda: h.canary.report().summary.samples == 4, what="4 samples")
+    body = (await h.http.get("/report")).json()
+    assert (body["verdict"], body["samples"], body["token_agreement"]) == ("pass", 4, 1.0)
+    assert body["mirror_received"] == 4
+    assert set(body["ttft"]) == {"production_p50_s", "production_p99_s", "candidate_p50_s", "candidate_p99_s",
+                                 "delta_p50_s", "delta_p99_s"}
+    health = await h.http.get("/health")
+    assert (health.status_code, health.json()["nats_connected"]) == (200, True)
+    metrics = (await h.http.get("/metrics")).text
+    for line in (
+        "kvmesh_canary_verdict 1.0",
+        "kvmesh_canary_samples 4.0",
+        "kvmesh_canary_token_agreement 1.0",
+        "kvmesh_canary_exact_match_rate 1.0",
+        "kvmesh_canary_noise_floor_agreement 1.0",
+        "kvmesh_canary_mirror_received_total 4.0",
+        "kvmesh_canary_mirror_dropped_total 0.0",
+        "kvmesh_canary_mirror_malformed_total 0.0",
+    ):
+        assert line in metrics.splitlines(), line
+    assert 'kvmesh_canary_ttft_delta_seconds{quantile="0.99"}' in metrics
+    assert 'kvmesh_canary_tpot_delta_seconds{quantile="0.5"}' in metrics
+    promoted = await h.http.post("/promote")
+    assert promoted.json() == {"production_pool": "candidate", "candidate_pool": "production"}
+    assert (await h.http.get("/report")).json()["verdict"] == "collecting"
+    rolled_back = await h.http.post("/rollback")
+    assert rolled_back.json() == {"production_pool": "production", "candidate_pool": "candidate"}

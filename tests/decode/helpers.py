@@ -1,0 +1,42 @@
+"""Shared by the decode and prefill tests: tiny-model worker settings, requests, the reference engine."""
+
+from __future__ import annotations
+
+
+from kvmesh.decode.config import DecodeSettings
+from kvmesh.runtime.pb import common_pb2, decode_pb2
+from kvmesh.runtime.worker import engine_config
+
+BLOCK_SIZE = 4
+PROMPT = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33]  # 13 tokens: 3 blocks of KV
+
+
+def decode_settings(**overrides) -> DecodeSettings:
+    base = dict(
+        model="tiny", nats_url="", port=0, metrics_port=-1, block_size=BLOCK_SIZE, num_kv_blocks=64,
+        max_num_batched_tokens=8, max_model_len=48, drain_grace_s=0.0, prefill_timeout_s=10.0,
+    )
+    return DecodeSettings(**{**base, **overrides})
+
+
+
+def make_reference():
+    from kvmesh.engine.llm import LLMEngine
+
+    return LLMEngine(engine_config(decode_settings()))
+
+
+def greedy(reference, prompt: list[int], max_tokens: int) -> list[int]:
+    from kvmesh.engine.sampling import SamplingParams
+
+    return reference.generate([prompt], SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))[0].token_ids
+
+
+def generate_request(prompt=PROMPT, max_tokens=6, **fields) -> decode_pb2.GenerateRequest:
+    sampling = common_pb2.SamplingParams(temperature=0.0, top_p=1.0, max_tokens=max_tokens, ignore_eos=True)
+    return decode_pb2.GenerateRequest(prompt_token_ids=prompt, sampling=sampling, **fields)
+
+
+async def collect(stub, request) -> tuple[list[int], list[decode_pb2.GenerateResponse]]:
+    replies = [r async for r in stub.Generate(request, timeout=10)]
+    return [t for r in replies for t in r.token_ids], replies

@@ -1,0 +1,84 @@
+"""Tokenizer, chat template, incremental detokenization, stop strings and the tiny model files."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+from kvmesh.engine.stops import StopStringMatcher
+from kvmesh.engine.tiny import ensure_tiny_model, resolve_model
+from kvmesh.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+def test_byte_level_round_trip_with_bos(tiny_dir: Path) -> None:
+    tok = Tokenizer.from_dir(tiny_dir)
+    ids = tok.encode("héllo 世界")
+    assert ids[0] == tok.bos_token_id == 256
+    assert ids[1:] == list("héllo 世界".encode())
+    assert tok.decode(ids) == "héllo 世界"
+    assert tok.encode("hi", add_special_tokens=False) == [104, 105]
+    assert tok.vocab_size == 264 and tok.eos_token_ids == frozenset({257, 262})
+
+
+def test_chat_template_renders_with_jinja(tiny_dir: Path) -> None:
+    tok = Tokenizer.from_dir(tiny_dir)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    text = tok.apply_chat_template(messages)
+    assert text == "<|system|>be brief<|end|><|user|>hi<|end|><|assistant|>"
+    assert tok.encode(text, add_special_tokens=False)[:1] == [259]  # <|system|> is one special token
+    assert not tok.apply_chat_template(messages, add_generation_prompt=False).endswith("<|assistant|>")
+
+
+def test_incremental_detokenizer_never_splits_characters(tiny_dir: Path) -> None:
+    tok = Tokenizer.from_dir(tiny_dir)
+    text = "añb 世界 ok"
+    detok = IncrementalDetokenizer(tok, tok.encode("prompt"))
+    deltas = [detok.push(t) for t in tok.encode(text, add_special_tokens=False)]
+    assert "".join(deltas) == text
+    assert "\ufffd" not in "".join(deltas)
+    assert detok.push(257) == ""  # special tokens are skipped
+
+
+def test_stop_matcher_cuts_and_holds_back() -> None:
+    m = StopStringMatcher(("STOP", "\n\n"))
+    assert m.add("hello S") == ("hello ", False)  # "S" could start "STOP": held back
+    assert m.add("T") == ("", False)
+    assert m.add("ay") == ("STay", False)
+    assert m.add(" then ST") == (" then ", False)
+    assert m.add("OP and more") == ("", True)
+    assert m.text == "hello STay then "
+
+
+def test_stop_matcher_flush_releases_held_text() -> None:
+    m = StopStringMatcher(("abc",))
+    assert m.add("xxab") == ("xx", False)
+    assert m.flush() == "ab"
+    assert StopStringMatcher(()).add("anything") == ("anything", False)
+
+
+def test_tiny_model_is_deterministic_and_written_once(tmp_path: Path) -> None:
+    a = ensure_tiny_model(tmp_path / "a")
+    b = ensure_tiny_model(tmp_path / "b")
+    assert ensure_tiny_model(tmp_path / "a") == a
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert hashlib.sha256((a / name).read_bytes()).digest() == hashlib.sha256((b / name).read_bytes()).digest()
+    assert sorted(p.name for p in a.iterdir()) == [
+        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"
+    ]
+    assert resolve_model(str(a)) == a
+
+
+def test_resolve_tiny_uses_model_cache_env(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("KVMESH_MODEL_CACHE", str(tmp_path))
+    assert resolve_model("tiny") == tmp_path / "tiny-v1"
+
+
+def test_torch_free_modules_do_not_import_torch() -> None:
+    code = (
+        "import sys; import kvmesh.engine, kvmesh.engine.config, kvmesh.engine.tokenizer, kvmesh.engine.tiny, "
+        "kvmesh.engine.sampling, kvmesh.engine.outputs, kvmesh.engine.block_manager, kvmesh.engine.scheduler; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

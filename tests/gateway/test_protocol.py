@@ -1,0 +1,149 @@
+"""Request validation: exact messages and params for what users get wrong."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvmesh.gateway.errors import ApiError
+from kvmesh.gateway.protocol import Endpoint, Limits, SamplingSpec, parse_chat, parse_completion, parse_json
+
+LIMITS = Limits(max_stop_sequences=4, max_stop_length=8)
+
+
+def completion(**fields):
+    return parse_completion({"model": "tiny", "prompt": "hi"} | fields, LIMITS)
+
+
+def chat(**fields):
+    return parse_chat({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]} | fields, LIMITS)
+
+
+def rejects(call, **fields) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        call(**fields)
+    assert info.value.status == 400
+    return info.value
+
+
+def test_defaults() -> None:
+    req = completion()
+    assert (req.endpoint, req.model, req.prompt, req.max_tokens, req.stream, req.include_usage) == (
+        Endpoint.COMPLETIONS, "tiny", "hi", None, False, False,
+    )
+    assert req.sampling == SamplingSpec()
+
+
+def test_prompt_forms() -> None:
+    assert completion(prompt=[1, 2]).prompt_token_ids == (1, 2)
+    assert completion(prompt=["one"]).prompt == "one"
+    assert completion(prompt=[[5, 6]]).prompt_token_ids == (5, 6)
+    err = rejects(completion, prompt=["a", "b"])
+    assert (err.message, err.param) == ("Batched prompts (2 prompts) are not supported; send one prompt per request.", "prompt")
+    assert rejects(completion, prompt="").message == "prompt must not be empty."
+    assert rejects(completion, prompt=[]).param == "prompt"
+    assert rejects(completion, prompt=[-1]).message == "prompt token ids must be non-negative."
+
+
+def test_wrong_types_name_the_param() -> None:
+    err = rejects(completion, max_tokens="5")
+    assert (err.message, err.param, err.code) == ("Invalid value for 'max_tokens': Input should be a valid integer.", "max_tokens", "invalid_value")
+    err = rejects(completion, prompt={"x": 1})
+    assert (err.message, err.param, err.code) == ("Invalid type for 'prompt': got an object.", "prompt", "invalid_type")
+    assert rejects(completion, max_tokens=True).param == "max_tokens"  # booleans are not integers
+    assert rejects(chat, messages=[{"role": "user", "content": 3}]).param == "messages.[0].content"
+
+
+def test_missing_required_fields() -> None:
+    with pytest.raises(ApiError) as info:
+        parse_completion({"prompt": "x"}, LIMITS)
+    assert (info.value.message, info.value.param) == ("Missing required parameter: 'model'.", "model")
+    with pytest.raises(ApiError) as info:
+        parse_chat({"model": "tiny"}, LIMITS)
+    assert info.value.param == "messages"
+
+
+def test_max_tokens() -> None:
+    assert rejects(completion, max_tokens=0).message == "max_tokens must be at least 1, got 0."
+    err = rejects(chat, max_completion_tokens=-3)
+    assert (err.message, err.param) == ("max_completion_tokens must be at least 1, got -3.", "max_completion_tokens")
+    req = chat(max_tokens=5, max_completion_tokens=9)
+    assert (req.max_tokens, req.max_tokens_param) == (9, "max_completion_tokens")
+
+
+def test_sampling_ranges() -> None:
+    assert rejects(completion, temperature=2.5).message == "temperature must be between 0 and 2, got 2.5."
+    assert rejects(completion, top_p=0).message == "top_p must be in (0, 1], got 0.0."
+    assert rejects(completion, top_k=-2).param == "top_k"
+    assert rejects(completion, seed=2**64).param == "seed"
+    spec = completion(temperature=0, top_k=-1, seed=-5, stop="x").sampling
+    assert (spec.temperature, spec.top_k, spec.seed, spec.stop) == (0.0, 0, -5, ("x",))
+
+
+def test_stop_limits() -> None:
+    assert rejects(completion, stop=list("abcde")).message == "At most 4 stop sequences are allowed, got 5."
+    assert rejects(completion, stop=["123456789"]).message == "Stop sequences must be at most 8 characters, got 9."
+    assert rejects(completion, stop=[""]).message == "Stop sequences must not be empty."
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 3}, "n"),
+        ({"best_of": 2}, "best_of"),
+        ({"echo": True}, "echo"),
+        ({"suffix": "!"}, "suffix"),
+        ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"frequency_penalty": 1}, "frequency_penalty"),
+        ({"repetition_penalty": 1.2}, "repetition_penalty"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ],
+)
+def test_completion_refusals(fields: dict, param: str) -> None:
+    assert rejects(completion, **fields).param == param
+
+
+def test_harmless_values_of_refused_fields_pass() -> None:
+    req = completion(n=1, best_of=1, echo=False, presence_penalty=0, logprobs=0, stream=True, stream_options={"include_usage": True})
+    assert (req.sampling.logprobs, req.include_usage) == (0, True)
+    assert rejects(completion, n=2).message == "n=2 is not supported; this server returns one choice per request (n=1)."
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 30}, "top_logprobs"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages.[0].role"),
+        ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{}]}]}, "messages.[0].tool_calls"),
+    ],
+)
+def test_chat_refusals(fields: dict, param: str) -> None:
+    assert rejects(chat, **fields).param == param
+
+
+def test_chat_messages_normalised() -> None:
+    req = chat(
+        messages=[
+            {"role": "developer", "content": "rules"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": None},
+        ],
+        logprobs=True,
+        response_format={"type": "text"},
+    )
+    assert req.messages == ({"role": "system", "content": "rules"}, {"role": "user", "content": "a\nb"}, {"role": "assistant", "content": ""})
+    assert req.sampling.logprobs == 0
+
+
+def test_parse_json() -> None:
+    assert parse_json(b'{"a": 1}') == {"a": 1}
+    for raw in (b"{", b"[1]", b"\xff"):
+        with pytest.raises(ApiError) as info:
+            parse_json(raw)
+        assert (info.value.status, info.value.code) == (400, "invalid_json")

@@ -1,0 +1,219 @@
+"""compose.yaml, the Dockerfile, Prometheus and Grafana provisioning agree with the code — checked
+without a Docker engine: files parse, commands/ports/env are the services' settings, every
+dashboard is provisioned and queries only METRICS.md names."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import tomllib
+
+import pytest
+
+from kvmesh.runtime.config import settings_from_argv
+
+from . import deployfiles as df
+
+SPEC = df.compose()
+KVMESH = df.kvmesh_services(SPEC)
+PROMETHEUS = df.load_yaml(df.ROOT / "deploy" / "prometheus.yml")
+
+
+def settings_class(command: str) -> type:
+    try:
+        module = importlib.import_module(f"kvmesh.{command}.config")
+    except ModuleNotFoundError as exc:
+        pytest.skip(f"kvmesh.{command}.config is not written yet ({exc})")
+    cls = getattr(module, df.SETTINGS_CLASSES[command], None)
+    if cls is None:
+        pytest.skip(f"kvmesh.{command}.config has no {df.SETTINGS_CLASSES[command]} yet")
+    return cls
+
+
+@pytest.fixture
+def settings_of(monkeypatch: pytest.MonkeyPatch):
+    """Builds a compose service's settings exactly as its container would: its env + its flags."""
+
+    def build(name: str):
+        command, argv = KVMESH[name]
+        cls = settings_class(command)
+        for var in [v for v in os.environ if v.startswith("KVMESH_")]:
+            monkeypatch.delenv(var)
+        for var, value in df.environment(SPEC["services"][name]).items():
+            monkeypatch.setenv(var, value)
+        settings = settings_from_argv(cls, argv, f"kvmesh {command}")
+        if hasattr(settings, "check"):
+            settings.check()
+        return settings
+
+    return build
+
+
+def metrics_port(settings) -> int:
+    """Where a service serves /metrics: its metrics_port, else its HTTP port."""
+    for field in ("metrics_port", "http_port"):
+        if hasattr(settings, field):
+            return getattr(settings, field)
+    return settings.port
+
+
+# -- compose ------------------------------------------------------------------------------------
+def test_compose_runs_every_service_with_infrastructure() -> None:
+    assert {"gateway", "scheduler", "prefill", "decode", "kvstore", "canary"} <= {c for c, _ in KVMESH.values()}
+    assert {"nats", "otel-collector", "tempo", "prometheus", "grafana"} <= set(SPEC["services"])
+    images = {SPEC["services"][name]["image"] for name in KVMESH}
+    assert images == {"kvmesh:local"}, "one image for every kvmesh service"
+    assert all(SPEC["services"][name]["build"]["context"] == "." for name in KVMESH)
+
+
+@pytest.mark.parametrize("name", sorted(KVMESH))
+def test_command_flags_and_env_are_settings_fields(name: str) -> None:
+    command, argv = KVMESH[name]
+    cls = settings_class(command)
+    unknown_flags = set(df.flag_names(argv)) - set(cls.model_fields)
+    assert not unknown_flags, f"{name}: flags {unknown_flags} are not fields of {cls.__name__}"
+    env = df.environment(SPEC["services"][name])
+    unknown_env = {v for v in env if v.startswith("KVMESH_")} - df.env_names(cls)
+    assert not unknown_env, f"{name}: {cls.__name__} reads none of {unknown_env}"
+
+
+@pytest.mark.parametrize("name", sorted(KVMESH))
+def test_ports_healthcheck_and_scrape_target_match_settings(name: str, settings_of) -> None:
+    settings = settings_of(name)
+    service = SPEC["services"][name]
+    assert settings.host == "0.0.0.0", f"{name} must bind all interfaces inside its container"
+    health = service["healthcheck"]["test"]
+    assert health[:3] == ["CMD", "kvmesh", "health"]
+    if health[3].startswith("http"):
+        assert health[3] == f"http://127.0.0.1:{getattr(settings, 'http_port', settings.port)}/health"
+    else:
+        assert health[3] == f"127.0.0.1:{settings.port}"
+    served = {settings.port, metrics_port(settings)}
+    for mapping in service.get("ports", []):
+        assert int(str(mapping).rsplit(":", 1)[-1]) in served, f"{name} publishes {mapping}, not one of its ports"
+    [job] = [j for j in PROMETHEUS["scrape_configs"] if j["job_name"] == name]
+    [sd] = job["dns_sd_configs"]
+    assert (sd["names"], sd["port"]) == ([name], metrics_port(settings))
+
+
+@pytest.mark.parametrize("name", sorted(KVMESH))
+def test_endpoints_name_compose_services_at_their_ports(name: str, settings_of) -> None:
+    settings = settings_of(name)
+    for field, value in settings.model_dump().items():
+        target = df.host_port(value) if isinstance(value, str) else None
+        if not target or target[0] not in SPEC["services"]:
+            continue
+        host, port = target
+        if host == "nats":
+            assert port == 4222 and "4222:4222" in SPEC["services"]["nats"]["ports"]
+        elif host == "otel-collector":
+            collector = df.load_yaml(df.ROOT / "deploy" / "otel-collector.yaml")
+            assert collector["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].endswith(f":{port}")
+        else:
+            assert port == settings_of(host).port, f"{name}.{field}={value} is not where {host} listens"
+        assert host in SPEC["services"][name]["depends_on"], f"{name} uses {host} but does not depend on it"
+
+
+def test_decode_scales_and_workers_advertise_their_own_address() -> None:
+    for name, (command, _argv) in KVMESH.items():
+        service = SPEC["services"][name]
+        if command in ("decode", "prefill"):
+            assert "ports" not in service and "container_name" not in service, f"{name} must stay scalable"
+            assert df.environment(service)[f"KVMESH_{command.upper()}_ADVERTISE_HOST"] == ""
+
+
+def test_depends_on_waits_for_health_where_there_is_one() -> None:
+    for name, service in SPEC["services"].items():
+        for dep, cond in (service.get("depends_on") or {}).items():
+            assert dep in SPEC["services"], f"{name} depends on unknown {dep}"
+            if cond["condition"] == "service_healthy":
+                assert "healthcheck" in SPEC["services"][dep], f"{name} waits for {dep}'s health, which has none"
+            elif dep in KVMESH or dep == "nats":
+                pytest.fail(f"{name} must wait for {dep} to be healthy")
+
+
+def test_gpu_override_reserves_gpus_for_workers_only() -> None:
+    gpu = df.compose("compose.gpu.yaml")
+    assert set(gpu["services"]) <= set(SPEC["services"])
+    for name, service in gpu["services"].items():
+        assert KVMESH[name][0] in ("prefill", "decode")
+        [device] = service["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    assert not any("deploy" in SPEC["services"][name] for name in KVMESH), "compose.yaml itself stays CPU-only"
+
+
+def test_prometheus_scrapes_every_kvmesh_service() -> None:
+    jobs = {j["job_name"] for j in PROMETHEUS["scrape_configs"]}
+    assert set(KVMESH) <= jobs
+
+
+# -- Grafana provisioning and dashboards ----------------------------------------------------------
+def test_every_dashboard_file_is_provisioned() -> None:
+    grafana = SPEC["services"]["grafana"]
+    mounts = dict(m.split(":")[:2] for m in grafana["volumes"])
+    assert mounts["./dashboards/provisioning/datasources.yaml"].startswith("/etc/grafana/provisioning/datasources/")
+    assert mounts["./dashboards/provisioning/dashboards.yaml"].startswith("/etc/grafana/provisioning/dashboards/")
+    provider_paths = [p["options"]["path"] for p in df.load_yaml(df.DASHBOARDS / "provisioning" / "dashboards.yaml")["providers"]]
+    assert provider_paths == [mounts["./dashboards"]]
+    files = df.dashboard_files()
+    assert {f.name for f in files} == {"overview.json", "kv-cache.json", "scheduler.json", "canary.json"}
+    assert all(f.parent == df.DASHBOARDS for f in files), "the provider reads the dashboards folder"
+    assert grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"] == f"{mounts['./dashboards']}/overview.json"
+
+
+def test_dashboards_use_provisioned_datasources_and_unique_ids() -> None:
+    sources = df.load_yaml(df.DASHBOARDS / "provisioning" / "datasources.yaml")["datasources"]
+    uids = {s["uid"]: s for s in sources}
+    assert uids["prometheus"]["type"] == "prometheus" and uids["tempo"]["type"] == "tempo"
+    assert df.host_port(uids["prometheus"]["url"])[0] == "prometheus"
+    assert df.host_port(uids["tempo"]["url"]) == ("tempo", df.load_yaml(df.ROOT / "deploy" / "tempo.yaml")["server"]["http_listen_port"])
+    board_uids = []
+    for path in df.dashboard_files():
+        board = json.loads(path.read_text())
+        board_uids.append(board["uid"])
+        ids = [p["id"] for p in df.panels(board)]
+        assert len(ids) == len(set(ids)), f"{path.name}: duplicate panel ids"
+        for panel in df.panels(board):
+            assert panel["datasource"]["uid"] in uids, f"{path.name}: {panel['title']}"
+            assert panel["targets"], f"{path.name}: {panel['title']} has no query"
+    assert len(board_uids) == len(set(board_uids))
+
+
+def test_dashboard_queries_use_only_metrics_md_names() -> None:
+    known = set(df.metrics_md()) | df.PROMETHEUS_BUILTINS
+    for board, title, expr in df.prometheus_queries():
+        unknown = df.metric_names(expr) - known
+        assert not unknown, f"{board} / {title}: {unknown} not in dashboards/METRICS.md"
+        assert "[1m]" in expr or "rate(" not in expr, f"{board} / {title}: use [1m] windows"
+
+
+def test_histogram_and_counter_suffixes_follow_metric_types() -> None:
+    types = df.metrics_md()
+    for board, title, expr in df.prometheus_queries():
+        for name in re.findall(r"\b(kvmesh_\w+?)_bucket\b", expr):
+            assert types[name]["type"] == "histogram", f"{board} / {title}: {name} is not a histogram"
+        for name in re.findall(r"rate\((kvmesh_\w+?)(?:\{[^}]*\})?\[", expr):
+            assert name.endswith(("_total", "_bucket", "_sum", "_count")), f"{board} / {title}: rate() of gauge {name}"
+
+
+# -- image ----------------------------------------------------------------------------------------
+def test_dockerfile_installs_like_the_makefile() -> None:
+    make, docker = df.makefile_installs(), df.dockerfile_installs()
+    assert make == docker, f"Makefile installs {make}, Dockerfile {docker}"
+    pinned = [r for reqs in docker for r in reqs if r.startswith("torch")]
+    assert pinned and all("==" in r for r in pinned)
+    text = (df.ROOT / "Dockerfile").read_text()
+    requires = tomllib.loads((df.ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    base = re.search(r"^FROM python:(\d+\.\d+)", text, re.M).group(1)
+    assert requires == f">={base}", "the image runs the oldest supported Python"
+
+
+def test_dockerignore_keeps_what_the_image_copies() -> None:
+    ignore = (df.ROOT / ".dockerignore").read_text().splitlines()
+    copied = re.findall(r"^COPY\s+(.+?)\s+\S+$", (df.ROOT / "Dockerfile").read_text(), re.M)
+    for sources in copied:
+        for source in sources.split():
+            assert f"!{source.rstrip('/')}" in [line.rstrip("/") for line in ignore], f".dockerignore drops {source}"
+            assert (df.ROOT / source).exists(), f"the Dockerfile copies missing {source}"
