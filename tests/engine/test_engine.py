@@ -167,3 +167,24 @@ def test_abort_frees_blocks_and_reports_abort(tiny_dir: Path) -> None:
     outs = engine.step()
     assert [(o.request_id, o.finished, o.finish_reason) for o in outs] == [("r", True, "abort")]
     assert engine.stats().num_free_blocks == 64 and not engine.has_unfinished_requests()
+
+
+def test_fully_cached_block_aligned_prompt_recomputes_only_last_token(tiny_dir: Path) -> None:
+    prompt = prompts(1, length=32)[0]
+    engine = make_engine(tiny_dir)
+    cold = engine.generate([prompt], GREEDY)[0].token_ids
+    engine.add_request("warm", prompt, GREEDY)
+    first = engine.step()[0]
+    assert (first.num_cached_tokens, first.num_computed_tokens) == (16, 32)
+    assert first.new_token_ids + drain(engine)["warm"] == cold
+
+
+def test_prefill_only_single_token_prompt_finishes_without_compute(tiny_dir: Path) -> None:
+    engine = make_engine(tiny_dir)
+    engine.add_request("p", [42], GREEDY, prefill_only=True)
+    (out,) = engine.step()
+    assert (out.finished, out.finish_reason, out.num_computed_tokens) == (True, "prefill", 0)
+    assert tuple(engine.export_kv("p", 0, 0).shape) == (2, 2, 0, 2, 16)
+    engine.release("p")
+    engine.release("p")  # idempotent
+    assert engine.stats().num_free_blocks == 64

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+from collections.abc import Callable
 
 from ..pd import PdConfig
 from ..policy import POLICY_NAMES, CostModel, PolicyConfig
 from .cluster import SimConfig
-from .report import HEADER, capacity, row, simulate
-from .trace import SyntheticConfig, read_jsonl, scale_rate, synthetic, write_jsonl
+from .report import HEADER, RunSummary, capacity, row, simulate
+from .trace import SyntheticConfig, TraceRequest, mean_rate, read_jsonl, scale_rate, synthetic, write_jsonl
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,18 +19,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-workers", type=float, default=0.0, help="prefill workers per decode worker (0 = none)")
     p.add_argument("--policy", default="all", help=f"one of {', '.join(POLICY_NAMES)}, comma-separated, or all")
     p.add_argument("--trace", default="", help="JSONL trace to replay (default: synthetic multi-turn sessions)")
-    p.add_argument("--write-trace", default="", help="write the synthetic trace (at --rate) to this JSONL file and exit")
-    p.add_argument("--rate", type=float, default=0.0, help="requests/s per worker for the table row (0 = at 70%% of round_robin's capacity)")
-    p.add_argument("--slo-ttft-s", type=float, default=1.0, help="TTFT p99 SLO for the capacity column")
+    p.add_argument("--write-trace", default="", help="write the synthetic trace (at --rate × workers) to this file and exit")
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="requests/s per worker for the table row (0 = 70%% of round_robin's capacity)")
+    p.add_argument("--slo-ttft-s", type=float, default=0.5, help="TTFT p99 SLO for the capacity column")
     p.add_argument("--no-capacity", action="store_true", help="skip the capacity search")
-    p.add_argument("--sessions-per-worker", type=float, default=25.0)
+    p.add_argument("--search-steps", type=int, default=4, help="bisection steps of the capacity search")
+    p.add_argument("--duration-s", type=float, default=30.0, help="synthetic: sessions start during this long")
+    p.add_argument("--warmup-s", type=float, default=10.0, help="synthetic: figures start after this")
     p.add_argument("--system-prompts", type=int, default=8)
     p.add_argument("--skew", type=float, default=1.0, help="Zipf exponent of system-prompt popularity")
     p.add_argument("--arrival", choices=("poisson", "bursty"), default="poisson")
     p.add_argument("--turns", type=float, default=4.0, help="mean turns per session")
+    p.add_argument("--think-time-s", type=float, default=2.0, help="mean gap between a session's turns")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--kv-blocks", type=int, default=8192, help="per-worker cache, blocks")
+    p.add_argument("--kv-blocks", type=int, default=8192, help="per-worker prefix cache, blocks")
     p.add_argument("--event-delay-s", type=float, default=0.05)
     p.add_argument("--sticky-ttl-s", type=float, default=0.0, help="sticky sessions (0 = off, to compare policies)")
     p.add_argument("--prefill-s-per-token", type=float, default=cost.prefill_s_per_token)
@@ -44,63 +48,72 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _sim_config(args: argparse.Namespace, n: int) -> SimConfig:
+    return SimConfig(
+        num_workers=n,
+        num_prefill_workers=round(n * args.prefill_workers),
+        max_num_seqs=args.max_num_seqs,
+        kv_blocks=args.kv_blocks,
+        event_delay_s=args.event_delay_s,
+        sticky_ttl_s=args.sticky_ttl_s,
+        cost=CostModel(args.prefill_s_per_token, args.decode_s_per_step, args.decode_s_per_seq, args.block_size),
+        pd=PdConfig(local_prefill_max_tokens=args.local_prefill_max_tokens),
+        policy=PolicyConfig(
+            kv_decode_weight=args.kv_decode_weight, kv_overlap_decay=args.kv_overlap_decay,
+            kv_temperature=args.kv_temperature, dualmap_ttft_slo_s=args.slo_ttft_s, seed=args.seed,
+        ),
+    )
+
+
+def _trace_source(args: argparse.Namespace) -> Callable[[float], tuple[list[TraceRequest], tuple[float, float] | None]]:
+    """rate (requests/s) → (trace, measurement window)."""
+    if args.trace:
+        base = read_jsonl(args.trace)
+        if not base:
+            raise SystemExit(f"kvmesh sim: {args.trace} holds no requests")
+        return lambda rate: (scale_rate(base, rate / max(mean_rate(base), 1e-9)), None)
+    synth = SyntheticConfig(
+        duration_s=args.duration_s, num_system_prompts=args.system_prompts, skew=args.skew, turns_mean=args.turns,
+        think_time_s=args.think_time_s, arrival=args.arrival, block_size=args.block_size, seed=args.seed,
+    )
+    return lambda rate: (synthetic(synth, rate), (args.warmup_s, args.duration_s))
+
+
 def sim_main(argv: list[str] | None = None) -> int:
-    """Entry point for `kvmesh sim`; prints one table row per (policy, worker count)."""
+    """Entry point for `kvmesh sim`: one table row per (worker count, policy)."""
     args = build_parser().parse_args(argv)
     policies = POLICY_NAMES if args.policy == "all" else tuple(args.policy.split(","))
     for name in policies:
         if name not in POLICY_NAMES:
             raise SystemExit(f"kvmesh sim: unknown policy {name!r} (expected one of {', '.join(POLICY_NAMES)})")
-    cost = CostModel(args.prefill_s_per_token, args.decode_s_per_step, args.decode_s_per_seq, args.block_size)
-    file_trace = read_jsonl(args.trace) if args.trace else None
-    print(f"# cost model: prefill {cost.prefill_s_per_token:.3g} s/token, decode {cost.decode_s_per_step:.3g} s/step "
-          f"+ {cost.decode_s_per_seq:.3g} s/seq; SLO TTFT p99 <= {args.slo_ttft_s} s; block size {args.block_size}")
-    print(HEADER)
+    if args.warmup_s >= args.duration_s and not args.trace:
+        raise SystemExit("kvmesh sim: --warmup-s must be below --duration-s")
+    trace_at = _trace_source(args)
+    if args.write_trace:
+        write_jsonl(trace_at(args.rate or 1.0)[0], args.write_trace)
+        print(f"wrote {args.write_trace}")
+        return 0
+    print(f"# cost model: prefill {args.prefill_s_per_token:.3g} s/token, decode {args.decode_s_per_step:.3g} s/step "
+          f"+ {args.decode_s_per_seq:.3g} s/seq; capacity = max rate with TTFT p99 <= {args.slo_ttft_s} s")
+    print(HEADER, flush=True)
     for n in (int(x) for x in args.workers.split(",")):
-        config = SimConfig(
-            num_workers=n,
-            num_prefill_workers=round(n * args.prefill_workers),
-            max_num_seqs=args.max_num_seqs,
-            kv_blocks=args.kv_blocks,
-            event_delay_s=args.event_delay_s,
-            sticky_ttl_s=args.sticky_ttl_s,
-            cost=cost,
-            pd=PdConfig(local_prefill_max_tokens=args.local_prefill_max_tokens),
-            policy=PolicyConfig(
-                kv_decode_weight=args.kv_decode_weight, kv_overlap_decay=args.kv_overlap_decay,
-                kv_temperature=args.kv_temperature, dualmap_ttft_slo_s=args.slo_ttft_s, seed=args.seed,
-            ),
-        )
-        synth = SyntheticConfig(
-            num_sessions=max(1, round(args.sessions_per_worker * n)), num_system_prompts=args.system_prompts,
-            skew=args.skew, turns_mean=args.turns, arrival=args.arrival, block_size=args.block_size, seed=args.seed,
-        )
+        config = _sim_config(args, n)
 
-        def trace_at(rate: float) -> list:
-            if file_trace is not None:
-                from .trace import mean_rate  # noqa: PLC0415
+        def run_at(rate: float, name: str, config: SimConfig = config) -> RunSummary:
+            trace, window = trace_at(rate)
+            return simulate(name, config, trace, window)
 
-                return scale_rate(file_trace, rate / max(mean_rate(file_trace), 1e-9))
-            return synthetic(synth, rate)
-
-        if args.write_trace:
-            write_jsonl(trace_at((args.rate or 1.0) * n), args.write_trace)
-            print(f"wrote {args.write_trace}")
-            return 0
-        caps: dict[str, float | None] = {}
-        for name in policies:
-            if args.no_capacity:
-                caps[name] = None
-                continue
-            _, at_cap = capacity(lambda r, name=name: simulate(name, config, trace_at(r)), args.slo_ttft_s, start_rate=2.0 * n)
-            caps[name] = at_cap.rate if at_cap else 0.0
+        caps: dict[str, float | None] = dict.fromkeys(policies)
+        if not args.no_capacity:
+            for name in policies:
+                _, at_cap = capacity(lambda r, name=name: run_at(r, name), args.slo_ttft_s, 8.0 * n, args.search_steps)
+                caps[name] = at_cap.rate if at_cap else 0.0
         base = caps.get("round_robin")
-        table_rate = args.rate * n if args.rate else (0.7 * base if base else 2.0 * n)
+        table_rate = args.rate * n if args.rate else (0.7 * base if base else 8.0 * n)
         for name in policies:
-            print(row(simulate(name, config, trace_at(table_rate)), caps[name]), flush=True)
-        if base and not args.no_capacity:
-            for name in ("kv_aware", "dualmap"):
-                if caps.get(name):
-                    ratios = [f"{caps[name] / caps[o]:.2f}x {o}" for o in ("round_robin", "prefix_affinity") if caps.get(o)]
-                    print(f"# {n} workers: {name} capacity = {', '.join(ratios)}")
+            print(row(run_at(table_rate, name), caps[name]), flush=True)
+        for name in ("kv_aware", "dualmap"):
+            if caps.get(name):
+                ratios = [f"{caps[name] / caps[o]:.2f}x {o}" for o in ("round_robin", "prefix_affinity") if caps.get(o)]
+                print(f"# {n} workers: {name} capacity = {', '.join(ratios)}", flush=True)
     return 0

@@ -117,15 +117,19 @@ class Cluster:
         self._events: list[tuple[float, int, str, object]] = []
         self._order = itertools.count()
         self.results: list[RequestResult] = []
+        self.window_load: dict[str, float] = {}
 
     # --- event loop ---
 
     def _at(self, t: float, kind: str, payload: object = None) -> None:
         heapq.heappush(self._events, (t, next(self._order), kind, payload))
 
-    def run(self, requests: list[TraceRequest]) -> list[RequestResult]:
+    def run(self, requests: list[TraceRequest], window: tuple[float, float] | None = None) -> list[RequestResult]:
+        """Replays `requests` to the end; `window_load` gets each decode worker's ∫load dt over `window`."""
         for r in requests:
             self._at(r.arrival_s, "arrive", r)
+        for t in window or ():
+            self._at(t, "window")
         self._heartbeats()
         self._at(self.config.heartbeat_interval_s, "heartbeat")
         pending = len(requests)
@@ -140,6 +144,10 @@ class Cluster:
                 pending -= 1
             elif kind == "deliver":
                 self.router.index.apply(payload)  # type: ignore[arg-type]
+            elif kind == "window":
+                for w in self.workers.values():
+                    w.mark_load(self.now)
+                    self.window_load[w.worker_id] = w.load_area - self.window_load.get(w.worker_id, 0.0)
             elif kind == "heartbeat":
                 self._heartbeats()
                 self._at(self.now + self.config.heartbeat_interval_s, "heartbeat")

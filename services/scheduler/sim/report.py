@@ -6,8 +6,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..registry import Role
 from .cluster import Cluster, RequestResult, SimConfig
-from .trace import TraceRequest, mean_rate
+from .trace import TraceRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,35 +34,40 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def summarize(policy: str, cluster: Cluster, results: list[RequestResult], rate: float) -> RunSummary:
-    ttfts = [r.ttft_s for r in results]
-    start = min(r.request.arrival_s for r in results)
-    end = max(r.finish_s for r in results)
+def summarize(policy: str, cluster: Cluster, results: list[RequestResult], window: tuple[float, float]) -> RunSummary:
+    """Figures over the requests that arrived in `window` (the steady part of the trace)."""
+    start, end = window
     span = max(end - start, 1e-9)
+    all_results = results
+    results = [r for r in results if start <= r.request.arrival_s < end] or results
+    ttfts = [r.ttft_s for r in results]
     prompt = sum(r.request.prompt_tokens for r in results)
-    loads = [w.load_area for w in cluster.workers.values() if w.worker_id.startswith("d")]
+    loads = [cluster.window_load.get(w.worker_id, w.load_area) for w in cluster.workers.values() if w.role is Role.DECODE]
     mean_load = sum(loads) / len(loads)
     return RunSummary(
         policy=policy,
         num_workers=cluster.config.num_workers,
-        rate=rate,
+        rate=len(results) / span,
         ttft_p50_s=quantile(ttfts, 0.5),
         ttft_p99_s=quantile(ttfts, 0.99),
-        throughput=len(results) / span,
-        output_tokens_per_s=sum(r.request.output_tokens for r in results) / span,
+        throughput=sum(start <= r.finish_s < end for r in all_results) / span,
+        output_tokens_per_s=sum(r.request.output_tokens for r in all_results if start <= r.finish_s < end) / span,
         hit_rate=sum(r.cached_tokens for r in results) / max(1, prompt),
         imbalance=max(loads) / mean_load if mean_load > 0 else 1.0,
     )
 
 
-def simulate(policy: str, config: SimConfig, requests: list[TraceRequest]) -> RunSummary:
+def simulate(policy: str, config: SimConfig, requests: list[TraceRequest], window: tuple[float, float] | None = None) -> RunSummary:
+    """Replays `requests`; figures cover `window` (default: the whole trace)."""
+    if window is None:
+        window = (requests[0].arrival_s, requests[-1].arrival_s + 1e-9)
     cluster = Cluster(policy, config)
-    results = cluster.run(requests)
-    return summarize(policy, cluster, results, mean_rate(requests))
+    results = cluster.run(requests, window)
+    return summarize(policy, cluster, results, window)
 
 
 def capacity(
-    run_at: Callable[[float], RunSummary], slo_s: float, start_rate: float, steps: int = 6
+    run_at: Callable[[float], RunSummary], slo_s: float, start_rate: float, steps: int = 4
 ) -> tuple[float, RunSummary | None]:
     """Highest rate whose TTFT p99 meets `slo_s`: doubles from `start_rate` until it fails, then
     bisects `steps` times. Returns (rate, the summary at that rate) or (0, None) if even

@@ -45,14 +45,14 @@ class TraceRequest:
 
 @dataclass(frozen=True, slots=True)
 class SyntheticConfig:
-    num_sessions: int = 400
+    duration_s: float = 30.0                  # sessions start during [0, duration_s)
     num_system_prompts: int = 8
     system_prompt_tokens: tuple[int, int] = (768, 2048)
     skew: float = 1.0                         # Zipf exponent of system-prompt popularity
     turns_mean: float = 4.0                   # geometric number of turns per session
     user_tokens: tuple[int, int] = (32, 384)
     output_tokens: tuple[int, int] = (32, 256)
-    think_time_s: float = 3.0                 # mean gap between a session's turns
+    think_time_s: float = 2.0                 # mean gap between a turn's arrival and the next
     arrival: str = "poisson"                  # "poisson" | "bursty"
     burstiness: float = 4.0                   # bursty: squared coefficient of variation of gaps
     max_prompt_tokens: int = 8192
@@ -60,30 +60,32 @@ class SyntheticConfig:
     seed: int = 0
 
 
-def _session_starts(config: SyntheticConfig, rate: float, rng: random.Random) -> list[float]:
-    """Session start times at `rate` sessions/s: Poisson, or bursty (gamma gaps, CV² = burstiness)."""
-    t, starts = 0.0, []
-    shape = 1.0 / config.burstiness if config.arrival == "bursty" else 1.0
+def _session_starts(config: SyntheticConfig, session_rate: float, rng: random.Random) -> list[float]:
+    """Session start times: Poisson, or bursty (gamma gaps with CV² = burstiness)."""
     if config.arrival not in ("poisson", "bursty"):
         raise ValueError(f"unknown arrival process {config.arrival!r}: expected poisson or bursty")
-    for _ in range(config.num_sessions):
-        t += rng.gammavariate(shape, 1.0 / (shape * rate))
+    shape = 1.0 / config.burstiness if config.arrival == "bursty" else 1.0
+    t, starts = 0.0, []
+    while True:
+        t += rng.gammavariate(shape, 1.0 / (shape * session_rate))
+        if t >= config.duration_s:
+            return starts
         starts.append(t)
-    return starts
 
 
 def synthetic(config: SyntheticConfig, rate: float) -> list[TraceRequest]:
-    """A multi-turn trace at `rate` requests/s (on average). The same seed gives the same
-    sessions whatever the rate; only arrival times scale."""
+    """Multi-turn sessions starting over `duration_s`, about `rate` requests/s once warmed up
+    (session rate = rate / turns_mean). Session k has the same content whatever the rate."""
     if rate <= 0:
         raise ValueError("rate must be > 0")
-    rng = random.Random(config.seed)
     bs = config.block_size
+    layout = random.Random(config.seed)
     weights = [1.0 / (k + 1) ** config.skew for k in range(config.num_system_prompts)]
-    system_lengths = [rng.randint(*config.system_prompt_tokens) for _ in range(config.num_system_prompts)]
+    system_lengths = [layout.randint(*config.system_prompt_tokens) for _ in range(config.num_system_prompts)]
     starts = _session_starts(config, rate / config.turns_mean, random.Random(config.seed + 1))
     requests = []
     for s, start in enumerate(starts):
+        rng = random.Random(config.seed * 1_000_003 + s)
         system = rng.choices(range(config.num_system_prompts), weights)[0]
         system_len = system_lengths[system]
         history, t, turn = system_len, start, 0
