@@ -13,13 +13,13 @@ from typing import Any
 
 import grpc
 import uvicorn
+from nats.aio.msg import Msg
 
 from kvmesh.runtime.bus import MIRROR_SUBJECT, Bus
 from kvmesh.runtime.errors import FailedPrecondition, Unavailable
 from kvmesh.runtime.grpcutil import DEFAULT_DEADLINE_S, ChannelPool, GrpcServer, TlsConfig, start_server
 from kvmesh.runtime.pb import canary_pb2_grpc, events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from kvmesh.runtime.telemetry import TracingServerInterceptor, inject_metadata
-from nats.aio.msg import Msg
 
 from .buffer import Admission, MirrorBuffer
 from .config import CanarySettings

@@ -38,16 +38,20 @@ class RequestState:
         if logprob is not None:
             self.new_logprobs.append(logprob)
         if token in p.stop_token_ids or (not p.ignore_eos and token in eos_ids):
-            self._emit(self.matcher.flush())
+            self._emit(self._flush())
             return "stop"
         delta, stopped = self.matcher.add(self.detokenizer.push(token))
         self._emit(delta)
         if stopped:
             return "stop"
         if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= max_model_len:
-            self._emit(self.matcher.flush())
+            self._emit(self._flush())
             return "length"
         return None
+
+    def _flush(self) -> str:
+        delta, stopped = self.matcher.add(self.detokenizer.flush())
+        return delta if stopped else delta + self.matcher.flush()
 
     def _emit(self, text: str) -> None:
         self.new_text += text

@@ -105,6 +105,16 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._ids)
         return new_text[len(prefix_text) :]
 
+    def flush(self) -> str:
+        """Text of tokens still held back (an incomplete character decodes to U+FFFD)."""
+        if self._read_offset == len(self._ids):
+            return ""
+        decode = self._tokenizer.decode
+        prefix_text = decode(self._ids[self._prefix_offset : self._read_offset], self._skip)
+        new_text = decode(self._ids[self._prefix_offset :], self._skip)
+        self._prefix_offset = self._read_offset = len(self._ids)
+        return new_text[len(prefix_text) :]
+
 
 def _compile_template(source: str) -> Any:
     import jinja2

@@ -18,14 +18,16 @@ from starlette.responses import JSONResponse, Response
 from kvmesh.runtime.telemetry import REQUEST_ID_ATTRIBUTE, extract_context, tracer
 
 from .auth import KeyLimiter
-from .backend import Backend, Generation, GenerationJob, sampling_pb
+from .backend import Backend
+from .generation import Generation, GenerationJob, sampling_pb
 from .config import GatewaySettings
 from .errors import ApiError, model_not_found
 from .metrics import GatewayMetrics
 from .mirror import MirrorTap, mirror_record
 from .outputs import Delta, TokenLogprob
 from .prompt import PreparedPrompt, ServedModel
-from .protocol import Endpoint, GenerationRequest, Limits, parse_chat, parse_completion, parse_json
+from .protocol import Endpoint, GenerationRequest, Limits
+from .validate import parse_chat, parse_completion, parse_json
 from .responses import SSE_DONE, ResponseBuilder, sse, sse_error
 from .streaming import ClientDisconnected, EventStreamResponse, race_disconnect
 

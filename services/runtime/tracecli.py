@@ -22,6 +22,7 @@ from .telemetry import REQUEST_ID_ATTRIBUTE
 
 DEFAULT_TRACE_DIR = ".kvmesh/traces"
 ORPHAN_MARK = "~"
+MIRRORED_REQUEST_ID_ATTRIBUTE = "kvmesh.mirrored_request_id"  # set by the canary on its replays
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,13 +200,20 @@ def list_requests(spans: Iterable[Span], limit: int) -> list[RequestSummary]:
     return summaries[:limit]
 
 
+def _request_ids(span: Span) -> tuple[str, ...]:
+    """The request ids a span belongs to: its own, and the production request a canary replay mirrors."""
+    ids = (span.request_id, span.attributes.get(MIRRORED_REQUEST_ID_ATTRIBUTE))
+    return tuple(str(i) for i in ids if i)
+
+
 def find_traces(spans: Iterable[Span], key: str) -> list[list[Span]]:
-    """Traces whose id is (or starts with) `key`, else whose spans carry request id `key`."""
+    """Traces whose id is (or starts with) `key`, else whose spans carry request id `key` (a
+    request's canary replays included)."""
     traces = group_by_trace(spans)
     wanted = key.strip().lower()
     by_id = [t for tid, t in traces.items() if tid == wanted or (len(wanted) >= 8 and tid.startswith(wanted))]
     if not by_id:
-        by_id = [t for t in traces.values() if any(s.request_id == key.strip() for s in t)]
+        by_id = [t for t in traces.values() if any(key.strip() in _request_ids(s) for s in t)]
     return sorted(by_id, key=lambda t: extent_ns(t)[0])
 
 
@@ -215,12 +223,13 @@ def _ms(ns: int) -> str:
 
 
 def render_list(summaries: Sequence[RequestSummary]) -> list[str]:
-    header = f"{'time':<23}  {'request id':<28}  {'trace id':<32}  {'ms':>9}  {'status':<6}  {'spans':>5}  services"
+    width = max(len("request id"), *(len(s.request_id) for s in summaries))
+    header = f"{'time':<23}  {'request id':<{width}}  {'trace id':<32}  {'ms':>9}  {'status':<6}  {'spans':>5}  services"
     lines = [header]
     for s in summaries:
         when = datetime.fromtimestamp(s.start_ns / 1e9).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
         lines.append(
-            f"{when:<23}  {s.request_id:<28}  {s.trace_id:<32}  {_ms(s.duration_ns):>9}  {s.status:<6}  "
+            f"{when:<23}  {s.request_id:<{width}}  {s.trace_id:<32}  {_ms(s.duration_ns):>9}  {s.status:<6}  "
             f"{s.span_count:>5}  {','.join(s.services)}"
         )
     return lines
@@ -259,7 +268,7 @@ def render_waterfall(spans: Sequence[Span], width: int = 40, bar_char: str = "â–
             f"{_shorten(name, name_width):<{name_width}}  {bar}{flag}"
         )
         if verbose:
-            pad = " " * (24 + service_width + 2 * row.depth)
+            pad = " " * (25 + service_width + 2 * (row.depth + 1))
             lines += [f"{pad}{k}={v}" for k, v in sorted(s.attributes.items())]
     if any(r.orphan for r in rows):
         lines.append(f"{ORPHAN_MARK} = parent span not found (its process wrote no spans here, or has not flushed yet)")

@@ -168,5 +168,5 @@ def test_slow_candidate_leaves_production_alone_and_drops_are_counted(start_mesh
     assert mesh.metric("canary", "kvmesh_canary_mirror_dropped_total") >= 1
     body = wait_report(mesh, lambda r: r["samples"] >= 3, "3 slow samples")
     assert body["token_agreement"] == 1.0
-    assert body["ttft"]["candidate_p50_s"] > body["ttft"]["production_p50_s"]
+    assert body["tpot"]["candidate_p50_s"] > body["tpot"]["production_p50_s"]
     assert body["verdict"] == "fail" and "p99" in body["reason"]

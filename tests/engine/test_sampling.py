@@ -31,6 +31,11 @@ def test_max_tokens_finishes_with_length(engine: LLMEngine) -> None:
     assert (len(out.token_ids), out.finish_reason) == (5, "length")
 
 
+def test_streamed_text_equals_decoding_all_tokens(engine: LLMEngine) -> None:
+    out = engine.generate([PROMPT], greedy(max_tokens=40))[0]
+    assert out.text == engine.tokenizer.decode(out.token_ids)
+
+
 def test_stop_token_id_ends_generation_and_is_included(engine: LLMEngine) -> None:
     full = engine.generate([PROMPT], greedy())[0].token_ids
     stop = full[6]

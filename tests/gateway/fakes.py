@@ -44,11 +44,14 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         self.completes: list[scheduler_pb2.CompleteRequest] = []
         self.metadata: list[dict[str, str]] = []
         self.error: RouteError | None = None
+        self.gate: asyncio.Event | None = None  # when set, Route waits for it
         self.completed = asyncio.Event()
 
     async def Route(self, request, context):
         self.routes.append(request)
         self.metadata.append({k: v for k, v in context.invocation_metadata()})
+        if self.gate is not None:
+            await self.gate.wait()
         if self.error is not None:
             if self.error.retry_after is not None:
                 context.set_trailing_metadata((("retry-after", self.error.retry_after),))
@@ -78,6 +81,8 @@ class FakeDecode(decode_pb2_grpc.DecodeWorkerServicer):
         self.fail_code = grpc.StatusCode.UNAVAILABLE
         self.die_after: int | None = None  # tokens sent before the whole server stops
         self.delay_s = 0.0
+        self.hold_text = False  # each token's text arrives with the next message (like a detokenizer mid-character)
+        self.drop_finish = False  # die right after the last token, before its finish message
         self.cached_tokens = 0
         self.error: tuple[grpc.StatusCode, str] | None = None
         self.server: GrpcServer | None = None
@@ -99,10 +104,16 @@ class FakeDecode(decode_pb2_grpc.DecodeWorkerServicer):
                     await asyncio.sleep(30)
                 tok = next_token(ids)
                 ids.append(tok)
-                msg = decode_pb2.GenerateResponse(token_ids=[tok], text=chr(tok))
+                text = chr(tok)
+                if self.hold_text:
+                    text = (chr(ids[-2]) if i > 0 else "") + (chr(tok) if i == n - 1 else "")
+                msg = decode_pb2.GenerateResponse(token_ids=[tok], text=text)
                 if request.sampling.HasField("logprobs"):
                     top = [common_pb2.TopLogprob(token_id=tok, logprob=-0.5), common_pb2.TopLogprob(token_id=tok + 1, logprob=-1.5)]
                     msg.logprobs.append(common_pb2.TokenLogprob(token_id=tok, logprob=-0.5, top=top[: request.sampling.logprobs]))
+                if i == n - 1 and self.drop_finish:
+                    yield msg
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "died before finishing")
                 if i == n - 1:
                     msg.finish_reason = "length"
                     msg.usage.CopyFrom(

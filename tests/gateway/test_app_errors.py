@@ -166,7 +166,7 @@ async def test_unknown_route_is_json_404(gateway: RunningGateway) -> None:
 async def test_per_key_concurrency_limit_is_429(mesh: FakeMesh) -> None:
     mesh.decodes[0].delay_s = 0.05
     async with run_gateway(mesh, max_concurrent_streams_per_key=1) as gw, gw.client() as client:
-        body = {"model": "tiny", "prompt": "x", "max_tokens": 50, "stream": True}
+        body = {"model": "tiny", "prompt": "x", "max_tokens": 1000, "stream": True}
         async with client.stream("POST", "/v1/completions", json=body) as first:
             await anext(first.aiter_lines())
             second = await client.post("/v1/completions", json=body | {"max_tokens": 1})

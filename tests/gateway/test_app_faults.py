@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import grpc
-import httpx
 import openai
 import pytest
 
@@ -36,9 +36,12 @@ async def test_stream_disconnect_aborts_the_worker_and_releases_the_route(gatewa
 async def test_non_stream_disconnect_aborts_the_worker(gateway: RunningGateway, mesh: FakeMesh) -> None:
     decode = mesh.decodes[0]
     decode.delay_s = 0.05
-    async with gateway.client(timeout=httpx.Timeout(5.0, read=0.3)) as client:
-        with pytest.raises(httpx.ReadTimeout):
-            await client.post("/v1/completions", json=BODY | {"max_tokens": 1000})
+    async with gateway.client() as client:
+        request = asyncio.create_task(client.post("/v1/completions", json=BODY | {"max_tokens": 1000}))
+        await eventually(lambda: decode.requests)
+        request.cancel()  # the client goes away mid-generation
+        with pytest.raises(asyncio.CancelledError):
+            await request
     await eventually(lambda: mesh.scheduler.statuses() == ["aborted"])
     assert decode.aborts == [mesh.scheduler.routes[0].request_id]
 
@@ -86,6 +89,18 @@ async def test_migrations_exhausted_streams_an_error_event_then_done(mesh: FakeM
     assert mesh.decodes[2].requests == []
 
 
+async def test_client_gone_while_routing_still_releases_the_route(gateway: RunningGateway, mesh: FakeMesh) -> None:
+    mesh.scheduler.gate = gate = asyncio.Event()
+    async with gateway.client() as client:
+        request = asyncio.create_task(client.post("/v1/completions", json=BODY))
+        await eventually(lambda: mesh.scheduler.routes)
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+    await eventually(lambda: mesh.scheduler.statuses() == ["aborted"])
+    gate.set()
+
+
 async def test_migrations_exhausted_non_stream_is_503(mesh: FakeMesh) -> None:
     for d in mesh.decodes:
         d.fail_after = 1
@@ -94,3 +109,22 @@ async def test_migrations_exhausted_non_stream_is_503(mesh: FakeMesh) -> None:
     # the third attempt finds no worker left to try
     assert resp.status_code == 503 and resp.json()["error"]["code"] == "service_unavailable"
     assert len(mesh.scheduler.routes) == 3
+
+
+async def test_text_the_failed_worker_held_back_is_not_lost(gateway: RunningGateway, mesh: FakeMesh) -> None:
+    first, second = mesh.decodes
+    first.hold_text = second.hold_text = True
+    first.fail_after = 4
+    async with gateway.client() as client:
+        resp = await client.post("/v1/completions", json=BODY | {"stream": True})
+    assert stream_text(resp.text) == expected_text(3, 10)
+
+
+async def test_lost_finish_after_the_last_token_needs_no_migration(gateway: RunningGateway, mesh: FakeMesh) -> None:
+    mesh.decodes[0].drop_finish = True
+    async with gateway.client() as client:
+        resp = await client.post("/v1/completions", json=BODY)
+    choice = resp.json()["choices"][0]
+    assert (choice["text"], choice["finish_reason"]) == (expected_text(3, 10), "length")
+    assert resp.json()["usage"]["completion_tokens"] == 10
+    assert len(mesh.scheduler.routes) == 1 and mesh.scheduler.statuses() == ["error"]

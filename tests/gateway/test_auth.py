@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from kvmesh.gateway.auth import ApiKeys, KeyLimiter
-from kvmesh.gateway.backend import api_error_from_grpc, retry_after_from
+from kvmesh.gateway.generation import api_error_from_grpc, retry_after_from
 from kvmesh.gateway.config import GatewaySettings
 from kvmesh.gateway.errors import ApiError
 

@@ -7,7 +7,8 @@ import pytest
 from kvmesh.gateway.config import GatewaySettings
 from kvmesh.gateway.errors import ApiError
 from kvmesh.gateway.prompt import ServedModel, resolve_max_tokens
-from kvmesh.gateway.protocol import Limits, parse_chat, parse_completion
+from kvmesh.gateway.protocol import Limits
+from kvmesh.gateway.validate import parse_chat, parse_completion
 from kvmesh.runtime.blockhash import BlockHasher
 
 

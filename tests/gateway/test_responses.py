@@ -6,7 +6,8 @@ import json
 
 from kvmesh.gateway.errors import ApiError
 from kvmesh.gateway.outputs import Delta, TokenLogprob, Usage
-from kvmesh.gateway.protocol import Limits, parse_chat, parse_completion
+from kvmesh.gateway.protocol import Limits
+from kvmesh.gateway.validate import parse_chat, parse_completion
 from kvmesh.gateway.responses import SSE_DONE, ResponseBuilder, sse, sse_error, usage_dict
 
 

@@ -23,7 +23,7 @@ SETTINGS_CLASSES = {
 }
 # Series Prometheus makes itself; dashboards may use them besides METRICS.md's names.
 PROMETHEUS_BUILTINS = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"})
-_VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
+_VAR = re.compile(r"\$\{(\w+)(?::?([-?])([^}]*))?\}")
 _METRIC = re.compile(r"\b(kvmesh_[a-z0-9_]+|up|scrape_duration_seconds|scrape_samples_scraped)\b(?!\s*\()")
 
 
@@ -31,14 +31,23 @@ def load_yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text())
 
 
-def interpolate(value: Any) -> Any:
-    """Compose's `${VAR:-default}` with nothing set in the environment: the default."""
+def interpolate(value: Any, env: dict[str, str] | None = None) -> Any:
+    """Compose's `${VAR}`, `${VAR:-default}` and `${VAR:?error}` against `env` (default: nothing set)."""
+    env = env or {}
+
+    def one(m: re.Match) -> str:
+        if env.get(m.group(1)):
+            return env[m.group(1)]
+        if m.group(2) == "?":
+            raise KeyError(f"compose needs {m.group(1)}: {m.group(3)}")
+        return m.group(3) or ""
+
     if isinstance(value, str):
-        return _VAR.sub(lambda m: m.group(2) or "", value)
+        return _VAR.sub(one, value)
     if isinstance(value, list):
-        return [interpolate(v) for v in value]
+        return [interpolate(v, env) for v in value]
     if isinstance(value, dict):
-        return {k: interpolate(v) for k, v in value.items()}
+        return {k: interpolate(v, env) for k, v in value.items()}
     return value
 
 
@@ -46,11 +55,11 @@ def compose(name: str = "compose.yaml") -> dict[str, Any]:
     return load_yaml(ROOT / name)
 
 
-def kvmesh_services(spec: dict[str, Any]) -> dict[str, tuple[str, list[str]]]:
+def kvmesh_services(spec: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, tuple[str, list[str]]]:
     """compose service → (kvmesh command, its flags) for every service running `kvmesh <command>`."""
     out = {}
     for name, service in spec["services"].items():
-        command = interpolate(service.get("command") or [])
+        command = interpolate(service.get("command") or [], env)
         if isinstance(command, str):
             command = shlex.split(command)
         if command[:1] == ["kvmesh"] and len(command) > 1:
@@ -58,11 +67,11 @@ def kvmesh_services(spec: dict[str, Any]) -> dict[str, tuple[str, list[str]]]:
     return out
 
 
-def environment(service: dict[str, Any]) -> dict[str, str]:
-    env = service.get("environment") or {}
-    if isinstance(env, list):
-        env = dict(item.partition("=")[::2] for item in env)
-    return {k: "" if v is None else str(v) for k, v in interpolate(env).items()}
+def environment(service: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, str]:
+    values = service.get("environment") or {}
+    if isinstance(values, list):
+        values = dict(item.partition("=")[::2] for item in values)
+    return {k: "" if v is None else str(v) for k, v in interpolate(values, env).items()}
 
 
 def env_names(settings_cls: type) -> set[str]:

@@ -12,7 +12,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
+
+from kvmesh.runtime.pb import kvstore_pb2_grpc
 
 from . import deployfiles as df
 from .prom import Prometheus, SyntheticExporter, prometheus_binary, start_prometheus
@@ -70,6 +73,13 @@ def _send_traffic(client) -> None:
     client.completions.create(model="tiny", prompt=shared, max_tokens=4)
 
 
+def _send_bad_put(endpoint: str) -> None:
+    """A client breaking the Put protocol (no commit), which the store refuses and counts."""
+    with grpc.insecure_channel(endpoint) as channel:
+        with pytest.raises(grpc.RpcError):
+            kvstore_pb2_grpc.KvStoreStub(channel).Put(iter(()), timeout=5)
+
+
 @pytest.fixture(scope="module")
 def mesh_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prometheus, set[str]]]:
     missing = _missing_services()
@@ -79,15 +89,16 @@ def mesh_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
         from tests.e2e.conftest import _start, _stop_and_check  # noqa: PLC0415
     except ImportError as exc:
         pytest.skip(f"needs the e2e mesh harness (tests/e2e/conftest.py): {exc}")
-    # NOTE: a KV store of 8 tiny-model blocks, so the traffic below makes it evict.
+    # NOTE: a KV store of 32 tiny-model blocks with short leases, so the traffic below makes it evict.
     mesh = _start(tmp_path_factory, canary=True, candidate_decode=1,
-                  settings=["gateway.mirror_sample=1.0", "kvstore.memory_bytes=65536"])
+                  settings=["gateway.mirror_sample=1.0", "kvstore.memory_bytes=262144", "kvstore.lease_s=0.1"])
     prom = None
     try:
         targets = mesh.metrics_targets
         prom = start_prometheus(PROMETHEUS, targets, tmp_path_factory.mktemp("prom-mesh"))
         prom.wait_for_samples(targets=len(targets), samples=2)
         _send_traffic(mesh.openai_client())
+        _send_bad_put(mesh.spec("kvstore").grpc_endpoint)
         time.sleep(1.0)  # the last requests' hand-back and KV events
         prom.wait_for_samples(targets=len(targets), samples=5)
         down = prom.query("up == 0")

@@ -107,7 +107,7 @@ def test_endpoints_name_compose_services_at_their_ports(name: str, settings_of) 
             continue
         host, port = target
         if host == "nats":
-            assert port == 4222 and "4222:4222" in SPEC["services"]["nats"]["ports"]
+            assert port == 4222 and any(str(p).endswith(":4222:4222") for p in SPEC["services"]["nats"]["ports"])
         elif host == "otel-collector":
             collector = df.load_yaml(df.ROOT / "deploy" / "otel-collector.yaml")
             assert collector["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].endswith(f":{port}")
@@ -144,9 +144,40 @@ def test_gpu_override_reserves_gpus_for_workers_only() -> None:
     assert not any("deploy" in SPEC["services"][name] for name in KVMESH), "compose.yaml itself stays CPU-only"
 
 
-def test_prometheus_scrapes_every_kvmesh_service() -> None:
-    jobs = {j["job_name"] for j in PROMETHEUS["scrape_configs"]}
-    assert set(KVMESH) <= jobs
+def test_prometheus_scrapes_every_kvmesh_service_and_remote_targets() -> None:
+    jobs = {j["job_name"]: j for j in PROMETHEUS["scrape_configs"]}
+    assert set(KVMESH) <= set(jobs)
+    [files] = jobs["remote"]["file_sd_configs"]
+    mounts = dict(m.split(":")[:2] for m in SPEC["services"]["prometheus"]["volumes"])
+    assert files["files"] == [f"{mounts['./deploy/prometheus-targets']}/*.json"]
+    assert (df.ROOT / "deploy" / "prometheus-targets").is_dir()
+
+
+def test_worker_host_file_runs_the_same_workers_against_the_main_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    workers = df.compose("deploy/compose.workers.yaml")
+    env = {"KVMESH_MAIN_HOST": "10.0.0.10", "KVMESH_ADVERTISE_HOST": "10.0.0.12"}
+    with pytest.raises(KeyError, match="KVMESH_MAIN_HOST"):
+        df.kvmesh_services(workers)
+    services = df.kvmesh_services(workers, env)
+    assert {c for c, _ in services.values()} == {"prefill", "decode"}
+    for name, (command, argv) in services.items():
+        service = workers["services"][name]
+        assert service["network_mode"] == "host" and service["build"]["context"] == ".."
+        main_env = df.environment(SPEC["services"][command])
+        for var in [v for v in os.environ if v.startswith("KVMESH_")]:
+            monkeypatch.delenv(var)
+        for var, value in df.environment(service, env).items():
+            monkeypatch.setenv(var, value)
+        settings = settings_from_argv(settings_class(command), argv, f"kvmesh {command}")
+        assert settings.advertise_host == "10.0.0.12" and settings.kvstore == "10.0.0.10:50081"
+        assert settings.nats_url == "nats://10.0.0.10:4222" and settings.otlp_endpoint == "http://10.0.0.10:4317"
+        assert set(df.environment(service, env)) == set(main_env) - {f"KVMESH_{command.upper()}_ADVERTISE_HOST"}
+        assert service["healthcheck"]["test"][3] == f"127.0.0.1:{settings.port}"
+        main_argv = KVMESH[command][1]
+        assert argv[: argv.index("--kvstore")] == main_argv[: main_argv.index("--kvstore")], "same ports as compose.yaml"
+    published = {name: [str(p).rsplit(":", 1)[-1] for p in SPEC["services"][name].get("ports", [])]
+                 for name in ("nats", "kvstore", "otel-collector")}
+    assert published == {"nats": ["4222"], "kvstore": ["50081"], "otel-collector": ["4317"]}
 
 
 # -- Grafana provisioning and dashboards ----------------------------------------------------------

@@ -139,3 +139,35 @@ async def test_server_span_status_follows_the_grpc_code(tmp_path: Path, echo_ser
     spans, _ = load_spans(tmp_path)
     servers = [s for s in spans if s.kind == "SERVER"]
     assert [(s.attributes["rpc.grpc.status_code"], s.status) for s in servers] == [(14, "ERROR"), (3, "UNSET")]
+
+
+def test_spans_go_to_the_otlp_endpoint_when_one_is_set(tmp_path: Path) -> None:
+    from concurrent import futures
+
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    received: list = []
+
+    class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request, context):
+            received.append(request)
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Collector(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        telemetry = Telemetry("decode", otlp_endpoint=f"http://127.0.0.1:{port}", trace_dir=str(tmp_path))
+        assert telemetry.trace_file is None
+        with tracer.start_as_current_span("decode.generate"):
+            pass
+        telemetry.shutdown()
+    finally:
+        server.stop(0)
+    [request] = received
+    [resource_spans] = request.resource_spans
+    attributes = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+    assert attributes["service.name"] == "decode"
+    assert [s.name for s in resource_spans.scope_spans[0].spans] == ["decode.generate"]
+    assert list(tmp_path.iterdir()) == []

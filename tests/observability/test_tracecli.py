@@ -173,3 +173,12 @@ def test_trace_main_reads_dir_from_env(trace_dir: Path, monkeypatch: pytest.Monk
 def test_trace_main_without_directory_fails_clearly(tmp_path: Path, capsys) -> None:
     assert trace_main(["--dir", str(tmp_path / "missing")]) == 1
     assert "no trace directory" in capsys.readouterr().err
+
+
+def test_request_id_also_finds_its_canary_replays(trace_dir: Path) -> None:
+    replay = rec("2" * 32, "7" * 16, None, "canary.replay", "canary", 2000, 2010,
+                 **{"kvmesh.request_id": "canary-req-1", "kvmesh.mirrored_request_id": "req-1"})
+    write(trace_dir / "canary-h-4.jsonl", [replay])
+    spans, _ = load_spans(trace_dir)
+    assert [t[0].trace_id for t in find_traces(spans, "req-1")] == [T1, "2" * 32]
+    assert [t[0].trace_id for t in find_traces(spans, "canary-req-1")] == ["2" * 32]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kvmesh.gateway.errors import ApiError
-from kvmesh.gateway.protocol import Endpoint, Limits, SamplingSpec, parse_chat, parse_completion, parse_json
+from kvmesh.gateway.protocol import Endpoint, Limits, SamplingSpec
+from kvmesh.gateway.validate import parse_chat, parse_completion, parse_json
 
 LIMITS = Limits(max_stop_sequences=4, max_stop_length=8)
 

@@ -1,0 +1,80 @@
+from kvmesh.scheduler.registry import Registry, Role, Seen
+
+from .helpers import FakeClock, hb
+
+
+def make() -> tuple[Registry, FakeClock]:
+    clock = FakeClock()
+    return Registry(heartbeat_timeout_s=3.0, clock=clock), clock
+
+
+def test_a_worker_appears_on_its_first_heartbeat():
+    registry, _ = make()
+    assert registry.observe(hb("d1")) is Seen.NEW
+    assert [w.worker_id for w in registry.live(Role.DECODE)] == ["d1"]
+
+
+def test_a_silent_worker_is_dropped_after_the_timeout_and_not_before():
+    registry, clock = make()
+    registry.observe(hb("d1"))
+    registry.observe(hb("d2"))
+    clock.advance(2.0)
+    registry.observe(hb("d2"))
+    clock.advance(1.5)  # d1 silent 3.5 s, d2 1.5 s
+    assert registry.expire() == ["d1"]
+    assert [w.worker_id for w in registry.all()] == ["d2"]
+
+
+def test_a_restarted_worker_resets_its_state_and_orphans_its_requests():
+    registry, _ = make()
+    registry.observe(hb("d1", started_at=1.0))
+    registry.assign("r1", "d1", None, prefill_s=0.5)
+    assert registry.get("d1").inflight == 1
+    assert registry.observe(hb("d1", started_at=2.0)) is Seen.RESTARTED
+    assert registry.get("d1").inflight == 0
+    assert registry.get("d1").backlog(registry.clock()) == 0.0
+    assert [a.request_id for a in registry.drain_orphaned()] == ["r1"]
+    assert registry.drain_orphaned() == []
+
+
+def test_draining_workers_take_no_new_requests():
+    registry, _ = make()
+    registry.observe(hb("d1", draining=True))
+    registry.observe(hb("d2"))
+    assert [w.worker_id for w in registry.live(Role.DECODE)] == ["d2"]
+    assert len(registry.all()) == 2
+
+
+def test_live_filters_by_role_pool_and_exclusions():
+    registry, _ = make()
+    registry.observe(hb("d1"))
+    registry.observe(hb("d2", pool="canary"))
+    registry.observe(hb("p1", role=Role.PREFILL))
+    assert [w.worker_id for w in registry.live(Role.DECODE, "production")] == ["d1"]
+    assert [w.worker_id for w in registry.live(Role.DECODE, None, exclude=["d1"])] == ["d2"]
+    assert [w.worker_id for w in registry.live(Role.PREFILL)] == ["p1"]
+
+
+def test_load_counts_in_flight_requests_until_complete():
+    registry, _ = make()
+    registry.observe(hb("d1", num_running=1))
+    registry.assign("r1", "d1", None, 0.0)
+    registry.assign("r2", "d1", None, 0.0)
+    assert registry.get("d1").load == 3  # reported 1 + 2 routed since that heartbeat
+    registry.observe(hb("d1", num_running=2))
+    assert registry.get("d1").load == 2
+    registry.complete("r1")
+    assert registry.get("d1").inflight == 1
+    assert registry.complete("r1") is None  # idempotent
+
+
+def test_prefill_backlog_drains_with_time():
+    registry, clock = make()
+    registry.observe(hb("d1"))
+    registry.observe(hb("p1", role=Role.PREFILL))
+    registry.assign("r1", "d1", "p1", prefill_s=2.0)
+    clock.advance(0.5)
+    assert registry.get("p1").backlog(clock()) == 1.5
+    assert registry.get("d1").backlog(clock()) == 0.0
+    clock.advance(5.0)
+    assert registry.get("p1").backlog(clock()) == 0.0
