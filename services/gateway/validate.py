@@ -27,6 +27,7 @@ from .protocol import (
 )
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MAX = 2**31 - 1
 MAX_LOGPROBS = 20
 
 
@@ -179,8 +180,8 @@ def _sampling(body: CommonBody, limits: Limits, logprobs: int | None) -> Samplin
     if not 0.0 < top_p <= 1.0:
         raise invalid(f"top_p must be in (0, 1], got {top_p}.", "top_p")
     top_k = body.top_k or 0
-    if top_k < -1:
-        raise invalid(f"top_k must be -1 or 0 (off) or at least 1, got {top_k}.", "top_k")
+    if not -1 <= top_k <= INT32_MAX:
+        raise invalid(f"top_k must be -1 or 0 (off) or a positive count, got {top_k}.", "top_k")
     if body.seed is not None and not INT64_MIN <= body.seed <= INT64_MAX:
         raise invalid(f"seed must fit in a signed 64-bit integer, got {body.seed}.", "seed")
     stop_token_ids = tuple(body.stop_token_ids or ())

@@ -6,7 +6,7 @@ so the mapping survives workers coming and going. The candidate with the lower p
 wins, the warmest worker (most cached blocks) joining as a third candidate so a conversation can
 follow its history. When even the winner's predicted TTFT exceeds the SLO, or it is a hot spot
 (utilization above `dualmap_hot_factor` × the mean), the request goes by load instead: the
-lowest predicted TTFT over all workers.
+lowest predicted TTFT (queued prefill included) over all workers that are not hot spots.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ class DualMap(Policy):
         def rank(w: WorkerView) -> tuple[float, int, str]:
             return state.predicted_ttft_s(w), -w.cached_blocks, w.worker_id
 
+        limit = self.config.dualmap_hot_factor * state.mean_utilization()
+        cool = [w for w in state.workers if limit <= 0.0 or w.utilization <= limit] or list(state.workers)
         best = min(self.candidates(state), key=rank)
-        mean = state.mean_utilization()
-        hot = mean > 0.0 and best.utilization > self.config.dualmap_hot_factor * mean
-        if hot or state.predicted_ttft_s(best) > self.config.dualmap_ttft_slo_s:
-            best = min(state.workers, key=rank)
+        if best not in cool or state.predicted_ttft_s(best) > self.config.dualmap_ttft_slo_s:
+            best = min(cool, key=rank)
         return Choice(best.worker_id, state.predicted_ttft_s(best))

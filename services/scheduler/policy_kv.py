@@ -11,8 +11,8 @@ from .policy import Choice, Policy, PolicyConfig, RoutingState, WorkerView, soft
 class KvAware(Policy):
     """cost = prefill_weight × blocks_to_prefill + decode_weight × load, where
 
-    - blocks_to_prefill = prefill work already queued on the worker (in blocks) + this request's
-      blocks minus the overlap credit;
+    - blocks_to_prefill = this request's blocks minus the overlap credit, plus `kv_queue_weight`
+      × the prefill work already queued on the worker (in blocks; 0 = ignore the queue);
     - overlap credit = cached blocks × exp(-excess / overlap_decay), excess being how far the
       worker's utilization sits above the mean, so a warm but busy worker stops always winning.
 
@@ -35,7 +35,7 @@ class KvAware(Policy):
 
     def cost(self, state: RoutingState, worker: WorkerView, mean_utilization: float) -> float:
         block_s = state.cost.prefill_s_per_token * state.cost.block_size
-        queued_blocks = worker.backlog_s / block_s if block_s > 0 else 0.0
+        queued_blocks = self.config.kv_queue_weight * worker.backlog_s / block_s if block_s > 0 else 0.0
         new_blocks = state.request.num_blocks - self.credit_blocks(worker, mean_utilization)
         prefill = queued_blocks + new_blocks
         return self.config.kv_prefill_weight * prefill + self.config.kv_decode_weight * worker.load

@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-PROMPT_IDS = [72, 101, 108, 108, 111, 44, 32, 109, 101, 115, 104, 33] * 3  # 36 tokens: 2 full blocks + tail
+PROMPT_IDS = [72, 101, 108, 108, 111, 44, 32, 109, 101, 115, 104, 33] * 9  # 108 tokens: 6 full blocks + tail
 
 
 @pytest.fixture(scope="module")

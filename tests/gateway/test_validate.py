@@ -74,7 +74,9 @@ def test_max_tokens() -> None:
 def test_sampling_ranges() -> None:
     assert rejects(completion, temperature=2.5).message == "temperature must be between 0 and 2, got 2.5."
     assert rejects(completion, top_p=0).message == "top_p must be in (0, 1], got 0.0."
-    assert rejects(completion, top_k=-2).param == "top_k"
+    assert rejects(completion, top_k=-2).message == "top_k must be -1 or 0 (off) or a positive count, got -2."
+    assert rejects(completion, top_k=2**31).param == "top_k"
+    assert rejects(completion, temperature=float("nan")).param == "temperature"
     assert rejects(completion, seed=2**64).param == "seed"
     spec = completion(temperature=0, top_k=-1, seed=-5, stop="x").sampling
     assert (spec.temperature, spec.top_k, spec.seed, spec.stop) == (0.0, 0, -5, ("x",))

@@ -8,6 +8,8 @@ import importlib
 import json
 import os
 import re
+import shutil
+import subprocess
 import tomllib
 
 import pytest
@@ -248,3 +250,10 @@ def test_dockerignore_keeps_what_the_image_copies() -> None:
         for source in sources.split():
             assert f"!{source.rstrip('/')}" in [line.rstrip("/") for line in ignore], f".dockerignore drops {source}"
             assert (df.ROOT / source).exists(), f"the Dockerfile copies missing {source}"
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="no `promtool` (Debian's prometheus package) on PATH")
+def test_prometheus_config_passes_promtool() -> None:
+    checked = subprocess.run(["promtool", "check", "config", str(df.ROOT / "deploy" / "prometheus.yml")],
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

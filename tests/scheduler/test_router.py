@@ -1,0 +1,110 @@
+import pytest
+
+from kvmesh.scheduler.index import BlockIndex
+from kvmesh.scheduler.pd import PdConfig
+from kvmesh.scheduler.policy import CostModel, make_policy
+from kvmesh.scheduler.registry import Registry, Role
+from kvmesh.scheduler.router import NoWorkerAvailable, RouteQuery, Router, RouterConfig
+from kvmesh.scheduler.sticky import StickySessions
+
+from .helpers import FakeClock, hashes, hb, stored_batch
+
+P = hashes("p", 8)
+TOKENS = 8 * 16 + 3
+
+
+def make(policy: str = "kv_aware", workers=("d1", "d2", "d3"), sticky_ttl_s: float = 0.0) -> tuple[Router, FakeClock]:
+    clock = FakeClock()
+    config = RouterConfig(CostModel(prefill_s_per_token=1e-4, block_size=16), PdConfig(local_prefill_max_tokens=32), 2.0)
+    router = Router(Registry(3.0, clock), BlockIndex(), make_policy(policy), StickySessions(sticky_ttl_s), config)
+    for worker_id in workers:
+        router.observe_heartbeat(hb(worker_id))
+    return router, clock
+
+
+def query(request_id: str, blocks=P, **fields) -> RouteQuery:
+    return RouteQuery(request_id, TOKENS, blocks, **fields)
+
+
+def test_routes_to_the_worker_whose_events_show_the_prefix():
+    router, _ = make()
+    router.index.apply(stored_batch("d2", 1, P))
+    decision = router.route(query("r1"))
+    assert (decision.decode.worker_id, decision.decode_cached_blocks, decision.local_prefill) == ("d2", 8, True)
+    assert decision.decode.endpoint == router.registry.get("d2").info.endpoint
+
+
+def test_a_same_prefix_burst_lands_together_before_any_event_arrives():
+    router, _ = make("kv_aware")
+    chosen = [router.route(query(f"r{i}")).decode.worker_id for i in range(3)]
+    assert chosen == ["d1", "d1", "d1"]
+    spread, _ = make("round_robin")
+    assert [spread.route(query(f"r{i}")).decode.worker_id for i in range(3)] == ["d1", "d2", "d3"]
+
+
+def test_sticky_sessions_keep_their_worker():
+    router, clock = make("round_robin", sticky_ttl_s=60.0)
+    first = router.route(query("r1", session_id="s1")).decode.worker_id
+    clock.advance(1.0)
+    second = router.route(query("r2", session_id="s1"))
+    assert (second.decode.worker_id, second.sticky) == (first, True)
+
+
+def test_no_decode_worker_is_unavailable_with_a_clear_message():
+    router, _ = make(workers=())
+    with pytest.raises(NoWorkerAvailable, match="no decode worker available in pool 'production'"):
+        router.route(query("r1"))
+    router, _ = make(workers=("d1",))
+    with pytest.raises(NoWorkerAvailable, match=r"excluding d1"):
+        router.route(query("r1", exclude=frozenset({"d1"})))
+
+
+@pytest.mark.parametrize(
+    ("q", "message"),
+    [
+        (RouteQuery("", 10), "request_id"),
+        (RouteQuery("r", 0), "num_prompt_tokens"),
+        (RouteQuery("r", 20, hashes("x", 2)), "more than the full blocks"),
+        (RouteQuery("r", 20, (b"",)), "block hashes"),
+    ],
+)
+def test_bad_input_is_a_value_error(q, message):
+    router, _ = make()
+    with pytest.raises(ValueError, match=message):
+        router.route(q)
+
+
+def test_a_dead_worker_and_its_index_entries_go_away():
+    router, clock = make(workers=("d1", "d2"))
+    router.index.apply(stored_batch("d1", 1, P))
+    clock.advance(2.0)
+    router.observe_heartbeat(hb("d2"))
+    clock.advance(1.5)
+    assert router.sweep() == ["d1"]
+    assert router.index.held("d1") == set()
+    assert router.route(query("r1")).decode.worker_id == "d2"
+
+
+def test_complete_releases_the_load():
+    router, _ = make(workers=("d1",))
+    router.route(query("r1"))
+    assert router.registry.get("d1").inflight == 1
+    router.complete("r1")
+    assert router.registry.get("d1").inflight == 0
+
+
+def test_long_uncached_prompts_go_to_a_prefill_worker_short_ones_stay_local():
+    router, _ = make(workers=("d1",))
+    router.observe_heartbeat(hb("p1", role=Role.PREFILL))
+    remote = router.route(query("r1"))
+    assert (remote.prefill.worker_id, remote.local_prefill) == ("p1", False)
+    router.index.apply(stored_batch("d1", 1, P[:7]))
+    local = router.route(RouteQuery("r2", TOKENS, P))  # 131 - 112 = 19 uncached tokens <= 32
+    assert local.local_prefill and local.pd_reason == "short"
+
+
+def test_a_lagging_kv_event_seq_in_heartbeats_asks_for_a_replay():
+    router, _ = make(workers=("d1",))
+    router.index.apply(stored_batch("d1", 1, P[:1]))
+    assert router.observe_heartbeat(hb("d1", kv_event_seq=3)) is None
+    assert router.observe_heartbeat(hb("d1", kv_event_seq=3)) == 2
