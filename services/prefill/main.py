@@ -67,7 +67,7 @@ async def start(settings: PrefillSettings, bus: Bus | None = None) -> PrefillApp
     from kvmesh.engine.llm import LLMEngine  # noqa: PLC0415 - torch, only in worker processes
 
     engine = await asyncio.to_thread(LLMEngine, engine_config(settings))
-    loop = EngineLoop(engine, name="prefill-engine")
+    loop = EngineLoop(engine, name="prefill-engine", step_delay_s=settings.step_delay_s)
     loop.start()
     worker_id = settings.resolved_worker_id("prefill")
     spec = kvwire.model_spec(engine.hasher.model_id, engine.model_args, engine.hasher.dtype, engine.block_size)

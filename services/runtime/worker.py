@@ -50,6 +50,7 @@ class WorkerSettings(MeshSettings):
     max_model_len: int = Field(0, description="context length cap (0 = the model's)")
     heartbeat_interval_s: float = Field(0.5, description="heartbeat period on NATS")
     drain_grace_s: float = Field(10.0, description="how long in-flight requests may finish on shutdown")
+    step_delay_s: float = Field(0.0, description="testing aid: sleep after every engine step (e.g. a deliberately slow canary candidate)")
 
     def resolved_worker_id(self, role: str) -> str:
         return self.worker_id or f"{role}-{socket.gethostname()}-{os.getpid()}"
@@ -107,8 +108,9 @@ class _Subscription:
 class EngineLoop:
     """One thread that owns the engine; see the module docstring."""
 
-    def __init__(self, engine: Any, name: str = "engine") -> None:
+    def __init__(self, engine: Any, name: str = "engine", step_delay_s: float = 0.0) -> None:
         self.engine = engine
+        self.step_delay_s = step_delay_s
         self.stats = engine.stats()
         self.step_hooks: list[Callable[[Any, list[Any]], None]] = []  # run on the engine thread after each step
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -228,6 +230,8 @@ class EngineLoop:
             except Exception:  # noqa: BLE001
                 log.exception("engine step hook failed")
         self.stats = self.engine.stats()
+        if self.step_delay_s > 0:
+            time.sleep(self.step_delay_s)
 
 
 @dataclass(slots=True)

@@ -89,9 +89,10 @@ def mesh_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
         from tests.e2e.conftest import _start, _stop_and_check  # noqa: PLC0415
     except ImportError as exc:
         pytest.skip(f"needs the e2e mesh harness (tests/e2e/conftest.py): {exc}")
-    # NOTE: a KV store of 32 tiny-model blocks with short leases, so the traffic below makes it evict.
-    mesh = _start(tmp_path_factory, canary=True, candidate_decode=1,
-                  settings=["gateway.mirror_sample=1.0", "kvstore.memory_bytes=262144", "kvstore.lease_s=0.1"])
+    # NOTE: a small KV store with short leases and a sub-second idle cap, so the traffic below
+    # makes it evict (for room, and by idleness right after).
+    kvstore = ["kvstore.memory_bytes=262144", "kvstore.lease_s=0.1", "kvstore.idle_cap_s=0.5", "kvstore.tick_s=0.2"]
+    mesh = _start(tmp_path_factory, canary=True, candidate_decode=1, settings=["gateway.mirror_sample=1.0", *kvstore])
     prom = None
     try:
         targets = mesh.metrics_targets
@@ -99,7 +100,7 @@ def mesh_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
         prom.wait_for_samples(targets=len(targets), samples=2)
         _send_traffic(mesh.openai_client())
         _send_bad_put(mesh.spec("kvstore").grpc_endpoint)
-        time.sleep(1.0)  # the last requests' hand-back and KV events
+        time.sleep(1.5)  # the last requests' hand-back, KV events and idle evictions
         prom.wait_for_samples(targets=len(targets), samples=5)
         down = prom.query("up == 0")
         assert not down, f"targets down: {down}"
