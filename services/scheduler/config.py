@@ -40,6 +40,7 @@ class SchedulerSettings(MeshSettings):
     kv_decode_weight: float = 2.0
     kv_temperature: float = 0.0
     kv_overlap_decay: float = 0.5
+    kv_queue_weight: float = 0.5
     prediction_ttl_s: float = 2.0
     # dualmap
     ttft_slo_s: float = 1.0
@@ -64,6 +65,7 @@ class SchedulerSettings(MeshSettings):
             kv_decode_weight=self.kv_decode_weight,
             kv_temperature=self.kv_temperature,
             kv_overlap_decay=self.kv_overlap_decay,
+            kv_queue_weight=self.kv_queue_weight,
             dualmap_ttft_slo_s=self.ttft_slo_s,
             dualmap_prefix_blocks=self.dualmap_prefix_blocks,
             dualmap_hot_factor=self.dualmap_hot_factor,

@@ -94,3 +94,26 @@ def test_prefix_caching_disabled_never_hits() -> None:
     cached(bm, 2)
     assert bm.match_prefix(HASHES, TOKENS) == []
     assert bm.free_block_ids() == [0, 1, 2, 3]  # uncached blocks go back to the front
+
+
+def test_kv_events_record_stored_chains_and_removals() -> None:
+    bm = BlockManager(num_blocks=3, block_size=4)
+    ids = bm.allocate(3)
+    for i, b in enumerate(ids):
+        bm.cache_block(b, HASHES[i], TOKENS[i * 4 : (i + 1) * 4], HASHES[i - 1] if i else None)
+    assert bm.take_events() == [("stored", HASHES[:3], None)]
+    assert bm.take_events() == []
+    bm.free(ids)
+    bm.allocate(2)  # evicts the tail first: blocks 2 then 1
+    assert bm.take_events() == [("removed", [HASHES[2], HASHES[1]], None)]
+
+
+def test_kv_events_overflow_resyncs_with_cleared(monkeypatch) -> None:
+    from kvmesh.engine import block_manager
+
+    monkeypatch.setattr(block_manager, "MAX_PENDING_EVENTS", 1)
+    bm = BlockManager(num_blocks=2, block_size=4)
+    a, b = bm.allocate(2)
+    bm.cache_block(a, HASHES[0], TOKENS[:4])
+    bm.cache_block(b, HASHES[1], TOKENS[4:8], HASHES[0])
+    assert bm.take_events() == [("cleared", [], None), ("stored", [HASHES[0]], None), ("stored", [HASHES[1]], HASHES[0])]

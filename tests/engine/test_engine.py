@@ -188,3 +188,11 @@ def test_prefill_only_single_token_prompt_finishes_without_compute(tiny_dir: Pat
     engine.release("p")
     engine.release("p")  # idempotent
     assert engine.stats().num_free_blocks == 64
+
+
+def test_kv_events_follow_the_prefix_cache(tiny_dir: Path) -> None:
+    engine = make_engine(tiny_dir)
+    prompt = prompts(1, length=40)[0]
+    engine.generate([prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    hashes = engine.hasher.hashes(prompt)
+    assert engine.take_kv_events() == [("stored", hashes[:2], None)]

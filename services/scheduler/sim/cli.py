@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-decode-weight", type=float, default=pol.kv_decode_weight)
     p.add_argument("--kv-overlap-decay", type=float, default=pol.kv_overlap_decay)
     p.add_argument("--kv-temperature", type=float, default=pol.kv_temperature)
+    p.add_argument("--kv-queue-weight", type=float, default=pol.kv_queue_weight)
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -60,7 +61,7 @@ def _sim_config(args: argparse.Namespace, n: int) -> SimConfig:
         pd=PdConfig(local_prefill_max_tokens=args.local_prefill_max_tokens),
         policy=PolicyConfig(
             kv_decode_weight=args.kv_decode_weight, kv_overlap_decay=args.kv_overlap_decay,
-            kv_temperature=args.kv_temperature, dualmap_ttft_slo_s=args.slo_ttft_s, seed=args.seed,
+            kv_temperature=args.kv_temperature, kv_queue_weight=args.kv_queue_weight, dualmap_ttft_slo_s=args.slo_ttft_s, seed=args.seed,
         ),
     )
 
