@@ -4,6 +4,9 @@ A block is free when its ref count is 0. Free blocks sit in one queue: blocks th
 cached content are reused first (front), cached ones are kept in LRU order (back) and evicted
 from the front of that LRU run only when nothing else is free. A cached block is found by its
 chained block hash and a hit is confirmed by comparing token ids.
+
+Every block that enters or leaves the cache is recorded as a KV event
+(`("stored", [hash], parent_hash)`, `("removed", [hash], None)`) for workers to publish.
 """
 
 from __future__ import annotations
@@ -11,6 +14,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+
+MAX_PENDING_EVENTS = 65536
+KvEvent = tuple[str, list[bytes], bytes | None]  # (kind, block hashes in chain order, parent hash)
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -23,6 +30,7 @@ class Block:
     ref_count: int = 0
     block_hash: bytes | None = None
     token_ids: tuple[int, ...] | None = None
+    parent_hash: bytes | None = None
 
 
 class BlockManager:
@@ -34,6 +42,8 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached: dict[bytes, int] = {}
+        self._events: list[KvEvent] = []
+        self._events_overflowed = False
 
     @property
     def num_blocks(self) -> int:
@@ -102,7 +112,9 @@ class BlockManager:
                 if block.block_hash is None:
                     self._free.move_to_end(block_id, last=False)
 
-    def cache_block(self, block_id: int, block_hash: bytes, token_ids: Sequence[int]) -> bool:
+    def cache_block(
+        self, block_id: int, block_hash: bytes, token_ids: Sequence[int], parent_hash: bytes | None = None
+    ) -> bool:
         """Register a full, computed block under its hash. False if that content is already cached."""
         if not self.enable_prefix_caching:
             return False
@@ -111,10 +123,12 @@ class BlockManager:
             return False
         block.block_hash = block_hash
         block.token_ids = tuple(token_ids)
+        block.parent_hash = parent_hash
         self._cached[block_hash] = block_id
+        self._record(("stored", [block_hash], parent_hash))
         return True
 
-    def import_block(self, block_hash: bytes, token_ids: Sequence[int]) -> int | None:
+    def import_block(self, block_hash: bytes, token_ids: Sequence[int], parent_hash: bytes | None = None) -> int | None:
         """Reserve a block for content computed elsewhere; it ends up cached and free (LRU tail).
 
         Returns the block id to write the KV into, or None when the content is already cached
@@ -123,13 +137,43 @@ class BlockManager:
         if not self.enable_prefix_caching or block_hash in self._cached or not self._free:
             return None
         (block_id,) = self.allocate(1)
-        self.cache_block(block_id, block_hash, token_ids)
+        self.cache_block(block_id, block_hash, token_ids, parent_hash)
         self.free([block_id])
         return block_id
+
+    def take_events(self) -> list[KvEvent]:
+        """Drain cache events since the last call, merging runs of the same kind along a chain.
+
+        If too many piled up undrained, returns "cleared" followed by every cached block instead.
+        """
+        events, self._events = self._events, []
+        if self._events_overflowed:
+            self._events_overflowed = False
+            return [("cleared", [], None)] + [
+                ("stored", [b.block_hash], b.parent_hash) for b in self.blocks if b.block_hash is not None
+            ]
+        merged: list[KvEvent] = []
+        for kind, hashes, parent in events:
+            if merged and merged[-1][0] == kind and (kind == "removed" or merged[-1][1][-1] == parent):
+                merged[-1][1].extend(hashes)
+            else:
+                merged.append((kind, list(hashes), parent))
+        return merged
+
+    def _record(self, event: KvEvent) -> None:
+        if self._events_overflowed:
+            return
+        if len(self._events) >= MAX_PENDING_EVENTS:
+            self._events_overflowed = True
+            self._events = []
+            return
+        self._events.append(event)
 
     def _evict(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.block_hash is not None:
             del self._cached[block.block_hash]
+            self._record(("removed", [block.block_hash], None))
             block.block_hash = None
             block.token_ids = None
+            block.parent_hash = None

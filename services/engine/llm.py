@@ -139,6 +139,11 @@ class LLMEngine:
             num_generated_tokens=self._generated_tokens,
         )
 
+    def take_kv_events(self) -> list[tuple[str, list[bytes], bytes | None]]:
+        """Prefix-cache changes since the last call: ("stored", hashes, parent) / ("removed", hashes, None) /
+        ("cleared", [], None), hashes in chain order. Call from the thread that steps the engine."""
+        return self.block_manager.take_events()
+
     # ---- the step loop ----
 
     def step(self) -> list[RequestOutput]:
@@ -252,7 +257,8 @@ class LLMEngine:
                 raise ValueError(f"block {idx} holds {kv.shape[2]} tokens; expected {bs}")
             block_tokens = token_ids[idx * bs : (idx + 1) * bs]
             if self.block_manager.lookup(hashes[idx], block_tokens) is None:
-                block_id = self.block_manager.import_block(hashes[idx], block_tokens)
+                parent = hashes[idx - 1] if idx else None
+                block_id = self.block_manager.import_block(hashes[idx], block_tokens, parent)
                 if block_id is None:
                     break
                 self.runner.write_block(block_id, kv)

@@ -132,7 +132,8 @@ class Scheduler:
         bs = self.block_size
         full = min(seq.num_computed_tokens // bs, len(seq.block_hashes), len(seq.block_table))
         for i in range(seq.num_committed_blocks, full):
-            self.bm.cache_block(seq.block_table[i], seq.block_hashes[i], seq.token_ids[i * bs : (i + 1) * bs])
+            parent = seq.block_hashes[i - 1] if i else None
+            self.bm.cache_block(seq.block_table[i], seq.block_hashes[i], seq.token_ids[i * bs : (i + 1) * bs], parent)
         seq.num_committed_blocks = max(seq.num_committed_blocks, full)
 
     def finish(self, seq: Sequence, reason: str, keep_blocks: bool = False) -> None:

@@ -59,6 +59,11 @@ class MirrorTap:
             return False
         return True
 
+    def start(self) -> None:
+        """Connects to NATS ahead of the first sampled request (nothing happens when mirroring is off)."""
+        if self.enabled:
+            self._ensure_started()
+
     def _ensure_started(self) -> None:
         if self._tasks:
             return

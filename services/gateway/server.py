@@ -80,6 +80,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        mirror.start()
         yield
         await mirror.close()
         await backend.close()

@@ -31,8 +31,9 @@ def test_queued_prefill_workers_mean_local():
     assert decision.local and decision.reason == "prefill_queued"
 
 
-def test_kvstore_blocks_make_a_prefill_worker_cheaper():
-    prefill = [WorkerView("p1", 0, cached_blocks=2), WorkerView("p2", 0, backlog_s=0.001)]
-    # with 10 store blocks both fetch; p1 fetches fewer... both cost ~equal compute; p1 has no backlog
-    decision = decide(REQUEST, WorkerView("d1", 0), prefill, COST, CONFIG, store_blocks=10)
-    assert decision.prefill_id == "p1"
+def test_kvstore_blocks_count_as_cheap_fetches():
+    # p1 holds 6 blocks itself: 0.003 + 67 tokens * 1e-4 = 0.0097 s
+    # p2 fetches the store's 10 blocks: 3 tokens * 1e-4 + 160 * 1e-4 * 0.2 = 0.0035 s
+    prefill = [WorkerView("p1", 0, cached_blocks=6, backlog_s=0.003), WorkerView("p2", 0)]
+    assert decide(REQUEST, WorkerView("d1", 0), prefill, COST, CONFIG).prefill_id == "p1"
+    assert decide(REQUEST, WorkerView("d1", 0), prefill, COST, CONFIG, store_blocks=10).prefill_id == "p2"
