@@ -67,7 +67,8 @@ class Mesh:
         conf = self.run_dir / "nats.conf"
         conf.write_text(self.nats_auth.server_config(self.opts.host, self.nats_port))
         conf.chmod(0o600)
-        self._spawn(ProcessSpec("nats", "nats", (), {}), [nats_server_binary(), "-c", str(conf)])
+        self._nats_argv = [nats_server_binary(), "-c", str(conf)]
+        self._spawn(ProcessSpec("nats", "nats", (), {}), self._nats_argv)
         _wait_tcp(self.opts.host, self.nats_port, timeout_s=10)
         deadline = time.monotonic() + timeout_s
         try:
@@ -90,6 +91,17 @@ class Mesh:
                                 preexec_fn=_die_with_parent)
         out.close()
         self.procs.append(Running(spec, proc))
+
+    def restart_nats(self, down_s: float = 1.0) -> None:
+        """Stops NATS, waits `down_s`, starts it again on the same port (an outage, for chaos tests)."""
+        running = next(r for r in self.procs if r.spec.service == "nats")
+        running.proc.terminate()
+        running.proc.wait(timeout=10)
+        self.procs.remove(running)
+        time.sleep(down_s)
+        self._spawn(running.spec, self._nats_argv)
+        self.procs.insert(0, self.procs.pop())  # NOTE: keep NATS first so stop() ends it last
+        _wait_tcp(self.opts.host, self.nats_port, timeout_s=10)
 
     def reap(self) -> list[tuple[str, int]]:
         """Processes that exited since the last call, as (name, exit code); they are forgotten."""

@@ -18,7 +18,8 @@ REPLAY_ATTEMPTS = 3
 
 
 class BusFeeds:
-    """Feeds the router from NATS. `on_change()` runs after anything that may change capacity."""
+    """Feeds the router from NATS. `on_change()` runs after heartbeats, repairs and each sweep
+    (every `sweep_interval_s`), so gauges and admission capacity follow within that period."""
 
     def __init__(self, router: Router, bus: Bus, on_change: Callable[[], None], replay_timeout_s: float = 2.0) -> None:
         self.router = router
@@ -52,7 +53,6 @@ class BusFeeds:
     async def _on_batch(self, batch: events_pb2.KvEventBatch, msg) -> None:  # noqa: ANN001
         worker_id = batch.worker_id or msg.subject.rsplit(".", 1)[-1]
         from_seq = self.router.index.apply(batch_from_pb(batch, worker_id))
-        self.on_change()
         if from_seq is not None:
             self._repair(worker_id, from_seq)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from kvmesh.runtime.bus import Bus
 from kvmesh.runtime.config import settings_from_argv
-from kvmesh.runtime.grpcutil import GrpcServer, start_server
+from kvmesh.runtime.grpcutil import GrpcServer, TlsConfig, start_server
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import scheduler_pb2_grpc
 from kvmesh.runtime.shutdown import GracefulShutdown
@@ -64,6 +64,7 @@ class SchedulerApp:
             settings.port,
             [(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, "kvmesh.v1.Scheduler")],
             interceptors=[TracingServerInterceptor()],
+            tls=TlsConfig.from_settings(settings),
         )
         log.info("scheduler serving on %s:%d (policy %s)", settings.host, server.port, settings.policy)
         return cls(router, gate, server, bus, feeds)
@@ -76,15 +77,17 @@ class SchedulerApp:
 
 
 async def serve(settings: SchedulerSettings, ready: asyncio.Event | None = None) -> None:
-    telemetry = Telemetry("scheduler", settings.otlp_endpoint, settings.trace_dir)
-    metrics_port = serve_metrics(settings.host, settings.metrics_port)
-    log.info("metrics on %s:%d/metrics", settings.host, metrics_port)
+    telemetry = Telemetry("scheduler", settings.otlp_endpoint, settings.trace_dir) if settings.tracing else None
+    if settings.metrics_port >= 0:
+        metrics_port = serve_metrics(settings.host, settings.metrics_port)
+        log.info("metrics on %s:%d/metrics", settings.host, metrics_port)
     app = await SchedulerApp.start(settings)
     shutdown = GracefulShutdown(grace_s=2.0)
     shutdown.install()
     shutdown.deregister.append(lambda: app.server.set_serving(False))
     shutdown.close.append(app.stop)
-    shutdown.close.append(lambda: asyncio.to_thread(telemetry.shutdown))
+    if telemetry is not None:
+        shutdown.close.append(lambda: asyncio.to_thread(telemetry.shutdown))
     if ready is not None:
         ready.set()
     await shutdown.wait()

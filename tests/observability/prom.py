@@ -65,6 +65,17 @@ class Prometheus:
         down = self.query("up == 0") if self.proc.poll() is None else []
         raise TimeoutError(f"prometheus did not scrape {targets} targets {samples} times; down: {down}")
 
+    def wait_for_scrapes_after(self, since: float, scrapes: int = 3, timeout_s: float = 30.0) -> None:
+        """Until every target was scraped `scrapes` times after wall-clock time `since`, so series
+        born before `since` have the two samples rate() needs."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            oldest = self.query("min(timestamp(up))")
+            if oldest and float(oldest[0]["value"][1]) >= since + scrapes - 0.5:
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"prometheus did not scrape every target {scrapes} times after {since}")
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()

@@ -101,7 +101,7 @@ def mesh_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
         _send_traffic(mesh.openai_client())
         _send_bad_put(mesh.spec("kvstore").grpc_endpoint)
         time.sleep(1.5)  # the last requests' hand-back, KV events and idle evictions
-        prom.wait_for_samples(targets=len(targets), samples=5)
+        prom.wait_for_scrapes_after(time.time(), scrapes=3)
         down = prom.query("up == 0")
         assert not down, f"targets down: {down}"
         names = {r["metric"]["__name__"] for r in prom.query('count by (__name__) ({__name__=~"kvmesh_.+"})')}

@@ -8,6 +8,7 @@ import time
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from kvmesh.runtime.bus import HEARTBEAT_SUBJECT, Bus
 from kvmesh.runtime.kvevents import KvEventPublisher, stored
@@ -114,6 +115,10 @@ async def test_kv_events_route_to_the_warm_worker_and_gaps_are_replayed(nats_ser
             assert app.router.index.stats.gaps == 1
             reply = await stub.Route(route_request("r1"), timeout=DEADLINE_S)
             assert (reply.decode.worker_id, reply.decode_cached_blocks, reply.policy) == ("d2", 6, "kv_aware")
+            assert REGISTRY.get_sample_value("kvmesh_scheduler_route_decisions_total", {"policy": "kv_aware", "prefill": "local"}) >= 1
+            await eventually(lambda: _async((REGISTRY.get_sample_value("kvmesh_scheduler_kv_event_gaps_total") or 0) >= 1))
+            assert REGISTRY.get_sample_value("kvmesh_scheduler_kv_events_applied_total") >= 3
+            assert REGISTRY.get_sample_value("kvmesh_scheduler_workers", {"role": "decode", "pool": "production"}) == 2
             await publisher.close()
     await bus.close()
 
