@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from . import openapi
 from .auth import ApiKeys
 from .backend import Backend
 from .config import GatewaySettings
@@ -21,7 +22,7 @@ from .handlers import CompletionService
 from .metrics import GatewayMetrics
 from .mirror import MirrorTap
 from .prompt import ServedModel
-from .protocol import Endpoint
+from .protocol import ChatBody, CompletionBody, Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -112,12 +113,12 @@ def create_app(
         error = ApiError(500, f"Internal server error: {type(exc).__name__}", code="internal_error")
         return error_response(error, _request_id(request))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=openapi.request_body(CompletionBody))
     async def completions(request: Request) -> Response:
         key = keys.check(request.headers.get("authorization"))
         return await service.handle(request, Endpoint.COMPLETIONS, key)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=openapi.request_body(ChatBody))
     async def chat_completions(request: Request) -> Response:
         key = keys.check(request.headers.get("authorization"))
         return await service.handle(request, Endpoint.CHAT, key)
@@ -155,4 +156,5 @@ def create_app(
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    openapi.install(app)
     return app
