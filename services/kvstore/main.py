@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from kvmesh.runtime.bus import HEARTBEAT_SUBJECT, Bus
 from kvmesh.runtime.config import settings_from_argv
-from kvmesh.runtime.grpcutil import GrpcServer, TlsConfig, start_server
+from kvmesh.runtime.grpcutil import GrpcServer, TlsConfig, advertised_endpoint, start_server
 from kvmesh.runtime.kvevents import KvEventPublisher
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import common_pb2, events_pb2, kvstore_pb2_grpc
@@ -49,7 +49,7 @@ class RunningStore:
 
     @property
     def endpoint(self) -> str:
-        return f"{self.settings.advertise_host or self.settings.host}:{self.server.port}"
+        return advertised_endpoint(self.settings.host, self.settings.advertise_host, self.server.port)
 
     def heartbeat(self) -> events_pb2.Heartbeat:
         return events_pb2.Heartbeat(

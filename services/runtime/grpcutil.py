@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -248,3 +249,11 @@ async def check_health(endpoint: str, timeout_s: float = 2.0, service: str = "",
         except grpc.aio.AioRpcError:
             return False
     return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def advertised_endpoint(host: str, advertise_host: str, port: int) -> str:
+    """The host:port peers should dial. An empty `advertise_host` means `host`, except that a
+    wildcard bind (0.0.0.0 / ::) advertises this machine's own address (a container's, in compose)."""
+    if not advertise_host and host in ("0.0.0.0", "::", ""):
+        advertise_host = socket.gethostbyname(socket.gethostname())
+    return f"{advertise_host or host}:{port}"

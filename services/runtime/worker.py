@@ -23,6 +23,7 @@ from pydantic import Field
 from .bus import HEARTBEAT_SUBJECT, Bus
 from .blockhash import resolve_dtype
 from .config import MeshSettings
+from .grpcutil import advertised_endpoint
 from .pb import common_pb2, events_pb2
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class WorkerSettings(MeshSettings):
         return self.worker_id or f"{role}-{socket.gethostname()}-{os.getpid()}"
 
     def endpoint(self, bound_port: int) -> str:
-        return f"{self.advertise_host or self.host}:{bound_port}"
+        return advertised_endpoint(self.host, self.advertise_host, bound_port)
 
 
 def engine_config(settings: WorkerSettings) -> Any:

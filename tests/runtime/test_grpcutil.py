@@ -82,3 +82,13 @@ async def test_unparseable_request_bytes_are_invalid_argument(server, payload):
         await raw(payload, timeout=5)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "malformed request message" in info.value.details()
+
+
+def test_advertised_endpoint():
+    import socket
+
+    from kvmesh.runtime.grpcutil import advertised_endpoint
+
+    assert advertised_endpoint("127.0.0.1", "", 5) == "127.0.0.1:5"
+    assert advertised_endpoint("0.0.0.0", "decode-3", 5) == "decode-3:5"
+    assert advertised_endpoint("0.0.0.0", "", 5) == f"{socket.gethostbyname(socket.gethostname())}:5"
