@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import signal
 import sys
 import time
@@ -104,6 +105,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "up":
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         return up_main(rest)
+    if command == "exec-child":  # internal: `kvmesh up` runs nats-server through this
+        from .runtime.supervisor import die_with_parent  # noqa: PLC0415
+
+        die_with_parent()
+        os.execvp(rest[0], rest)
     if command == "health":
         return health_main(rest)
     if command == "trace":
@@ -111,6 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "sim":
         return importlib.import_module("kvmesh.scheduler.sim").sim_main(rest)
     if command in SERVICE_COMMANDS:
+        from .runtime.supervisor import die_with_parent  # noqa: PLC0415
+
+        die_with_parent()
         return importlib.import_module(f"kvmesh.{command}.main").main(rest)
     print(f"kvmesh: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2

@@ -23,9 +23,11 @@ class AttentionGroup:
 
     start: int
     end: int
-    kv_slots: torch.Tensor  # [B, C] cache slots of each row's context (padding → any slot, masked)
+    num_rows: int  # B
+    context_len: int  # C, the padded context length
+    kv_slots: torch.Tensor  # [B*C] cache slots of each row's context, row-major (padding → any slot, masked)
     mask: torch.Tensor  # [B, 1, Q, C] bool, True = attend
-    q_index: torch.Tensor | None  # [B, Q] flat token index per query (None: one query per row, in order)
+    q_index: torch.Tensor | None  # [B*Q] flat token index per query (None: decode, one query per row, in order)
     out_index: torch.Tensor | None  # [end-start] rows of the [B*Q] output that are real tokens
 
 
@@ -119,8 +121,8 @@ class LlamaModel:
         a = self.args
         t = batch.input_ids.shape[0]
         x = F.embedding(batch.input_ids, self.embed)  # [T, hidden]
-        cos = self.cos[batch.positions].unsqueeze(1)  # [T, 1, D]
-        sin = self.sin[batch.positions].unsqueeze(1)
+        cos = self.cos.index_select(0, batch.positions).unsqueeze(1)  # [T, 1, D]
+        sin = self.sin.index_select(0, batch.positions).unsqueeze(1)
         for i, w in enumerate(self.layers):
             h = self._rms_norm(x, w.input_norm)
             qkv = w.qkv(h).view(t, self._num_qk_heads + a.num_kv_heads, a.head_dim)  # [T, Hq+2Hkv, D]
@@ -133,18 +135,27 @@ class LlamaModel:
             x = x + w.o(attn)
             gate, up = w.gate_up(self._rms_norm(x, w.post_norm)).chunk(2, dim=-1)  # [T, I] each
             x = x + w.down(F.silu(gate) * up)
-        x = self._rms_norm(x[batch.logits_index], self.norm)  # [S, hidden]
+        x = self._rms_norm(x.index_select(0, batch.logits_index), self.norm)  # [S, hidden]
         return self.lm_head(x)  # [S, V]
 
     def _attention(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, groups: list[AttentionGroup]
     ) -> torch.Tensor:
+        a = self.args
         outs = []
         for g in groups:
-            qg = q[g.start : g.end].unsqueeze(1) if g.q_index is None else q[g.q_index]  # [B, Q, Hq, D]
-            kg = k_cache[g.kv_slots].transpose(1, 2)  # [B, Hkv, C, D]
-            vg = v_cache[g.kv_slots].transpose(1, 2)
+            kv_shape = (g.num_rows, g.context_len, a.num_kv_heads, a.head_dim)
+            kg = k_cache.index_select(0, g.kv_slots).view(kv_shape).transpose(1, 2)  # [B, Hkv, C, D]
+            vg = v_cache.index_select(0, g.kv_slots).view(kv_shape).transpose(1, 2)
+            if g.q_index is None:
+                # NOTE: decode: fold each kv head's query group into the query axis, so plain
+                # attention does GQA without repeating K/V.
+                qg = q[g.start : g.end].reshape(g.num_rows, a.num_kv_heads, -1, a.head_dim)  # [B, Hkv, G, D]
+                o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask)  # [B, Hkv, G, D]
+                outs.append(o.reshape(g.num_rows, a.q_size))
+                continue
+            qg = q.index_select(0, g.q_index).view(g.num_rows, -1, a.num_heads, a.head_dim)  # [B, Q, Hq, D]
             o = F.scaled_dot_product_attention(qg.transpose(1, 2), kg, vg, attn_mask=g.mask, enable_gqa=True)  # [B, Hq, Q, D]
-            o = o.transpose(1, 2).reshape(-1, self.args.q_size)  # [B*Q, Hq*D]
-            outs.append(o if g.out_index is None else o[g.out_index])
+            o = o.transpose(1, 2).reshape(-1, a.q_size)  # [B*Q, Hq*D]
+            outs.append(o.index_select(0, g.out_index))
         return outs[0] if len(outs) == 1 else torch.cat(outs)

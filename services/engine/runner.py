@@ -98,14 +98,14 @@ class ModelRunner:
 
     def _context_slots(self, bt: torch.Tensor, ctx: int) -> torch.Tensor:
         pos = torch.arange(ctx)
-        return bt[:, pos // self.block_size] * self.block_size + pos % self.block_size  # [B, C]
+        return (bt[:, pos // self.block_size] * self.block_size + pos % self.block_size).flatten()  # [B*C]
 
     def _decode_group(self, rows: list[ScheduledSeq], bt: torch.Tensor) -> AttentionGroup:
         ctx = torch.tensor([s.start + 1 for s in rows])  # [B]
         c = int(ctx.max())
         mask = (torch.arange(c)[None, :] < ctx[:, None])[:, None, None, :]  # [B, 1, 1, C]
         dev = self.device
-        return AttentionGroup(0, len(rows), self._context_slots(bt, c).to(dev), mask.to(dev), None, None)
+        return AttentionGroup(0, len(rows), len(rows), c, self._context_slots(bt, c).to(dev), mask.to(dev), None, None)
 
     def _prefill_group(self, rows: list[ScheduledSeq], bt: torch.Tensor, offset: int) -> AttentionGroup:
         n = torch.tensor([s.num_new_tokens for s in rows])  # [B]
@@ -121,7 +121,8 @@ class ModelRunner:
         dev = self.device
         total = int(n.sum())
         return AttentionGroup(
-            offset, offset + total, self._context_slots(bt, c).to(dev), mask.to(dev), q_index.to(dev), out_index.to(dev)
+            offset, offset + total, len(rows), c, self._context_slots(bt, c).to(dev), mask.to(dev),
+            q_index.flatten().to(dev), out_index.to(dev),
         )
 
     # ---- KV movement (wire layout [2, L, tokens, Hkv, D], CPU tensors) ----
@@ -132,11 +133,11 @@ class ModelRunner:
         return (bt[pos // self.block_size] * self.block_size + pos % self.block_size).to(self.device)
 
     def read_kv(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
-        return self.kv_cache[:, :, self._slots(block_table, start, end)].cpu()  # [2, L, end-start, Hkv, D]
+        return self.kv_cache.index_select(2, self._slots(block_table, start, end)).cpu()  # [2, L, end-start, Hkv, D]
 
     def write_kv(self, block_table: list[int], start: int, kv: torch.Tensor) -> None:
         slots = self._slots(block_table, start, start + kv.shape[2])
-        self.kv_cache[:, :, slots] = kv.to(device=self.device, dtype=self.dtype)
+        self.kv_cache.index_copy_(2, slots, kv.to(device=self.device, dtype=self.dtype))
 
     def read_block(self, block_id: int) -> torch.Tensor:
         bs = self.block_size

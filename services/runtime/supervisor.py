@@ -34,12 +34,25 @@ def nats_server_binary() -> str:
     return found
 
 
-def _die_with_parent() -> None:
-    # NOTE: Linux only; elsewhere the shared process group still lets Ctrl-C reach every child.
+PARENT_PID_ENV = "KVMESH_PARENT_PID"
+
+
+def die_with_parent() -> None:
+    """Called first thing in a child the launcher started: SIGTERM when the launcher dies.
+
+    NOTE: done in the child rather than with Popen(preexec_fn=...), which can deadlock when the
+    launcher has threads (gRPC's, in tests). Linux only; elsewhere the shared process group
+    still lets Ctrl-C reach every child.
+    """
+    parent = os.environ.get(PARENT_PID_ENV)
+    if not parent:
+        return
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(parent):  # the launcher died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 @dataclass(slots=True)
@@ -67,7 +80,7 @@ class Mesh:
         conf = self.run_dir / "nats.conf"
         conf.write_text(self.nats_auth.server_config(self.opts.host, self.nats_port))
         conf.chmod(0o600)
-        self._nats_argv = [nats_server_binary(), "-c", str(conf)]
+        self._nats_argv = [sys.executable, "-m", "kvmesh", "exec-child", nats_server_binary(), "-c", str(conf)]
         self._spawn(ProcessSpec("nats", "nats", (), {}), self._nats_argv)
         _wait_tcp(self.opts.host, self.nats_port, timeout_s=10)
         deadline = time.monotonic() + timeout_s
@@ -86,9 +99,8 @@ class Mesh:
 
     def _spawn(self, spec: ProcessSpec, argv: list[str]) -> None:
         out = (self.log_dir / f"{spec.name}.log").open("ab")
-        env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=_die_with_parent)
+        env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1", PARENT_PID_ENV: str(os.getpid())}
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         out.close()
         self.procs.append(Running(spec, proc))
 

@@ -161,3 +161,34 @@ def test_mesh_stop_leaves_no_process(start_mesh):
     reply = handle.openai_client().completions.create(model="tiny", prompt="local", max_tokens=3)
     assert reply.usage.completion_tokens >= 1
     assert handle.metric("decode-0", "kvmesh_decode_local_prefill_requests_total") == 1
+
+
+def test_killing_the_launcher_takes_the_whole_mesh_down(tmp_path):
+    """`kvmesh up` killed with SIGKILL (no chance to clean up): every child still goes away."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from kvmesh.runtime.launcher import free_port
+
+    launcher = subprocess.Popen([sys.executable, "-m", "kvmesh", "up", "--port", str(free_port()), "--prefill", "0",
+                                 "--no-kvstore", "--run-dir", str(tmp_path)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in launcher.stdout:
+            if "ready at" in line:
+                break
+        children = psutil.Process(launcher.pid).children(recursive=True)
+        assert len(children) >= 4  # nats, scheduler, decode, gateway
+    finally:
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE
+                                              for c in children):
+        time.sleep(0.2)
+    assert [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE] == []
