@@ -87,7 +87,10 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     root = Path(tempfile.mkdtemp(prefix="kvmesh-bench-"))
     try:
         model, path = build_checkpoint(root)

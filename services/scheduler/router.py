@@ -139,12 +139,14 @@ class Router:
         pd = decide(request, decode_view, [self._view(w, overlap, now) for w in prefills], self.config.cost, self.config.pd, store_blocks)
         self._commit(query, decode_view, pd, now)
         prefill = None if pd.local else self.registry.get(pd.prefill_id)  # type: ignore[arg-type]
+        # NOTE: the reply names blocks the index has confirmed, not routing-time predictions.
+        confirmed = self.index.overlap([decode_id] + ([] if pd.local else [pd.prefill_id]), query.block_hashes)  # type: ignore[list-item]
         return RouteDecision(
             request_id=query.request_id,
             decode=Target(decode_id, by_id[decode_id].info.endpoint),
             prefill=None if prefill is None else Target(prefill.worker_id, prefill.info.endpoint),
-            decode_cached_blocks=decode_view.cached_blocks,
-            prefill_cached_blocks=pd.prefill_cached_blocks,
+            decode_cached_blocks=confirmed[decode_id],
+            prefill_cached_blocks=0 if pd.local else confirmed[pd.prefill_id],  # type: ignore[index]
             policy=self.policy.name,
             pool=pool,
             sticky=sticky_id == decode_id,

@@ -196,3 +196,13 @@ def test_kv_events_follow_the_prefix_cache(tiny_dir: Path) -> None:
     engine.generate([prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     hashes = engine.hasher.hashes(prompt)
     assert engine.take_kv_events() == [("stored", hashes[:2], None)]
+
+
+def test_bfloat16_engine_runs_and_exports_in_model_dtype(tiny_dir: Path) -> None:
+    engine = make_engine(tiny_dir, dtype="bfloat16")
+    assert engine.dtype == torch.bfloat16 and engine.hasher.dtype == "bfloat16"
+    engine.add_request("r", prompts(1)[0], GREEDY)
+    engine.step()
+    kv = engine.export_kv("r", 0, 16)
+    assert kv.dtype == torch.bfloat16 and tuple(kv.shape) == (2, 2, 16, 2, 16)
+    assert len(drain(engine)["r"]) == 19

@@ -38,8 +38,9 @@ def test_a_same_prefix_burst_lands_together_before_any_event_arrives():
     # kv_aware, cost of r1 on d1 (r0's 8 blocks predicted, half its queued prefill counted):
     # 0.5 * 8.2 + (8 - 6.8) + 2 * 1 = 7.3 < 8 on an idle cold worker
     router, _ = make("kv_aware")
-    chosen = [router.route(query(f"r{i}")).decode.worker_id for i in range(2)]
-    assert chosen == ["d1", "d1"]
+    first, second = router.route(query("r0")), router.route(query("r1"))
+    assert (first.decode.worker_id, second.decode.worker_id) == ("d1", "d1")
+    assert second.decode_cached_blocks == 0  # the reply only names confirmed blocks
     spread, _ = make("round_robin")
     assert [spread.route(query(f"r{i}")).decode.worker_id for i in range(3)] == ["d1", "d2", "d3"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 
 from ..pd import PdConfig
@@ -15,7 +16,8 @@ from .trace import SyntheticConfig, TraceRequest, mean_rate, read_jsonl, scale_r
 def build_parser() -> argparse.ArgumentParser:
     cost, pd, pol = CostModel(), PdConfig(), PolicyConfig()
     p = argparse.ArgumentParser(prog="kvmesh sim", description=__doc__)
-    p.add_argument("--workers", default="8,32,128", help="decode worker counts, comma-separated")
+    p.add_argument("--workers", default="8,32,128",
+                   help="decode worker counts, comma-separated (the capacity search at 128 takes tens of minutes)")
     p.add_argument("--prefill-workers", type=float, default=0.0, help="prefill workers per decode worker (0 = none)")
     p.add_argument("--policy", default="all", help=f"one of {', '.join(POLICY_NAMES)}, comma-separated, or all")
     p.add_argument("--trace", default="", help="JSONL trace to replay (default: synthetic multi-turn sessions)")
@@ -107,6 +109,7 @@ def sim_main(argv: list[str] | None = None) -> int:
         caps: dict[str, float | None] = dict.fromkeys(policies)
         if not args.no_capacity:
             for name in policies:
+                print(f"# {n} workers: searching {name}'s capacity ...", file=sys.stderr, flush=True)
                 _, at_cap = capacity(lambda r, name=name: run_at(r, name), args.slo_ttft_s, 8.0 * n, args.search_steps)
                 caps[name] = at_cap.rate if at_cap else 0.0
         base = caps.get("round_robin")
