@@ -3,8 +3,9 @@
 NOTE: on CPU, `F.linear` goes to the BLAS library, which is far from peak on some CPUs
 (MKL on AMD) and re-lays out the weight on every call. oneDNN with a weight packed once at
 load time is 2-4x faster for decode-sized batches. Numerics match fp32 GEMM to rounding.
-Only large weights are packed: oneDNN always splits a GEMM across every OpenMP thread, and for
-small GEMMs on a busy machine the wait for a descheduled thread costs far more than the GEMM.
+With several threads only large weights are packed: oneDNN splits every GEMM across all OpenMP
+threads, and for small GEMMs on a busy machine the wait for a descheduled thread costs far more
+than the GEMM itself (BLAS keeps small GEMMs on one thread).
 """
 
 from __future__ import annotations
@@ -52,6 +53,6 @@ PACK_MIN_ELEMENTS = 1 << 21
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -> Linear:
     """A packed oneDNN linear when `packed` and the weight is large enough to gain from it."""
-    if packed and weight.numel() >= PACK_MIN_ELEMENTS:
+    if packed and (weight.numel() >= PACK_MIN_ELEMENTS or torch.get_num_threads() == 1):
         return PackedLinear(weight, bias)
     return Linear(weight, bias)
