@@ -162,7 +162,7 @@ async def run(args: argparse.Namespace) -> None:
     print(f"  goal (gRPC >= 50% of raw TCP both ways): {'met' if goal else 'NOT met'}")
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
@@ -170,7 +170,11 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16")
-    asyncio.run(run(parser.parse_args()))
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    asyncio.run(run(parse_args()))
 
 
 if __name__ == "__main__":
