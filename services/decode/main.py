@@ -20,7 +20,7 @@ from kvmesh.runtime.worker import EngineLoop, HeartbeatInfo, Heartbeater, engine
 
 from . import metrics
 from .config import DecodeSettings
-from .events import CacheEvents
+from kvmesh.runtime.cacheevents import CacheEvents
 from .handback import Handback
 from .server import DecodeServicer
 from .worker import DecodeWorker

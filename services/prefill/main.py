@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from kvmesh.runtime import kvwire
 from kvmesh.runtime.bus import Bus
+from kvmesh.runtime.cacheevents import CacheEvents
 from kvmesh.runtime.config import settings_from_argv
 from kvmesh.runtime.grpcutil import ChannelPool, GrpcServer, TlsConfig, start_server
 from kvmesh.runtime.metrics import serve_metrics
@@ -39,6 +40,7 @@ class PrefillApp:
     channels: ChannelPool
     gauges: asyncio.Task
     endpoint: str
+    events: CacheEvents
     metrics_port: int | None = None
 
     @property
@@ -54,6 +56,7 @@ class PrefillApp:
         self.gauges.cancel()
         await self.server.stop(1.0)
         await self.channels.close()
+        await self.events.close()
         await self.loop.stop()
 
     async def stop(self, grace_s: float = 0.0) -> None:
@@ -89,12 +92,15 @@ async def start(settings: PrefillSettings, bus: Bus | None = None) -> PrefillApp
         worker_id, "prefill", endpoint, settings.pool, settings.served_model_name(), engine.block_size,
         settings.max_num_seqs, time.time(),
     )
-    heartbeater = Heartbeater(bus, info, lambda: loop.stats, settings.heartbeat_interval_s)
+    events = CacheEvents(loop)
+    if bus is not None and not await events.start(bus, worker_id):
+        log.warning("engine exposes no KV cache events; this worker's prefix cache is not announced")
+    heartbeater = Heartbeater(bus, info, lambda: loop.stats, settings.heartbeat_interval_s, lambda: events.seq)
     heartbeater.start()
     gauges = asyncio.create_task(_refresh_gauges(loop, settings.heartbeat_interval_s), name="prefill-gauges")
     metrics_port = serve_metrics(settings.host, settings.metrics_port) if settings.metrics_port >= 0 else None
     log.info("prefill worker %s serving on %s (model %s)", worker_id, endpoint, settings.model)
-    return PrefillApp(settings, loop, worker, server, heartbeater, channels, gauges, endpoint, metrics_port)
+    return PrefillApp(settings, loop, worker, server, heartbeater, channels, gauges, endpoint, events, metrics_port)
 
 
 async def _refresh_gauges(loop: EngineLoop, interval_s: float) -> None:

@@ -5,6 +5,7 @@ Pure: `plan_mesh(options, ports)` returns ProcessSpecs; `supervisor.py` runs the
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ class MeshOptions:
     policy: str = ""
     run_dir: str = ".kvmesh"
     nats_port: int = 0
+    cpus: int = 0                                                # 0 = os.cpu_count()
     settings: list[str] = field(default_factory=list)            # "service.field=value"
     candidate_settings: list[str] = field(default_factory=list)  # same, candidate workers only
     env: dict[str, str] = field(default_factory=dict)            # mesh-wide extra env
@@ -77,9 +79,16 @@ def plan_mesh(
     host = opts.host
     specs: list[ProcessSpec] = []
 
+    # NOTE: workers sharing a machine split its cores, rather than each starting one torch thread
+    # per core and all of them thrashing.
+    num_workers = opts.prefill + opts.decode + opts.candidate_prefill + opts.candidate_decode
+    threads = max(1, (opts.cpus or os.cpu_count() or 1) // max(1, num_workers))
+
     def add(name: str, service: str, args: list[str], *, grpc_port: int = 0, metrics_port: int = 0,
             http_health: str = "", pool: str = "", env: dict[str, str] | None = None) -> None:
-        merged = {**base_env, "KVMESH_NATS_URL": nats_url(service), **overrides.get(service, {}), **(env or {})}
+        defaults = {f"KVMESH_{service.upper()}_TORCH_THREADS": str(threads)} if service in ("prefill", "decode") else {}
+        merged = {**base_env, **defaults, "KVMESH_NATS_URL": nats_url(service), **overrides.get(service, {}),
+                  **(env or {})}
         specs.append(ProcessSpec(
             name, service, tuple(args), merged,
             grpc_endpoint=f"{host}:{grpc_port}" if grpc_port else "",

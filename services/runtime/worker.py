@@ -51,6 +51,7 @@ class WorkerSettings(MeshSettings):
     max_model_len: int = Field(0, description="context length cap (0 = the model's)")
     heartbeat_interval_s: float = Field(0.5, description="heartbeat period on NATS")
     drain_grace_s: float = Field(10.0, description="how long in-flight requests may finish on shutdown")
+    torch_threads: int = Field(0, description="torch intra-op threads (0 = torch's default: one per core)")
     step_delay_s: float = Field(0.0, description="testing aid: sleep after every engine step (e.g. a deliberately slow canary candidate)")
 
     def resolved_worker_id(self, role: str) -> str:
@@ -67,8 +68,13 @@ def engine_config(settings: WorkerSettings) -> Any:
     from kvmesh.engine.tiny import resolve_model  # noqa: PLC0415
 
     args = ModelArgs.from_dir(resolve_model(settings.model))
+    if settings.torch_threads > 0:
+        import torch  # noqa: PLC0415
+
+        torch.set_num_threads(settings.torch_threads)
     return EngineConfig(
         model=settings.model,
+        model_id=settings.served_model_name(),  # NOTE: the block-hash model id the gateway uses too
         dtype=resolve_dtype(settings.dtype, args.torch_dtype),
         device=settings.device,
         block_size=settings.block_size,

@@ -11,7 +11,7 @@ def plan(**options):
 
 
 def test_default_mesh_starts_store_scheduler_workers_then_gateway():
-    specs = plan()
+    specs = plan(cpus=4)
     assert [s.name for s in specs] == ["kvstore", "scheduler", "prefill-0", "decode-0", "gateway"]
     gateway = specs[-1]
     assert gateway.args == ("--host", "127.0.0.1", "--port", "8000", "--scheduler", "127.0.0.1:20002")
@@ -19,6 +19,7 @@ def test_default_mesh_starts_store_scheduler_workers_then_gateway():
     assert ("--kvstore", "127.0.0.1:20000") == decode.args[-2:]
     assert decode.env["KVMESH_NATS_URL"] == "nats://decode@127.0.0.1:4222"
     assert decode.metrics_target == "127.0.0.1:20007"
+    assert decode.env["KVMESH_DECODE_TORCH_THREADS"] == "2"  # 4 cpus, 2 workers
 
 
 def test_candidate_pool_gets_its_own_model_and_settings():
@@ -29,6 +30,7 @@ def test_candidate_pool_gets_its_own_model_and_settings():
     prod, cand = specs[2], specs[3]
     assert prod.env["KVMESH_DECODE_KV_ENCODING"] == "int8" and "KVMESH_DECODE_STEP_DELAY_S" not in prod.env
     assert cand.env["KVMESH_DECODE_STEP_DELAY_S"] == "0.1" and cand.env["KVMESH_MODEL"] == "/m2"
+    assert plan(settings=["decode.torch_threads=3"])[3].env["KVMESH_DECODE_TORCH_THREADS"] == "3"
     assert "--pool" in cand.args and cand.args[cand.args.index("--pool") + 1] == "candidate"
 
 

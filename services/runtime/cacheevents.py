@@ -1,4 +1,4 @@
-"""KV events for this worker's prefix cache: BlockStored / BlockRemoved on `kvmesh.kv.events.<id>`.
+"""KV events for a worker's prefix cache: BlockStored / BlockRemoved on `kvmesh.kv.events.<id>`.
 
 NOTE: needs the engine hook `take_kv_events() -> list[(kind, block_hashes, parent_hash)]` with
 kind "stored" | "removed" | "cleared", drained on the engine thread after each step. An engine
@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from kvmesh.runtime import kvevents
-from kvmesh.runtime.bus import Bus
-from kvmesh.runtime.kvevents import KvEventPublisher
-from kvmesh.runtime.worker import EngineLoop
+from . import kvevents
+from .bus import Bus
+from .kvevents import KvEventPublisher
+from .worker import EngineLoop
 
 log = logging.getLogger(__name__)
 
