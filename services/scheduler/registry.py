@@ -53,6 +53,7 @@ class Worker:
     last_seen: float
     inflight: int = 0                 # routed requests not completed yet
     routed_since_heartbeat: int = 0   # routed after the last heartbeat was taken
+    completed_since_heartbeat: int = 0
     backlog_s: float = 0.0            # estimated prefill work queued, seconds, at `backlog_at`
     backlog_at: float = 0.0
 
@@ -62,11 +63,15 @@ class Worker:
 
     @property
     def load(self) -> int:
-        """Requests on the worker: the larger of our in-flight count and its own report (+ what
-        we sent since). NOTE: prefill workers finish long before Complete arrives, so for them
-        only the reported queue counts."""
+        """Requests on the worker: its last report plus what we sent since (minus what completed
+        since, for decode workers), and never less than our own in-flight count.
+        NOTE: without subtracting completions, a warm worker serving a quick sequence of requests
+        looked busier with each one until its next heartbeat. Prefill workers finish long before
+        Complete arrives, so for them only the report and what we sent count."""
         reported = self.info.num_running + self.info.num_waiting + self.routed_since_heartbeat
-        return reported if self.info.role is not Role.DECODE else max(self.inflight, reported)
+        if self.info.role is not Role.DECODE:
+            return reported
+        return max(self.inflight, reported - self.completed_since_heartbeat)
 
     @property
     def capacity(self) -> int:
@@ -105,6 +110,7 @@ class Registry:
         worker = self._workers.get(hb.worker_id)
         if worker is not None and worker.info.started_at == hb.started_at and worker.info.role == hb.role:
             worker.info, worker.last_seen, worker.routed_since_heartbeat = hb, now, 0
+            worker.completed_since_heartbeat = 0
             return Seen.UPDATED
         seen = Seen.NEW if worker is None else Seen.RESTARTED
         if worker is not None:
@@ -174,6 +180,7 @@ class Registry:
             worker = self._workers.get(assignment.decode_id)
             if worker is not None:
                 worker.inflight = max(0, worker.inflight - 1)
+                worker.completed_since_heartbeat += 1
         return assignment
 
     def drain_orphaned(self) -> list[Assignment]:

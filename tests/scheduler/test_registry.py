@@ -65,7 +65,17 @@ def test_load_counts_in_flight_requests_until_complete():
     assert registry.get("d1").load == 2
     registry.complete("r1")
     assert registry.get("d1").inflight == 1
+    assert registry.get("d1").load == 1  # completed since the heartbeat: no longer counted
     assert registry.complete("r1") is None  # idempotent
+
+
+def test_a_quick_sequence_does_not_pile_up_load_between_heartbeats():
+    registry, _ = make()
+    registry.observe(hb("d1"))
+    for i in range(5):
+        registry.assign(f"r{i}", "d1", None, 0.0)
+        registry.complete(f"r{i}")
+    assert registry.get("d1").load == 0
 
 
 def test_prefill_backlog_drains_with_time():
