@@ -17,6 +17,12 @@ SMALL_LLAMA = dict(
 )
 
 
+# The same size with the tiny model's byte-level vocabulary, so every generated token decodes to
+# text (streaming benchmarks time the first text chunk).
+SMALL_LLAMA_BYTES = dict(SMALL_LLAMA, vocab_size=264, hidden_size=512, intermediate_size=1408,
+                         num_hidden_layers=8, num_attention_heads=8)
+
+
 def build_llama(root: Path, name: str = "bench-llama", **overrides):
     """Saves a seeded random LlamaForCausalLM (safetensors + the tiny model's tokenizer files) under
     root/name; returns (the transformers model, its directory)."""

@@ -1,6 +1,6 @@
 """The same workload through the full mesh and through the in-process engine, in one run.
 
-    .venv/bin/python bench/mesh.py [--requests 32] [--concurrency 8] [--prompt-tokens 64] [--max-tokens 32]
+    .venv/bin/python bench/mesh.py [--model small|tiny|DIR] [--requests 32] [--concurrency 8] [--prompt-tokens 64] [--max-tokens 32]
 
 Prints throughput (output tok/s) and TTFT p50/p99 for: the in-process engine, the mesh with a
 prefill and a decode worker (KV pushed over gRPC), the mesh with one decode worker prefilling
@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import statistics
 import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
+
+from checkpoints import SMALL_LLAMA_BYTES, build_llama
 
 
 @dataclass
@@ -40,11 +42,20 @@ def make_prompts(n: int, length: int) -> list[list[int]]:
     return [[32 + (i * 7 + j * 13) % 90 for j in range(length)] for i in range(n)]
 
 
-def run_in_process(prompts: list[list[int]], max_tokens: int, concurrency: int) -> Result:
+def run_in_process(model: str, prompts: list[list[int]], max_tokens: int, concurrency: int) -> Result:
+    import os
+
+    import torch
+
     from kvmesh.engine.llm import EngineConfig, LLMEngine
     from kvmesh.engine.sampling import SamplingParams
+    from kvmesh.runtime.launcher import worker_threads
 
-    engine = LLMEngine(EngineConfig(model="tiny", dtype="float32"))
+    # NOTE: the same torch threads a lone mesh worker gets, so the engine side is not starved
+    # (or favoured) by its thread count.
+    torch.set_num_threads(worker_threads(os.cpu_count() or 1, 1))
+
+    engine = LLMEngine(EngineConfig(model=model, dtype="float32"))
     engine.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=4))  # warm up
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     pending = list(enumerate(prompts))
@@ -61,24 +72,25 @@ def run_in_process(prompts: list[list[int]], max_tokens: int, concurrency: int) 
             inflight += 1
         for out in engine.step():
             tokens += len(out.new_token_ids)
-            if out.new_token_ids and out.request_id not in ttft:
+            if out.new_text and out.request_id not in ttft:  # first visible text, as the client sees it
                 ttft[out.request_id] = time.perf_counter() - started[out.request_id]
             inflight -= out.finished
     return Result("in-process engine", time.perf_counter() - t0, tokens, list(ttft.values()))
 
 
-def run_mesh(name: str, prompts: list[list[int]], max_tokens: int, concurrency: int, **options) -> Result:
+def run_mesh(name: str, model: str, prompts: list[list[int]], max_tokens: int, concurrency: int, **options) -> Result:
     import openai
 
     from kvmesh.runtime.launcher import MeshOptions, free_port
     from kvmesh.runtime.supervisor import Mesh
 
     with tempfile.TemporaryDirectory() as run_dir:
-        mesh = Mesh(MeshOptions(port=free_port(), run_dir=run_dir, kvstore=False, **options))
+        mesh = Mesh(MeshOptions(model=model, port=free_port(), run_dir=run_dir, kvstore=False, **options))
+        served = Path(model).name if model != "tiny" else "tiny"
         mesh.start(timeout_s=180)
         try:
             client = openai.OpenAI(base_url=f"{mesh.gateway_url}/v1", api_key="x", max_retries=0, timeout=300)
-            client.completions.create(model="tiny", prompt=prompts[0], max_tokens=4)  # warm up
+            client.completions.create(model=served, prompt=prompts[0], max_tokens=4)  # warm up
             lock = threading.Lock()
             ttfts: list[float] = []
             tokens = 0
@@ -88,7 +100,7 @@ def run_mesh(name: str, prompts: list[list[int]], max_tokens: int, concurrency: 
                 t = time.perf_counter()
                 first = None
                 count = 0
-                for chunk in client.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens,
+                for chunk in client.completions.create(model=served, prompt=prompt, max_tokens=max_tokens,
                                                        temperature=0, stream=True,
                                                        stream_options={"include_usage": True},
                                                        extra_body={"ignore_eos": True}):
@@ -114,9 +126,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--model", default="small",
+                   help="'small' (a ~22M-param random Llama built here), 'tiny', or an HF model directory")
     args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = str(build_llama(Path(tmp), **SMALL_LLAMA_BYTES)[1]) if args.model == "small" else args.model
+        return run_all(args, model)
+
+
+def run_all(args: argparse.Namespace, model: str) -> int:
     prompts = make_prompts(args.requests, args.prompt_tokens)
-    work = (prompts, args.max_tokens, args.concurrency)
+    work = (model, prompts, args.max_tokens, args.concurrency)
     results = [
         run_in_process(*work),
         run_mesh("mesh: prefill + decode (KV over gRPC)", *work, prefill=1, decode=1),
@@ -125,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     base = results[0]
     print(f"\n{args.requests} requests, {args.prompt_tokens} prompt tokens, {args.max_tokens} output tokens, "
-          f"concurrency {args.concurrency}, tiny model\n")
+          f"concurrency {args.concurrency}, model {args.model}\n")
     print(f"{'setup':42} {'tok/s':>8} {'ratio':>6} {'TTFT p50 ms':>12} {'p99 ms':>8} {'+p50 ms':>8}")
     for r in results:
         print(f"{r.name:42} {r.throughput:8.1f} {r.throughput / base.throughput:6.2f} "

@@ -3,7 +3,7 @@
     .venv/bin/python bench/prefix.py [--rounds 5]
 
 1. TTFT through the full mesh (gateway → scheduler → prefill → KV push → decode) for a ~2k-token
-   prompt whose first ~1.9k tokens are cached vs a cold ~2k-token prompt, on a ~20M-parameter
+   prompt whose first ~1.9k tokens are cached vs a cold ~2k-token prompt, on a ~22M-parameter
    random Llama (goal: cached ≤ 25% of cold).
 2. KV store Put/Get throughput over gRPC vs raw loopback TCP (bench/prefix_store.py).
 3. Bytes per block raw vs int8 vs int4, and int8/int4 quality: greedy agreement over a set of
@@ -20,14 +20,14 @@ import time
 from pathlib import Path
 
 import prefix_store
-from checkpoints import build_llama
+from checkpoints import SMALL_LLAMA_BYTES, build_llama
 
 PROMPT_TOKENS = 1984
 CACHED_TOKENS = 1904
 
 
 def _prompt(seed: int, length: int) -> list[int]:
-    return [100 + (seed * 7919 + i * 104729) % 30000 for i in range(length)]
+    return [(seed * 7919 + i * 104729) % 256 for i in range(length)]
 
 
 def ttft(client, prompt: list[int]) -> float:
@@ -118,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        _, model_dir = build_llama(Path(tmp))
+        _, model_dir = build_llama(Path(tmp), **SMALL_LLAMA_BYTES)
         cold, cached = mesh_ttft(model_dir, args.rounds)
-        print(f"\n1) TTFT through the mesh, {PROMPT_TOKENS}-token prompts, ~20M-param Llama (median of {args.rounds})")
+        print(f"\n1) TTFT through the mesh, {PROMPT_TOKENS}-token prompts, ~22M-param Llama (median of {args.rounds})")
         print(f"   cold                      {statistics.median(cold) * 1e3:8.1f} ms")
         print(f"   {CACHED_TOKENS} tokens cached       {statistics.median(cached) * 1e3:8.1f} ms")
         print(f"   cached / cold             {statistics.median(cached) / statistics.median(cold):8.2f}  (goal ≤ 0.25)")

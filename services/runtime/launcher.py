@@ -52,6 +52,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def worker_threads(cpus: int, num_workers: int) -> int:
+    """torch threads per worker when `num_workers` share `cpus` cores.
+
+    NOTE: one core is left to the gateway, scheduler and gRPC threads. Workers that each took a
+    thread per core (torch's default) thrashed: an OpenMP team waiting on a descheduled thread
+    made a step ~100x slower on a busy 2-core machine (measured with bench/mesh.py).
+    """
+    return max(1, (cpus - 1) // max(1, num_workers))
+
+
 def setting_env(assignments: list[str]) -> dict[str, dict[str, str]]:
     """["decode.kv_encoding=int8"] → {"decode": {"KVMESH_DECODE_KV_ENCODING": "int8"}}."""
     out: dict[str, dict[str, str]] = {}
@@ -79,10 +89,8 @@ def plan_mesh(
     host = opts.host
     specs: list[ProcessSpec] = []
 
-    # NOTE: workers sharing a machine split its cores, rather than each starting one torch thread
-    # per core and all of them thrashing.
     num_workers = opts.prefill + opts.decode + opts.candidate_prefill + opts.candidate_decode
-    threads = max(1, (opts.cpus or os.cpu_count() or 1) // max(1, num_workers))
+    threads = worker_threads(opts.cpus or os.cpu_count() or 1, num_workers)
 
     def add(name: str, service: str, args: list[str], *, grpc_port: int = 0, metrics_port: int = 0,
             http_health: str = "", pool: str = "", env: dict[str, str] | None = None) -> None:

@@ -2,7 +2,7 @@ import itertools
 
 import pytest
 
-from kvmesh.runtime.launcher import MeshOptions, plan_mesh, setting_env
+from kvmesh.runtime.launcher import MeshOptions, plan_mesh, setting_env, worker_threads
 
 
 def plan(**options):
@@ -19,7 +19,7 @@ def test_default_mesh_starts_store_scheduler_workers_then_gateway():
     assert ("--kvstore", "127.0.0.1:20000") == decode.args[-2:]
     assert decode.env["KVMESH_NATS_URL"] == "nats://decode@127.0.0.1:4222"
     assert decode.metrics_target == "127.0.0.1:20007"
-    assert decode.env["KVMESH_DECODE_TORCH_THREADS"] == "2"  # 4 cpus, 2 workers
+    assert decode.env["KVMESH_DECODE_TORCH_THREADS"] == "1"  # 4 cpus, one left to the rest, 2 workers
 
 
 def test_candidate_pool_gets_its_own_model_and_settings():
@@ -32,6 +32,11 @@ def test_candidate_pool_gets_its_own_model_and_settings():
     assert cand.env["KVMESH_DECODE_STEP_DELAY_S"] == "0.1" and cand.env["KVMESH_MODEL"] == "/m2"
     assert plan(settings=["decode.torch_threads=3"])[3].env["KVMESH_DECODE_TORCH_THREADS"] == "3"
     assert "--pool" in cand.args and cand.args[cand.args.index("--pool") + 1] == "candidate"
+
+
+def test_worker_threads_leave_a_core_and_split_the_rest():
+    assert [worker_threads(cpus, 2) for cpus in (1, 2, 3, 5, 16)] == [1, 1, 1, 2, 7]
+    assert worker_threads(16, 1) == 15
 
 
 def test_setting_env_rejects_unknown_services():
