@@ -17,30 +17,10 @@ import time
 from pathlib import Path
 
 import torch
+from checkpoints import SMALL_LLAMA, build_llama
 
 from kvmesh.engine.llm import EngineConfig, LLMEngine
 from kvmesh.engine.sampling import SamplingParams
-from kvmesh.engine.tiny import ensure_tiny_model
-
-MODEL = dict(
-    vocab_size=32000, hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
-    num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
-    bos_token_id=None, eos_token_id=None, pad_token_id=None,
-)
-
-
-def build_checkpoint(root: Path):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**MODEL)).eval()
-    path = root / "bench-llama"
-    model.save_pretrained(str(path))
-    tiny = ensure_tiny_model(root / "cache")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tiny / name, path / name)
-    return model, path
-
 
 def time_ours(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -> float:
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
@@ -93,16 +73,16 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     root = Path(tempfile.mkdtemp(prefix="kvmesh-bench-"))
     try:
-        model, path = build_checkpoint(root)
+        model, path = build_llama(root)
         params = sum(p.numel() for p in model.parameters())
         engine = LLMEngine(EngineConfig(model=str(path), dtype="float32", enable_prefix_caching=False))
-        print(f"model: {params / 1e6:.1f}M params, {MODEL['num_hidden_layers']} layers, hidden {MODEL['hidden_size']}, "
-              f"vocab {MODEL['vocab_size']}; device {engine.device}, dtype {engine.dtype}, torch threads {torch.get_num_threads()}")
+        print(f"model: {params / 1e6:.1f}M params, {SMALL_LLAMA['num_hidden_layers']} layers, hidden {SMALL_LLAMA['hidden_size']}, "
+              f"vocab {SMALL_LLAMA['vocab_size']}; device {engine.device}, dtype {engine.dtype}, torch threads {torch.get_num_threads()}")
         print(f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, greedy")
         print(f"{'batch':>5} {'ours tok/s':>11} {'HF tok/s':>9} {'ratio':>6}")
         g = torch.Generator().manual_seed(1)
         for batch in args.batches:
-            prompts = torch.randint(0, MODEL["vocab_size"], (batch, args.prompt_len), generator=g).tolist()
+            prompts = torch.randint(0, SMALL_LLAMA["vocab_size"], (batch, args.prompt_len), generator=g).tolist()
             timers = {"ours": lambda n: time_ours(engine, prompts, n), "hf": lambda n: time_hf(model, prompts, n)}
             rates = decode_rates(timers, batch, args.new_tokens, args.rounds)
             ours, hf = rates["ours"], rates["hf"]
