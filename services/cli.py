@@ -66,6 +66,9 @@ def up_main(argv: Sequence[str]) -> int:
           f"  curl {mesh.gateway_url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
           f"    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], "
           f"\"max_tokens\": 32}}'\n", flush=True)
+    for spec in mesh.specs:
+        if spec.service == "canary":
+            print(f"kvmesh: canary report at {spec.http_health.removesuffix('/health')}/report\n", flush=True)
     try:
         while not stop:
             for name, code in mesh.reap():
