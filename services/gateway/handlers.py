@@ -19,7 +19,8 @@ from kvmesh.runtime.telemetry import REQUEST_ID_ATTRIBUTE, extract_context, trac
 
 from .auth import KeyLimiter
 from .backend import Backend
-from .generation import Generation, GenerationJob, sampling_pb
+from .generation import Generation, GenerationJob
+from .wire import sampling_pb
 from .config import GatewaySettings
 from .errors import ApiError, model_not_found
 from .metrics import GatewayMetrics

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from kvmesh.runtime.config import MeshSettings
@@ -19,39 +20,39 @@ class SchedulerSettings(MeshSettings):
 
     model_config = SettingsConfigDict(env_prefix="KVMESH_SCHEDULER_", populate_by_name=True, extra="ignore")
 
-    host: str = "127.0.0.1"
-    port: int = 50051
-    metrics_port: int = 9101
-    policy: str = "round_robin"
-    heartbeat_timeout_s: float = 3.0
+    host: str = Field("127.0.0.1", description="gRPC bind address")
+    port: int = Field(50051, description="gRPC port (0 = any free port)")
+    metrics_port: int = Field(9101, description="Prometheus /metrics port")
+    policy: str = Field("kv_aware", description="routing policy: round_robin, least_loaded, prefix_affinity, kv_aware, dualmap")
+    heartbeat_timeout_s: float = Field(3.0, description="a worker silent this long is dropped (with its index entries)")
     # P/D
-    local_prefill_max_tokens: int = 64
-    prefill_queue_max_s: float = 2.0
-    store_fetch_factor: float = 0.2
+    local_prefill_max_tokens: int = Field(64, description="uncached prompt tokens up to which the decode worker prefills itself")
+    prefill_queue_max_s: float = Field(2.0, description="prefill workers queued longer than this → prefill locally on the decode worker")
+    store_fetch_factor: float = Field(0.2, description="cost of fetching a block from the KV store, as a fraction of recomputing it")
     # admission
-    admission_capacity_factor: float = 1.0
-    admission_queue_factor: float = 1.0
-    queue_order: str = "fcfs"
-    aging_quota: int = 8
+    admission_capacity_factor: float = Field(1.0, description="running requests admitted = this x sum of decode workers' max_num_seqs")
+    admission_queue_factor: float = Field(1.0, description="requests that may wait for admission = this x capacity; beyond → 429")
+    queue_order: str = Field("fcfs", description="admission queue order: fcfs or short_first (with quota-based aging)")
+    aging_quota: int = Field(8, description="short_first: a waiting request is passed over at most this many times")
     # sticky sessions (0 = off)
-    sticky_ttl_s: float = 300.0
+    sticky_ttl_s: float = Field(300.0, description="session stickiness idle TTL in seconds (0 = off)")
     # kv_aware
-    kv_prefill_weight: float = 1.0
-    kv_decode_weight: float = 2.0
-    kv_temperature: float = 0.0
-    kv_overlap_decay: float = 0.5
-    kv_queue_weight: float = 0.5
-    prediction_ttl_s: float = 2.0
+    kv_prefill_weight: float = Field(1.0, description="kv_aware: weight of blocks still to prefill")
+    kv_decode_weight: float = Field(2.0, description="kv_aware: weight of the worker's decode load")
+    kv_temperature: float = Field(0.0, description="kv_aware: softmax temperature over -cost (0 = pick the cheapest)")
+    kv_overlap_decay: float = Field(0.5, description="kv_aware: overlap credit decays as exp(-excess utilization / this)")
+    kv_queue_weight: float = Field(0.5, description="kv_aware: weight of prefill work already queued on the worker")
+    prediction_ttl_s: float = Field(2.0, description="blocks predicted at routing time count as cached for this long")
     # dualmap
-    ttft_slo_s: float = 1.0
-    dualmap_prefix_blocks: int = 4
-    dualmap_hot_factor: float = 2.0
+    ttft_slo_s: float = Field(1.0, description="dualmap: switch to load balancing when predicted TTFT exceeds this")
+    dualmap_prefix_blocks: int = Field(4, description="dualmap: leading blocks hashed to pick the two candidates")
+    dualmap_hot_factor: float = Field(2.0, description="dualmap: a worker this many times above mean load is a hot spot")
     # cost model (bench/sim_calibration.md)
-    prefill_s_per_token: float = _COST.prefill_s_per_token
-    decode_s_per_step: float = _COST.decode_s_per_step
-    decode_s_per_seq: float = _COST.decode_s_per_seq
+    prefill_s_per_token: float = Field(_COST.prefill_s_per_token, description="cost model: prefill seconds per uncached token (bench/sim_calibration.md)")
+    decode_s_per_step: float = Field(_COST.decode_s_per_step, description="cost model: seconds per decode step, fixed part")
+    decode_s_per_seq: float = Field(_COST.decode_s_per_seq, description="cost model: seconds per decode step per running sequence")
     # KV event repair
-    replay_timeout_s: float = 2.0
+    replay_timeout_s: float = Field(2.0, description="deadline of a KV event replay request after a sequence gap")
 
     def check(self) -> None:
         if self.policy not in POLICY_NAMES:

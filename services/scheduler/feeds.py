@@ -33,6 +33,10 @@ class BusFeeds:
         await self.bus.subscribe(HEARTBEAT_WILDCARD, events_pb2.Heartbeat, self._on_heartbeat)
         await self.bus.subscribe(KV_EVENTS_WILDCARD, events_pb2.KvEventBatch, self._on_batch)
         self._sweeper = asyncio.create_task(self._sweep_loop(sweep_interval_s))
+        self.bus.on_reconnect(self._on_reconnect)
+
+    async def _on_reconnect(self) -> None:
+        self.router.registry.grace()
 
     async def stop(self) -> None:
         tasks = [t for t in (self._sweeper, *self._repairs.values()) if t is not None]
@@ -88,6 +92,10 @@ class BusFeeds:
     async def _sweep_loop(self, interval_s: float) -> None:
         while True:
             await asyncio.sleep(interval_s)
+            if not self.bus.connected:
+                # NOTE: while NATS is away we hear no heartbeats; evicting on that silence would
+                # drop every worker during a short blip. Serve on what we know instead.
+                continue
             for worker_id in self.router.sweep():
                 log.info("worker %s gone (no heartbeat for %.1fs)", worker_id, self.router.registry.heartbeat_timeout_s)
             self.on_change()

@@ -119,6 +119,13 @@ class Registry:
         self._sorted = None
         return seen
 
+    def grace(self) -> None:
+        """Counts every worker as just seen: after our own NATS outage their heartbeats were not
+        missing, we were deaf, so nobody is evicted before their next beat can arrive."""
+        now = self.clock()
+        for worker in self._workers.values():
+            worker.last_seen = now
+
     def expire(self) -> list[str]:
         """Removes workers whose last heartbeat is older than the timeout; returns their ids."""
         now = self.clock()

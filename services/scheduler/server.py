@@ -156,6 +156,7 @@ def refresh(router: Router, gate: AdmissionGate, counters: metrics.IndexCounters
     registry = router.registry
     for orphan in registry.drain_orphaned():
         gate.release(orphan.request_id)
+    gate.reclaim()  # slots whose Complete never came (a crashed client) time out
     decodes = registry.live(Role.DECODE)
     gate.resize(sum(w.capacity for w in decodes))
     metrics.WORKERS.clear()

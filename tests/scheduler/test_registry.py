@@ -88,3 +88,13 @@ def test_prefill_backlog_drains_with_time():
     assert registry.get("d1").backlog(clock()) == 0.0
     clock.advance(5.0)
     assert registry.get("p1").backlog(clock()) == 0.0
+
+
+def test_grace_after_our_own_outage_keeps_silent_workers():
+    registry, clock = make()
+    registry.observe(hb("d1"))
+    clock.advance(registry.heartbeat_timeout_s + 1)
+    registry.grace()
+    assert registry.expire() == []
+    clock.advance(registry.heartbeat_timeout_s + 1)
+    assert registry.expire() == ["d1"]

@@ -81,7 +81,7 @@ async def test_heartbeats_register_a_worker_that_routes_then_disappears(nats_ser
         async with heartbeats(bus, "d1"):
             await eventually(lambda: _has(stub, "d1"), timeout_s=2.0)
             reply = await stub.Route(route_request("r1"), timeout=DEADLINE_S)
-            assert (reply.decode.worker_id, reply.local_prefill, reply.policy) == ("d1", True, "round_robin")
+            assert (reply.decode.worker_id, reply.local_prefill, reply.policy) == ("d1", True, "kv_aware")
             await stub.Complete(scheduler_pb2.CompleteRequest(request_id="r1", status="ok"), timeout=DEADLINE_S)
         await eventually(lambda: _gone(stub, "d1"), timeout_s=5.0)
         with pytest.raises(grpc.aio.AioRpcError) as unavailable:
