@@ -28,6 +28,7 @@ class Result:
     wall_s: float
     output_tokens: int
     ttfts: list[float]
+    span_ms: dict[str, float] | None = None  # mean duration per span name, from the mesh's traces
 
     @property
     def throughput(self) -> float:
@@ -115,9 +116,20 @@ def run_mesh(name: str, model: str, prompts: list[list[int]], max_tokens: int, c
             t0 = time.perf_counter()
             with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
                 list(pool.map(one, prompts))
-            return Result(name, time.perf_counter() - t0, tokens, ttfts)
+            wall = time.perf_counter() - t0
         finally:
-            mesh.stop()
+            mesh.stop()  # flushes every process's spans
+        return Result(name, wall, tokens, ttfts, span_means(Path(run_dir) / "traces"))
+
+
+def span_means(trace_dir: Path) -> dict[str, float]:
+    """Where the time goes: the mean duration (ms) of each span name over the run."""
+    from kvmesh.runtime.tracecli import load_spans
+
+    durations: dict[str, list[float]] = {}
+    for span in load_spans(trace_dir)[0] if trace_dir.exists() else []:
+        durations.setdefault(f"{span.service}: {span.name}", []).append(span.duration_ns / 1e6)
+    return {name: sum(ms) / len(ms) for name, ms in durations.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,6 +162,10 @@ def run_all(args: argparse.Namespace, model: str) -> int:
     for r in results:
         print(f"{r.name:42} {r.throughput:8.1f} {r.throughput / base.throughput:6.2f} "
               f"{r.pct(0.5) * 1e3:12.1f} {r.pct(0.99) * 1e3:8.1f} {(r.pct(0.5) - base.pct(0.5)) * 1e3:8.1f}")
+    if results[1].span_ms:
+        print(f"\nwhere the time goes in '{results[1].name}' (mean span duration, ms; spans nest):")
+        for span, ms in sorted(results[1].span_ms.items(), key=lambda kv: -kv[1]):
+            print(f"  {ms:9.1f}  {span}")
     traced, untraced = results[1], results[3]
     print(f"\ntracing overhead: throughput with tracing / without = {traced.throughput / untraced.throughput:.2f}")
     return 0

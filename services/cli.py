@@ -94,9 +94,9 @@ def health_main(argv: Sequence[str]) -> int:
                 return 0 if reply.status == 200 else 1
         except OSError:
             return 1
-    from .runtime.registry_client import grpc_healthy  # noqa: PLC0415
+    from .runtime.registry_client import grpc_healthy, mesh_tls  # noqa: PLC0415
 
-    return 0 if grpc_healthy(args.endpoint, args.timeout) else 1
+    return 0 if grpc_healthy(args.endpoint, args.timeout, tls=mesh_tls()) else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,6 +20,8 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .config import MeshSettings
+from .grpcutil import TlsConfig
 from .launcher import MeshOptions, ProcessSpec, free_port, plan_mesh
 from .natsauth import NatsAuth
 
@@ -73,6 +75,7 @@ class Mesh:
         self.nats_url = f"nats://{opts.host}:{self.nats_port}"
         self.nats_auth = NatsAuth.generate()
         self.specs = plan_mesh(opts, lambda service: self.nats_auth.url(service, opts.host, self.nats_port))
+        self.tls = TlsConfig.from_settings(MeshSettings(**_tls_overrides(opts.env)))
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, timeout_s: float = 120.0) -> None:
@@ -130,7 +133,7 @@ class Mesh:
     def _wait_healthy(self, spec: ProcessSpec, deadline: float) -> None:
         while time.monotonic() < deadline:
             self._check_alive()
-            if _healthy(spec):
+            if _healthy(spec, self.tls):
                 return
             time.sleep(0.2)
         raise TimeoutError(f"{spec.name} not healthy in time:\n{self.log_tail(spec.name)}")
@@ -143,7 +146,7 @@ class Mesh:
         wanted = {s.name for s in self.specs if s.service in ("prefill", "decode")}
         while time.monotonic() < deadline:
             self._check_alive()
-            seen = set(list_workers(scheduler))
+            seen = set(list_workers(scheduler, tls=self.tls))
             if wanted <= seen:
                 return
             time.sleep(0.2)
@@ -200,7 +203,13 @@ def _wait_tcp(host: str, port: int, timeout_s: float) -> None:
     raise TimeoutError(f"nothing listening on {host}:{port}")
 
 
-def _healthy(spec: ProcessSpec) -> bool:
+def _tls_overrides(env: dict[str, str]) -> dict[str, str]:
+    """TLS paths the mesh options set explicitly (they win over the launcher's environment)."""
+    names = {"KVMESH_TLS_CERT": "tls_cert", "KVMESH_TLS_KEY": "tls_key", "KVMESH_TLS_CA": "tls_ca"}
+    return {field: env[var] for var, field in names.items() if var in env}
+
+
+def _healthy(spec: ProcessSpec, tls: TlsConfig | None) -> bool:
     if spec.http_health:
         try:
             with urllib.request.urlopen(spec.http_health, timeout=1.0) as reply:
@@ -210,5 +219,5 @@ def _healthy(spec: ProcessSpec) -> bool:
     if spec.grpc_endpoint:
         from .registry_client import grpc_healthy  # noqa: PLC0415
 
-        return grpc_healthy(spec.grpc_endpoint)
+        return grpc_healthy(spec.grpc_endpoint, tls=tls)
     return True
