@@ -11,12 +11,11 @@ from dataclasses import dataclass
 from kvmesh.runtime import kvwire
 from kvmesh.runtime.bus import Bus
 from kvmesh.runtime.cacheevents import CacheEvents
-from kvmesh.runtime.config import settings_from_argv
 from kvmesh.runtime.grpcutil import ChannelPool, GrpcServer, TlsConfig, start_server
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import prefill_pb2_grpc
-from kvmesh.runtime.shutdown import GracefulShutdown
-from kvmesh.runtime.telemetry import Telemetry, TracingServerInterceptor
+from kvmesh.runtime.telemetry import TracingServerInterceptor
+from kvmesh.runtime.workerapp import serve_worker, worker_main
 from kvmesh.runtime.worker import EngineLoop, HeartbeatInfo, Heartbeater, engine_config
 
 from . import metrics
@@ -112,30 +111,8 @@ async def _refresh_gauges(loop: EngineLoop, interval_s: float) -> None:
 
 
 async def serve(settings: PrefillSettings, ready: asyncio.Event | None = None) -> None:
-    telemetry = Telemetry("prefill", settings.otlp_endpoint, settings.trace_dir) if settings.tracing else None
-    bus = await Bus.connect(settings.nats_url, f"prefill-{settings.worker_id or 'worker'}") if settings.nats_url else None
-    app = await start(settings, bus)
-
-    async def flush_telemetry() -> None:
-        if telemetry is not None:
-            await asyncio.to_thread(telemetry.shutdown)
-
-    shutdown = GracefulShutdown(
-        grace_s=settings.drain_grace_s,
-        deregister=[app.deregister],
-        drain=[app.worker.drain],
-        close=[app.close, *([bus.close] if bus else []), flush_telemetry],
-    )
-    shutdown.install()
-    if ready is not None:
-        ready.set()
-    await shutdown.wait()
-    log.info("prefill worker shutting down")
-    await shutdown.run()
+    await serve_worker("prefill", settings, start, ready)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    settings = settings_from_argv(PrefillSettings, argv, "kvmesh prefill")
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(settings))
-    return 0
+    return worker_main("prefill", PrefillSettings, argv, serve)
