@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvmesh.runtime import kvwire
 from kvmesh.runtime.bus import Bus
-from kvmesh.runtime.grpcutil import ChannelPool, GrpcServer, TlsConfig, start_server
+from kvmesh.runtime.grpcutil import ChannelPool, GrpcServer, start_server
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import decode_pb2_grpc
 from kvmesh.runtime.telemetry import TracingServerInterceptor
-from kvmesh.runtime.workerapp import serve_worker, worker_main
-from kvmesh.runtime.worker import EngineLoop, HeartbeatInfo, Heartbeater, engine_config
+from kvmesh.runtime.workerapp import announce, serve_worker, start_engine, worker_main
+from kvmesh.runtime.worker import EngineLoop, Heartbeater
 
 from . import metrics
 from .config import DecodeSettings
@@ -72,15 +71,8 @@ class DecodeApp:
 
 async def start(settings: DecodeSettings, bus: Bus | None = None) -> DecodeApp:
     """Build the engine (off the event loop), start the gRPC server and the heartbeat."""
-    from kvmesh.engine.llm import LLMEngine  # noqa: PLC0415 - torch, only in worker processes
-
-    engine = await asyncio.to_thread(LLMEngine, engine_config(settings))
-    loop = EngineLoop(engine, name="decode-engine", step_delay_s=settings.step_delay_s)
-    loop.start()
-    worker_id = settings.resolved_worker_id("decode")
-    spec = kvwire.model_spec(engine.hasher.model_id, engine.model_args, engine.hasher.dtype, engine.block_size)
-    tls = TlsConfig.from_settings(settings)
-    channels = ChannelPool(tls=tls)
+    parts = await start_engine("decode", settings)
+    loop, worker_id, spec, tls, channels = parts.loop, parts.worker_id, parts.spec, parts.tls, parts.channels
     handback = None
     if settings.kvstore:
         handback = Handback(
@@ -99,15 +91,7 @@ async def start(settings: DecodeSettings, bus: Bus | None = None) -> DecodeApp:
         tls=tls,
     )
     worker.endpoint = settings.endpoint(server.port)
-    info = HeartbeatInfo(
-        worker_id, "decode", worker.endpoint, settings.pool, settings.served_model_name(), engine.block_size,
-        settings.max_num_seqs, time.time(),
-    )
-    events = CacheEvents(loop)
-    if bus is not None and not await events.start(bus, worker_id):
-        log.warning("engine exposes no KV cache events; this worker's prefix cache is not announced")
-    heartbeater = Heartbeater(bus, info, lambda: loop.stats, settings.heartbeat_interval_s, lambda: events.seq)
-    heartbeater.start()
+    events, heartbeater = await announce("decode", settings, parts, worker.endpoint, bus)
     gauges = asyncio.create_task(_refresh_gauges(loop, settings.heartbeat_interval_s), name="decode-gauges")
     metrics_port = serve_metrics(settings.host, settings.metrics_port) if settings.metrics_port >= 0 else None
     log.info("decode worker %s serving on %s (model %s)", worker_id, worker.endpoint, settings.model)

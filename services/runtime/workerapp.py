@@ -1,17 +1,23 @@
-"""The process shell both workers share: telemetry, NATS, start, graceful shutdown."""
+"""What both workers share around their servicer: engine start, announcing on NATS, and the
+process shell (telemetry, NATS, graceful shutdown)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from . import kvwire
 from .bus import Bus
+from .cacheevents import CacheEvents
 from .config import settings_from_argv
+from .grpcutil import ChannelPool, TlsConfig
 from .shutdown import GracefulShutdown
 from .telemetry import Telemetry
-from .worker import WorkerSettings
+from .worker import EngineLoop, HeartbeatInfo, Heartbeater, WorkerSettings, engine_config
 
 log = logging.getLogger(__name__)
 S = TypeVar("S", bound=WorkerSettings)
@@ -52,3 +58,43 @@ def worker_main(
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(serve(settings))
     return 0
+
+
+@dataclass(slots=True)
+class EngineParts:
+    """What both workers build first: the engine on its own thread, identity, KV spec, channels."""
+
+    engine: Any
+    loop: EngineLoop
+    worker_id: str
+    spec: Any  # common_pb2.ModelSpec
+    tls: TlsConfig | None
+    channels: ChannelPool
+
+
+async def start_engine(role: str, settings: WorkerSettings) -> EngineParts:
+    """Builds the engine off the event loop and starts its thread."""
+    from kvmesh.engine.llm import LLMEngine  # noqa: PLC0415 - torch, only in worker processes
+
+    engine = await asyncio.to_thread(LLMEngine, engine_config(settings))
+    loop = EngineLoop(engine, name=f"{role}-engine", step_delay_s=settings.step_delay_s)
+    loop.start()
+    spec = kvwire.model_spec(engine.hasher.model_id, engine.model_args, engine.hasher.dtype, engine.block_size)
+    tls = TlsConfig.from_settings(settings)
+    return EngineParts(engine, loop, settings.resolved_worker_id(role), spec, tls, ChannelPool(tls=tls))
+
+
+async def announce(
+    role: str, settings: WorkerSettings, parts: EngineParts, endpoint: str, bus: Bus | None
+) -> tuple[CacheEvents, Heartbeater]:
+    """Starts publishing the worker's KV cache events and heartbeats on NATS."""
+    info = HeartbeatInfo(
+        parts.worker_id, role, endpoint, settings.pool, settings.served_model_name(), parts.engine.block_size,
+        settings.max_num_seqs, time.time(),
+    )
+    events = CacheEvents(parts.loop)
+    if bus is not None and not await events.start(bus, parts.worker_id):
+        log.warning("engine exposes no KV cache events; this worker's prefix cache is not announced")
+    heartbeater = Heartbeater(bus, info, lambda: parts.loop.stats, settings.heartbeat_interval_s, lambda: events.seq)
+    heartbeater.start()
+    return events, heartbeater
