@@ -67,20 +67,24 @@ def test_client_disconnect_frees_the_decode_slot_and_blocks(mesh, stream):
 def test_sigterm_drains_a_decode_worker(start_mesh, tokenizer, reference):
     handle = start_mesh(prefill=0, decode=2, kvstore=False, settings=["decode.drain_grace_s=60"])
     client = handle.openai_client()
+    workers = ("decode-0", "decode-1")
     prompt = [66] * 20
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        inflight = [pool.submit(client.completions.create, model="tiny", prompt=prompt, max_tokens=200,
+        inflight = [pool.submit(client.completions.create, model="tiny", prompt=prompt, max_tokens=1500,
                                 temperature=0, extra_body={"ignore_eos": True}) for _ in range(4)]
-        assert _wait_for(lambda: handle.metric("decode-0", "kvmesh_decode_running_requests") > 0)
-        os.kill(handle.pid("decode-0"), signal.SIGTERM)
+        busy: list[str] = []
+        assert _wait_for(lambda: busy.extend(w for w in workers
+                                             if handle.metric(w, "kvmesh_decode_running_requests") > 0) or busy)
+        drained, other = busy[0], next(w for w in workers if w != busy[0])
+        os.kill(handle.pid(drained), signal.SIGTERM)
         texts = [f.result().choices[0].text for f in inflight]
-    assert texts == [reference(prompt, 200)] * 4  # in-flight requests finished, nothing lost
-    assert _wait_for(lambda: not psutil.pid_exists(handle.pid("decode-0"))
-                     or psutil.Process(handle.pid("decode-0")).status() == psutil.STATUS_ZOMBIE, 60)
-    before = handle.metric("decode-1", "kvmesh_decode_requests_total")
+    assert texts == [reference(prompt, 1500)] * 4  # in-flight requests finished, nothing lost
+    pid = handle.pid(drained)
+    assert _wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 60)
+    before = handle.metric(other, "kvmesh_decode_requests_total")
     for _ in range(3):
         assert client.completions.create(model="tiny", prompt="after", max_tokens=3).usage.completion_tokens == 3
-    assert handle.metric("decode-1", "kvmesh_decode_requests_total") - before == 3
+    assert handle.metric(other, "kvmesh_decode_requests_total") - before == 3
 
 
 def test_chaos_loses_nothing(start_mesh, reference):
