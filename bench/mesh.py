@@ -149,11 +149,15 @@ def main(argv: list[str] | None = None) -> int:
 def run_all(args: argparse.Namespace, model: str) -> int:
     prompts = make_prompts(args.requests, args.prompt_tokens)
     work = (model, prompts, args.max_tokens, args.concurrency)
+    # NOTE: the scheduler would prefill short prompts on the decode worker itself; force the
+    # disaggregated path so these rows measure KV crossing processes.
+    remote = ["scheduler.local_prefill_max_tokens=0"]
     results = [
         run_in_process(*work),
-        run_mesh("mesh: prefill + decode (KV over gRPC)", *work, prefill=1, decode=1),
+        run_mesh("mesh: prefill + decode (KV over gRPC)", *work, prefill=1, decode=1, settings=remote),
         run_mesh("mesh: decode only (local prefill)", *work, prefill=0, decode=1),
-        run_mesh("mesh: prefill + decode, tracing off", *work, prefill=1, decode=1, env={"KVMESH_TRACING": "false"}),
+        run_mesh("mesh: prefill + decode, tracing off", *work, prefill=1, decode=1, settings=remote,
+                 env={"KVMESH_TRACING": "false"}),
     ]
     base = results[0]
     print(f"\n{args.requests} requests, {args.prompt_tokens} prompt tokens, {args.max_tokens} output tokens, "
