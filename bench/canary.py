@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--slowdown", type=float, default=10.0, help="how many times slower the candidate decodes")
+    p.add_argument("--rounds", type=int, default=2, help="mirrored phases, alternating with unmirrored ones")
     args = p.parse_args(argv)
     reason = missing_prerequisite()
     if reason:
@@ -121,8 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     off = run_phase(Phase("mirroring off"), make_prompts(args.requests, args.prompt_tokens, 1), args, 0.0, 0.0)
     step_s = statistics.median(off.tpots) if off.tpots else 0.01
     delay_s = round(step_s * (args.slowdown - 1), 4)
-    on = run_phase(Phase(f"100% mirrored, candidate {args.slowdown:g}x slower"),
-                   make_prompts(args.requests, args.prompt_tokens, 2), args, 1.0, delay_s)
+    on = Phase(f"100% mirrored, candidate {args.slowdown:g}x slower")
+    # NOTE: phases alternate (off, on, off, on, ...) and pool their samples, so drift in the
+    # machine's load hits both alike.
+    for r in range(args.rounds):
+        if r > 0:
+            run_phase(off, make_prompts(args.requests, args.prompt_tokens, 100 + r), args, 0.0, 0.0)
+        run_phase(on, make_prompts(args.requests, args.prompt_tokens, 2 + r), args, 1.0, delay_s)
     print(f"\n{args.requests} requests, {args.prompt_tokens} prompt tokens, {args.max_tokens} output tokens, "
           f"concurrency {args.concurrency}, tiny model; candidate step delay {delay_s * 1e3:.1f} ms "
           f"(production step {step_s * 1e3:.1f} ms)\n")

@@ -8,6 +8,7 @@ import signal
 import time
 
 import httpx
+import psutil
 import pytest
 
 from kvmesh.runtime.registry_client import list_workers
@@ -69,8 +70,13 @@ async def test_overload_answers_429_with_retry_after_and_never_5xx(start_mesh):
     handle = start_mesh(prefill=0, decode=1, kvstore=False,
                         settings=["decode.max_num_seqs=2", "scheduler.admission_queue_factor=1"])
     body = {"model": "tiny", "prompt": "overload " * 4, "max_tokens": 200, "ignore_eos": True}
+    gateway = psutil.Process(handle.pid("gateway"))
     async with httpx.AsyncClient(base_url=handle.base_url, timeout=120) as client:
-        replies = await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(40)))
+        await client.post("/v1/completions", json={**body, "max_tokens": 2})  # warm up before measuring memory
+        rss_before = gateway.memory_info().rss
+        for _ in range(3):  # 40 concurrent requests against room for 4 (2 running + 2 queued), three times
+            replies = await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(40)))
+    assert gateway.memory_info().rss - rss_before < 64 * 2**20  # flat: rejected requests hold nothing
     statuses = [r.status_code for r in replies]
     assert all(s < 500 for s in statuses), statuses
     assert statuses.count(200) >= 2 and statuses.count(429) >= 20, statuses
