@@ -5,20 +5,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from kvmesh.runtime import kvwire
 from kvmesh.runtime.bus import Bus
-from kvmesh.runtime.grpcutil import ChannelPool, GrpcServer, start_server
+from kvmesh.runtime.grpcutil import start_server
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import decode_pb2_grpc
 from kvmesh.runtime.telemetry import TracingServerInterceptor
-from kvmesh.runtime.workerapp import announce, serve_worker, start_engine, worker_main
-from kvmesh.runtime.worker import EngineLoop, Heartbeater
+from kvmesh.runtime.workerapp import WorkerApp, announce, serve_worker, start_engine, worker_main
+from kvmesh.runtime.worker import EngineLoop
 
 from . import metrics
 from .config import DecodeSettings
-from kvmesh.runtime.cacheevents import CacheEvents
 from .handback import Handback
 from .server import DecodeServicer
 from .worker import DecodeWorker
@@ -26,50 +24,7 @@ from .worker import DecodeWorker
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class DecodeApp:
-    """A running decode worker: `port`/`endpoint` as bound; `stop()` shuts it down."""
-
-    settings: DecodeSettings
-    loop: EngineLoop
-    worker: DecodeWorker
-    server: GrpcServer
-    heartbeater: Heartbeater
-    channels: ChannelPool
-    handback: Handback | None
-    gauges: asyncio.Task
-    events: CacheEvents
-    metrics_port: int | None = None
-
-    @property
-    def port(self) -> int:
-        return self.server.port
-
-    @property
-    def endpoint(self) -> str:
-        return self.worker.endpoint
-
-    async def deregister(self) -> None:
-        self.worker.draining = True
-        await self.server.set_serving(False)
-        await self.heartbeater.deregister()
-
-    async def close(self) -> None:
-        self.gauges.cancel()
-        await self.server.stop(1.0)
-        if self.handback is not None:
-            await self.handback.close()
-        await self.channels.close()
-        await self.events.close()
-        await self.loop.stop()
-
-    async def stop(self, grace_s: float = 0.0) -> None:
-        await self.deregister()
-        await self.worker.drain(grace_s)
-        await self.close()
-
-
-async def start(settings: DecodeSettings, bus: Bus | None = None) -> DecodeApp:
+async def start(settings: DecodeSettings, bus: Bus | None = None) -> WorkerApp:
     """Build the engine (off the event loop), start the gRPC server and the heartbeat."""
     parts = await start_engine("decode", settings)
     loop, worker_id, spec, tls, channels = parts.loop, parts.worker_id, parts.spec, parts.tls, parts.channels
@@ -95,7 +50,9 @@ async def start(settings: DecodeSettings, bus: Bus | None = None) -> DecodeApp:
     gauges = asyncio.create_task(_refresh_gauges(loop, settings.heartbeat_interval_s), name="decode-gauges")
     metrics_port = serve_metrics(settings.host, settings.metrics_port) if settings.metrics_port >= 0 else None
     log.info("decode worker %s serving on %s (model %s)", worker_id, worker.endpoint, settings.model)
-    return DecodeApp(settings, loop, worker, server, heartbeater, channels, handback, gauges, events, metrics_port)
+    extra_close = [handback.close] if handback is not None else []
+    return WorkerApp(settings, loop, worker, server, heartbeater, channels, gauges, worker.endpoint, events,
+                     metrics_port, extra_close)
 
 
 async def _refresh_gauges(loop: EngineLoop, interval_s: float) -> None:

@@ -5,17 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from kvmesh.runtime import kvwire
 from kvmesh.runtime.bus import Bus
-from kvmesh.runtime.cacheevents import CacheEvents
-from kvmesh.runtime.grpcutil import ChannelPool, GrpcServer, start_server
+from kvmesh.runtime.grpcutil import start_server
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import prefill_pb2_grpc
 from kvmesh.runtime.telemetry import TracingServerInterceptor
-from kvmesh.runtime.workerapp import announce, serve_worker, start_engine, worker_main
-from kvmesh.runtime.worker import EngineLoop, Heartbeater
+from kvmesh.runtime.workerapp import WorkerApp, announce, serve_worker, start_engine, worker_main
+from kvmesh.runtime.worker import EngineLoop
 
 from . import metrics
 from .config import PrefillSettings
@@ -26,44 +24,7 @@ from .worker import PrefillWorker
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class PrefillApp:
-    """A running prefill worker: `port`/`endpoint` as bound; `stop()` shuts it down."""
-
-    settings: PrefillSettings
-    loop: EngineLoop
-    worker: PrefillWorker
-    server: GrpcServer
-    heartbeater: Heartbeater
-    channels: ChannelPool
-    gauges: asyncio.Task
-    endpoint: str
-    events: CacheEvents
-    metrics_port: int | None = None
-
-    @property
-    def port(self) -> int:
-        return self.server.port
-
-    async def deregister(self) -> None:
-        self.worker.draining = True
-        await self.server.set_serving(False)
-        await self.heartbeater.deregister()
-
-    async def close(self) -> None:
-        self.gauges.cancel()
-        await self.server.stop(1.0)
-        await self.channels.close()
-        await self.events.close()
-        await self.loop.stop()
-
-    async def stop(self, grace_s: float = 0.0) -> None:
-        await self.deregister()
-        await self.worker.drain(grace_s)
-        await self.close()
-
-
-async def start(settings: PrefillSettings, bus: Bus | None = None) -> PrefillApp:
+async def start(settings: PrefillSettings, bus: Bus | None = None) -> WorkerApp:
     """Build the engine (off the event loop), start the gRPC server and the heartbeat."""
     parts = await start_engine("prefill", settings)
     loop, worker_id, spec, tls, channels = parts.loop, parts.worker_id, parts.spec, parts.tls, parts.channels
@@ -83,7 +44,7 @@ async def start(settings: PrefillSettings, bus: Bus | None = None) -> PrefillApp
     gauges = asyncio.create_task(_refresh_gauges(loop, settings.heartbeat_interval_s), name="prefill-gauges")
     metrics_port = serve_metrics(settings.host, settings.metrics_port) if settings.metrics_port >= 0 else None
     log.info("prefill worker %s serving on %s (model %s)", worker_id, endpoint, settings.model)
-    return PrefillApp(settings, loop, worker, server, heartbeater, channels, gauges, endpoint, events, metrics_port)
+    return WorkerApp(settings, loop, worker, server, heartbeater, channels, gauges, endpoint, events, metrics_port)
 
 
 async def _refresh_gauges(loop: EngineLoop, interval_s: float) -> None:

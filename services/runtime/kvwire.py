@@ -4,7 +4,7 @@ Encodings: RAW (model dtype bytes, little-endian), INT8 and INT4 (symmetric; K w
 channel (layer, head, dim) over the block's tokens, V with one scale per token (layer, token, head)
 over head_dim, after KIVI; float32 scales, K's first). The receiver validates every header field
 against its own `ModelSpec` before it reads a byte; bytes become tensors with `torch.frombuffer`
-only — never pickle.
+only; no pickle anywhere.
 """
 
 from __future__ import annotations

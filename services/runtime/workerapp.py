@@ -7,14 +7,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import kvwire
 from .bus import Bus
 from .cacheevents import CacheEvents
 from .config import settings_from_argv
-from .grpcutil import ChannelPool, TlsConfig
+from .grpcutil import ChannelPool, GrpcServer, TlsConfig
 from .shutdown import GracefulShutdown
 from .telemetry import Telemetry
 from .worker import EngineLoop, HeartbeatInfo, Heartbeater, WorkerSettings, engine_config
@@ -58,6 +58,48 @@ def worker_main(
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(serve(settings))
     return 0
+
+
+@dataclass(slots=True)
+class WorkerApp:
+    """A running worker: `port`/`endpoint` as bound; `stop()` shuts it down. `worker` is the
+    role's servicer core (it has `draining` and `drain(grace_s)`); `extra_close` runs after the
+    server stops (e.g. the decode worker's KV hand-back queue)."""
+
+    settings: WorkerSettings
+    loop: EngineLoop
+    worker: Any
+    server: GrpcServer
+    heartbeater: Heartbeater
+    channels: ChannelPool
+    gauges: asyncio.Task
+    endpoint: str
+    events: CacheEvents
+    metrics_port: int | None = None
+    extra_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    async def deregister(self) -> None:
+        self.worker.draining = True
+        await self.server.set_serving(False)
+        await self.heartbeater.deregister()
+
+    async def close(self) -> None:
+        self.gauges.cancel()
+        await self.server.stop(1.0)
+        for close in self.extra_close:
+            await close()
+        await self.channels.close()
+        await self.events.close()
+        await self.loop.stop()
+
+    async def stop(self, grace_s: float = 0.0) -> None:
+        await self.deregister()
+        await self.worker.drain(grace_s)
+        await self.close()
 
 
 @dataclass(slots=True)

@@ -146,7 +146,7 @@ async def test_finished_turns_go_to_the_store_and_come_back_as_a_cached_prefix(r
         async with grpc.aio.insecure_channel(first.endpoint) as channel:
             await collect(decode_pb2_grpc.DecodeWorkerStub(channel), generate_request(max_tokens=4))
         for _ in range(100):
-            if first.handback.blocks_stored:
+            if first.worker.handback.blocks_stored:
                 break
             await asyncio.sleep(0.02)
         assert len(fake.blocks) == (len(PROMPT) + 4 - 1) // BLOCK_SIZE
