@@ -12,16 +12,10 @@ import httpx
 import psutil
 import pytest
 
+from .polling import eventually
+
 pytestmark = pytest.mark.e2e
 
-
-def _wait_for(predicate, timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +53,9 @@ def test_client_disconnect_frees_the_decode_slot_and_blocks(mesh, stream):
         else:
             with pytest.raises(httpx.ReadTimeout):
                 client.post(f"{mesh.base_url}/v1/completions", json=body, timeout=2.0)
-    assert _wait_for(lambda: mesh.metric("decode-0", "kvmesh_decode_running_requests") == 0)
+    assert eventually(lambda: mesh.metric("decode-0", "kvmesh_decode_running_requests") == 0, timeout_s=20)
     # Blocks of the aborted request are freed (they may stay cached, but not in use).
-    assert _wait_for(lambda: mesh.metric("decode-0", "kvmesh_decode_kv_blocks_used") <= idle_blocks)
+    assert eventually(lambda: mesh.metric("decode-0", "kvmesh_decode_kv_blocks_used") <= idle_blocks, timeout_s=20)
 
 
 def test_sigterm_drains_a_decode_worker(start_mesh, tokenizer, reference):
@@ -73,14 +67,15 @@ def test_sigterm_drains_a_decode_worker(start_mesh, tokenizer, reference):
         inflight = [pool.submit(client.completions.create, model="tiny", prompt=prompt, max_tokens=1500,
                                 temperature=0, extra_body={"ignore_eos": True}) for _ in range(4)]
         busy: list[str] = []
-        assert _wait_for(lambda: busy.extend(w for w in workers
-                                             if handle.metric(w, "kvmesh_decode_running_requests") > 0) or busy)
+        assert eventually(lambda: busy.extend(w for w in workers
+                                             if handle.metric(w, "kvmesh_decode_running_requests") > 0) or busy,
+                          timeout_s=20)
         drained, other = busy[0], next(w for w in workers if w != busy[0])
         os.kill(handle.pid(drained), signal.SIGTERM)
         texts = [f.result().choices[0].text for f in inflight]
     assert texts == [reference(prompt, 1500)] * 4  # in-flight requests finished, nothing lost
     pid = handle.pid(drained)
-    assert _wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 60)
+    assert eventually(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 60)
     before = handle.metric(other, "kvmesh_decode_requests_total")
     for _ in range(3):
         assert client.completions.create(model="tiny", prompt="after", max_tokens=3).usage.completion_tokens == 3

@@ -4,24 +4,17 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 
 from kvmesh.runtime.registry_client import list_workers
 
+from .polling import eventually
+
 pytestmark = pytest.mark.e2e
 
 LONG_PROMPT = [33 + (i * 11) % 90 for i in range(200)]  # 12 full blocks: long enough for remote prefill
 
-
-def _eventually(predicate, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def _complete(handle, prompt, max_tokens=16):
@@ -36,7 +29,7 @@ def test_second_identical_request_hits_the_decode_workers_cache(mesh):
     cold_text, cold_usage = _complete(mesh, prompt)
     warm_text, warm_usage = _complete(mesh, prompt)
     assert warm_text == cold_text
-    assert _eventually(lambda: mesh.metric("decode-0", "kvmesh_decode_prefix_hit_tokens_total") - hits_before >= 144)
+    assert eventually(lambda: mesh.metric("decode-0", "kvmesh_decode_prefix_hit_tokens_total") - hits_before >= 144)
     assert warm_usage.prompt_tokens_details.cached_tokens >= 144
 
 
@@ -46,7 +39,7 @@ def test_second_turn_of_a_chat_starts_from_the_handed_back_kv(mesh):
     first = client.chat.completions.create(model="tiny", messages=turn1, max_tokens=40, temperature=0)
     turn2 = turn1 + [{"role": "assistant", "content": first.choices[0].message.content},
                      {"role": "user", "content": "And then?"}]
-    assert _eventually(lambda: mesh.metric("decode-0", "kvmesh_decode_kv_handback_blocks_total") > 0)
+    assert eventually(lambda: mesh.metric("decode-0", "kvmesh_decode_kv_handback_blocks_total") > 0)
     second = client.chat.completions.create(model="tiny", messages=turn2, max_tokens=8, temperature=0)
     # The first turn's prompt and most of its completion are already cached.
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
@@ -58,11 +51,11 @@ def test_fresh_workers_get_the_prefix_from_the_store(start_mesh):
     KV store (handed back by the first decode worker) — and the output must not change."""
     handle = start_mesh(prefill=2, decode=2, kvstore=True, policy="round_robin")
     cold_text, _ = _complete(handle, LONG_PROMPT)
-    assert _eventually(lambda: handle.metric("kvstore", "kvmesh_kvstore_put_bytes_total") > 0)
+    assert eventually(lambda: handle.metric("kvstore", "kvmesh_kvstore_put_bytes_total") > 0)
     used = "prefill-0" if handle.metric("prefill-0", "kvmesh_prefill_requests_total") else "prefill-1"
     os.kill(handle.pid(used), signal.SIGTERM)
     scheduler = handle.spec("scheduler").grpc_endpoint
-    assert _eventually(lambda: used not in list_workers(scheduler))
+    assert eventually(lambda: used not in list_workers(scheduler))
     warm_text, _ = _complete(handle, LONG_PROMPT)
     assert warm_text == cold_text
     assert handle.metric("kvstore", "kvmesh_kvstore_lookup_hit_blocks_total") >= 12

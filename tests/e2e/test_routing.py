@@ -13,18 +13,12 @@ import pytest
 
 from kvmesh.runtime.registry_client import list_workers
 
+from .polling import eventually
+
 pytestmark = pytest.mark.e2e
 
 SHARED = [40 + (i * 13) % 80 for i in range(160)]  # 10 full blocks every request below shares
 
-
-def _eventually(predicate, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def _served(handle) -> dict[str, float]:
@@ -58,7 +52,7 @@ def test_a_killed_worker_stops_receiving_requests(start_mesh):
     handle = start_mesh(prefill=0, decode=2, kvstore=False, policy="round_robin")
     scheduler = handle.spec("scheduler").grpc_endpoint
     os.kill(handle.pid("decode-1"), signal.SIGKILL)
-    assert _eventually(lambda: "decode-1" not in list_workers(scheduler), timeout_s=8)
+    assert eventually(lambda: "decode-1" not in list_workers(scheduler), timeout_s=8)
     client = handle.openai_client()
     before = handle.metric("decode-0", "kvmesh_decode_requests_total")
     for _ in range(4):

@@ -9,20 +9,12 @@ import pytest
 
 from kvmesh.kvstore.blocks import Block, ModelSpec, make_block
 
+from ..fakeclock import FakeClock
+
 # 2 x 2 layers x 4 tokens x 2 heads x 4 dims = 128 float32 values = 512 bytes per block
 SPEC = ModelSpec("m", "float32", block_size=4, num_layers=2, num_kv_heads=2, head_dim=4)
 BLOCK_BYTES = SPEC.raw_block_bytes
 
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def h(name: str) -> bytes:

@@ -11,16 +11,11 @@ from typing import Any
 
 import yaml
 
+from kvmesh.runtime.settingsdoc import SERVICES
+
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "dashboards"
-SETTINGS_CLASSES = {
-    "gateway": "GatewaySettings",
-    "scheduler": "SchedulerSettings",
-    "prefill": "PrefillSettings",
-    "decode": "DecodeSettings",
-    "kvstore": "KvStoreSettings",
-    "canary": "CanarySettings",
-}
+SETTINGS_CLASSES = SERVICES  # service → its settings class name
 # Series Prometheus makes itself; dashboards may use them besides METRICS.md's names.
 PROMETHEUS_BUILTINS = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"})
 _VAR = re.compile(r"\$\{(\w+)(?::?([-?])([^}]*))?\}")

@@ -6,16 +6,8 @@ from kvmesh.scheduler.index import BlockIndex, EventBatch, Stored
 from kvmesh.scheduler.policy import CostModel, RequestView, RoutingState, WorkerView
 from kvmesh.scheduler.registry import HeartbeatInfo, Role
 
+from ..fakeclock import FakeClock  # noqa: F401 - re-exported for the scheduler tests
 
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def hashes(prefix: str, n: int) -> tuple[bytes, ...]:
