@@ -1,148 +1,199 @@
 """Does mirroring to a slow candidate slow production down? One command, one run:
 
-    .venv/bin/python bench/canary.py [--requests 200] [--concurrency 4] [--prompt-tokens 64] [--max-tokens 16]
+    .venv/bin/python bench/canary.py [--window-s 15] [--rounds 2] [--concurrency 4] [--candidate-priority idle]
 
-Runs the same workload through two meshes that differ only in the gateway's mirror sample:
-(A) mirroring off; (B) 100% of requests mirrored to a canary whose candidate pool is made
-`--slowdown` times slower (the decode worker's `step_delay_s` test setting, sized from A's measured
-time per output token). Prints production TTFT p50/p99 for both, the p99 ratio B/A (goal: within
-5%), and what the canary did in B (replayed, dropped, verdict). Ratios, not absolute numbers, are
-the result: the machine is shared and noisy.
+One mesh (tiny model): a production pool, a candidate pool whose decode steps are `--slowdown`
+times slower (the `decode.step_slowdown` test setting), and the canary. Closed-loop production
+traffic runs in windows; the gateway's mirror sample is switched between 0 and 1 through its
+`PUT /admin/mirror` route, in the order off, on, on, off (repeated `--rounds` times) so a drift in
+the machine's load hits both alike. Each window starts from an idle mesh, and an "off" window
+starts only once the canary has nothing buffered or replaying.
+
+Prints production TTFT p50/p99 with mirroring off and with 100% mirroring, the p99 ratio
+(goal: at most 5% slower), the same ratio between the two halves of the "off" windows (what this
+machine's noise alone does to the p99), and what the canary did. Ratios, not absolute numbers,
+are the result: the machine is shared and noisy.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import importlib.util
-import statistics
+import random
 import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 
+ADMIN_KEY = "bench-admin"
+
 
 @dataclass
-class Phase:
-    name: str
+class Samples:
     ttfts: list[float] = field(default_factory=list)
     tpots: list[float] = field(default_factory=list)
-    canary: dict = field(default_factory=dict)
-    gateway_mirror_dropped: float = 0.0
 
-    def pct(self, q: float) -> float:
-        xs = sorted(self.ttfts)
-        return xs[min(len(xs) - 1, int(q * len(xs)))]
+    def add(self, other: Samples) -> None:
+        self.ttfts += other.ttfts
+        self.tpots += other.tpots
 
-
-def make_prompts(n: int, length: int, salt: int) -> list[list[int]]:
-    # NOTE: distinct prompts, so the canary's dedup never hides a mirrored request.
-    return [[32 + (salt * 31 + i * 7 + j * 13 + (i * j) % 17) % 90 for j in range(length)] for i in range(n)]
+    def pct(self, q: float, which: str = "ttfts") -> float:
+        xs = sorted(getattr(self, which))
+        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-def missing_prerequisite() -> str | None:
-    if importlib.util.find_spec("kvmesh.runtime.supervisor") is None:
-        return "the mesh launcher (kvmesh.runtime.supervisor) is not there yet"
-    from kvmesh.decode.config import DecodeSettings
+class Load:
+    """`concurrency` threads sending distinct streaming completions until `run_window` ends."""
 
-    if "step_delay_s" not in DecodeSettings.model_fields:
-        return "the decode worker has no step_delay_s setting (KVMESH_DECODE_STEP_DELAY_S) to slow a candidate down"
-    return None
+    def __init__(self, base_url: str, concurrency: int, prompt_tokens: int, max_tokens: int) -> None:
+        import openai
+
+        self.client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0, timeout=300)
+        self.concurrency = concurrency
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self._counter = 0
+        self._lock = threading.Lock()
+
+    def _prompt(self) -> list[int]:
+        # NOTE: a fresh random prompt per request: no prefix-cache hits, nothing the canary dedups.
+        with self._lock:
+            self._counter += 1
+            rng = random.Random(self._counter)
+        return [rng.randrange(32, 122) for _ in range(self.prompt_tokens)]
+
+    def _one(self, into: Samples) -> None:
+        start = time.perf_counter()
+        stamps: list[float] = []
+        stream = self.client.completions.create(model="tiny", prompt=self._prompt(), max_tokens=self.max_tokens,
+                                                temperature=0, stream=True, extra_body={"ignore_eos": True})
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].text:
+                stamps.append(time.perf_counter())
+        with self._lock:
+            into.ttfts.append(stamps[0] - start)
+            if len(stamps) > 1:
+                into.tpots.append((stamps[-1] - stamps[0]) / (len(stamps) - 1))
+
+    def run_window(self, seconds: float) -> Samples:
+        """Requests started within `seconds`; returns once the last of them has finished."""
+        out = Samples()
+        end = time.perf_counter() + seconds
+
+        def worker() -> None:
+            while time.perf_counter() < end:
+                self._one(out)
+
+        threads = [threading.Thread(target=worker) for _ in range(self.concurrency)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
 
 
-def metric(url: str, name: str) -> float:
-    import httpx
+class Canary:
+    def __init__(self, mesh) -> None:
+        import httpx
 
-    total = 0.0
-    for line in httpx.get(url, timeout=10).text.splitlines():
-        if line.startswith(name) and not line.startswith("#"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+        self._http = httpx.Client(timeout=10)
+        self.gateway = mesh.gateway_url
+        canary = next(s for s in mesh.specs if s.service == "canary")
+        self.url = f"http://{canary.metrics_target}"
+
+    def set_mirror(self, sample: float) -> None:
+        resp = self._http.put(f"{self.gateway}/admin/mirror", json={"sample": sample},
+                              headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+        resp.raise_for_status()
+
+    def wait_quiet(self, timeout_s: float) -> float:
+        """Waits until the canary has nothing buffered or replaying; returns the seconds waited."""
+        start = time.perf_counter()
+        while time.perf_counter() - start < timeout_s:
+            health = self._http.get(f"{self.url}/health").json()
+            if health["buffered"] == 0 and health["replaying"] == 0:
+                return time.perf_counter() - start
+            time.sleep(0.2)
+        raise TimeoutError(f"the canary still had work after {timeout_s:.0f} s: {health}")
+
+    def report(self) -> dict:
+        return self._http.get(f"{self.url}/report").json()
+
+    def gateway_metric(self, name: str) -> float:
+        text = self._http.get(f"{self.gateway}/metrics").text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
-def run_phase(phase: Phase, prompts: list[list[int]], args: argparse.Namespace, mirror: float, step_delay_s: float) -> Phase:
-    import httpx
-    import openai
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--window-s", type=float, default=15.0, help="length of one on or off window")
+    p.add_argument("--rounds", type=int, default=2, help="repeats of the off, on, on, off pattern")
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--slowdown", type=float, default=10.0, help="how many times slower the candidate decodes")
+    p.add_argument("--candidate-priority", default="idle", choices=["normal", "low", "idle"],
+                   help="CPU priority of the candidate workers and the canary (kvmesh up --candidate-cpu-priority)")
+    p.add_argument("--canary-buffer", type=int, default=8, help="records the canary buffers before it drops")
+    args = p.parse_args(argv)
 
     from kvmesh.runtime.launcher import MeshOptions, free_port
     from kvmesh.runtime.supervisor import Mesh
 
-    settings = [f"gateway.mirror_sample={mirror}", "canary.noise_sample=0"]
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as run_dir:
         opts = MeshOptions(
             port=free_port(), run_dir=run_dir, kvstore=False, canary=True, candidate_prefill=1, candidate_decode=1,
-            settings=settings, candidate_settings=[f"decode.step_delay_s={step_delay_s}"],
+            settings=[f"gateway.admin_key={ADMIN_KEY}", "canary.noise_sample=0",
+                      f"canary.buffer_max_records={args.canary_buffer}"],
+            candidate_settings=[f"decode.step_slowdown={args.slowdown}"],
+            candidate_cpu_priority=args.candidate_priority,
             env={"KVMESH_TRACING": "false"},
         )
         mesh = Mesh(opts)
         mesh.start(timeout_s=180)
         try:
-            client = openai.OpenAI(base_url=f"{mesh.gateway_url}/v1", api_key="x", max_retries=0, timeout=300)
-            for warm in make_prompts(4, args.prompt_tokens, salt=999):
-                client.completions.create(model="tiny", prompt=warm, max_tokens=4, temperature=0)
-            lock = threading.Lock()
-
-            def one(prompt: list[int]) -> None:
-                start = time.perf_counter()
-                stamps: list[float] = []
-                for chunk in client.completions.create(model="tiny", prompt=prompt, max_tokens=args.max_tokens,
-                                                       temperature=0, stream=True, extra_body={"ignore_eos": True}):
-                    if chunk.choices and chunk.choices[0].text:
-                        stamps.append(time.perf_counter())
-                with lock:
-                    phase.ttfts.append(stamps[0] - start)
-                    if len(stamps) > 1:
-                        phase.tpots.append((stamps[-1] - stamps[0]) / (len(stamps) - 1))
-
-            with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
-                list(pool.map(one, prompts))
-            canary = next(s for s in mesh.specs if s.service == "canary")
-            phase.canary = httpx.get(f"http://{canary.metrics_target}/report", timeout=10).json()
-            phase.gateway_mirror_dropped = metric(f"{mesh.gateway_url}/metrics", "kvmesh_gateway_mirror_dropped_total")
+            load = Load(f"{mesh.gateway_url}/v1", args.concurrency, args.prompt_tokens, args.max_tokens)
+            canary = Canary(mesh)
+            # NOTE: a short mirrored warm-up (discarded) connects the tap to NATS and warms every path.
+            canary.set_mirror(1.0)
+            load.run_window(min(3.0, args.window_s))
+            off, on, off_halves = Samples(), Samples(), (Samples(), Samples())
+            waited = 0.0
+            for _ in range(args.rounds):
+                for i, mirrored in enumerate((False, True, True, False)):
+                    canary.set_mirror(1.0 if mirrored else 0.0)
+                    if not mirrored:
+                        waited += canary.wait_quiet(timeout_s=300)
+                    window = load.run_window(args.window_s)
+                    (on if mirrored else off).add(window)
+                    if not mirrored:
+                        off_halves[0 if i == 0 else 1].add(window)
+            report = canary.report()
+            gateway_dropped = canary.gateway_metric("kvmesh_gateway_mirror_dropped_total")
         finally:
             mesh.stop()
-    return phase
 
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--requests", type=int, default=200)
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--prompt-tokens", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--slowdown", type=float, default=10.0, help="how many times slower the candidate decodes")
-    p.add_argument("--rounds", type=int, default=2, help="mirrored phases, alternating with unmirrored ones")
-    args = p.parse_args(argv)
-    reason = missing_prerequisite()
-    if reason:
-        print(f"bench/canary.py skipped: {reason}")
-        return 0
-    started = time.perf_counter()
-    off = run_phase(Phase("mirroring off"), make_prompts(args.requests, args.prompt_tokens, 1), args, 0.0, 0.0)
-    step_s = statistics.median(off.tpots) if off.tpots else 0.01
-    delay_s = round(step_s * (args.slowdown - 1), 4)
-    on = Phase(f"100% mirrored, candidate {args.slowdown:g}x slower")
-    # NOTE: phases alternate (off, on, off, on, ...) and pool their samples, so drift in the
-    # machine's load hits both alike.
-    for r in range(args.rounds):
-        if r > 0:
-            run_phase(off, make_prompts(args.requests, args.prompt_tokens, 100 + r), args, 0.0, 0.0)
-        run_phase(on, make_prompts(args.requests, args.prompt_tokens, 2 + r), args, 1.0, delay_s)
-    print(f"\n{args.requests} requests, {args.prompt_tokens} prompt tokens, {args.max_tokens} output tokens, "
-          f"concurrency {args.concurrency}, tiny model; candidate step delay {delay_s * 1e3:.1f} ms "
-          f"(production step {step_s * 1e3:.1f} ms)\n")
-    print(f"{'production traffic':44} {'TTFT p50 ms':>12} {'p99 ms':>8}")
-    for phase in (off, on):
-        print(f"{phase.name:44} {phase.pct(0.5) * 1e3:12.1f} {phase.pct(0.99) * 1e3:8.1f}")
+    print(f"\n{args.rounds} x (off, on, on, off) windows of {args.window_s:g} s; {args.concurrency} streams, "
+          f"{args.prompt_tokens} prompt tokens, {args.max_tokens} output tokens, tiny model; candidate decode "
+          f"{args.slowdown:g}x slower at CPU priority {args.candidate_priority!r}\n")
+    print(f"{'production traffic':36} {'requests':>8} {'TTFT p50 ms':>12} {'p99 ms':>8} {'TPOT p50 ms':>12}")
+    for name, s in (("mirroring off", off), ("100% mirrored", on)):
+        print(f"{name:36} {len(s.ttfts):8d} {s.pct(0.5) * 1e3:12.1f} {s.pct(0.99) * 1e3:8.1f} "
+              f"{s.pct(0.5, 'tpots') * 1e3:12.2f}")
     ratio = on.pct(0.99) / off.pct(0.99)
-    verdict = "within" if abs(ratio - 1) <= 0.05 else "NOT within"
-    print(f"\nTTFT p99 ratio mirrored / off = {ratio:.3f} ({verdict} the 5% goal)")
-    c = on.canary
-    print(f"canary in the mirrored run: received {c.get('mirror_received')}, replayed {c.get('samples')}, "
-          f"dropped {c.get('mirror_dropped')} (gateway tap dropped {on.gateway_mirror_dropped:g}), "
-          f"verdict {c.get('verdict')}: {c.get('reason')}")
-    print(f"wall time {time.perf_counter() - started:.0f} s")
+    noise = off_halves[1].pct(0.99) / off_halves[0].pct(0.99)
+    verdict = "meets" if ratio <= 1.05 else "does NOT meet"
+    print(f"\nTTFT p99 ratio mirrored / off = {ratio:.3f} ({verdict} the goal: at most 5% slower); p50 ratio "
+          f"{on.pct(0.5) / off.pct(0.5):.3f}")
+    print(f"noise: TTFT p99 ratio between the two halves of the off windows = {noise:.3f}")
+    tpot = report.get("tpot", {})
+    print(f"canary: received {report.get('mirror_received')}, replayed {report.get('samples')}, "
+          f"dropped {report.get('mirror_dropped')} (gateway tap dropped {gateway_dropped:g}); candidate TPOT p50 "
+          f"{tpot.get('candidate_p50_s', 0) * 1e3:.1f} ms vs production {tpot.get('production_p50_s', 0) * 1e3:.1f} ms; "
+          f"verdict {report.get('verdict')}: {report.get('reason')}")
+    print(f"waited {waited:.0f} s for the canary to go quiet before off windows; wall time "
+          f"{time.perf_counter() - started:.0f} s")
     return 0
 
 

@@ -38,6 +38,9 @@ def up_main(argv: Sequence[str]) -> int:
     p.add_argument("--candidate-prefill", type=int, default=0, help="prefill workers in the 'candidate' pool")
     p.add_argument("--candidate-decode", type=int, default=0, help="decode workers in the 'candidate' pool")
     p.add_argument("--candidate-model", default="", help="model for the candidate pool (default: --model)")
+    p.add_argument("--candidate-cpu-priority", default="idle", choices=["normal", "low", "idle"],
+                   help="CPU priority of the candidate workers and the canary: idle (default) runs them only on "
+                        "CPU time production leaves unused, low is nice 10")
     p.add_argument("--policy", default="", help="scheduler routing policy")
     p.add_argument("--run-dir", default=".kvmesh", help="logs, traces and mesh.json go here")
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="SERVICE.FIELD=VALUE",

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from kvmesh.runtime.config import settings_from_argv
+from kvmesh.runtime.process import init_process
 from kvmesh.runtime.shutdown import GracefulShutdown
 from kvmesh.runtime.telemetry import Telemetry
 
@@ -15,7 +15,7 @@ from .service import CanaryService
 
 def main(argv: list[str] | None = None) -> int:
     settings = settings_from_argv(CanarySettings, argv, "kvmesh canary")
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    init_process(settings)
     asyncio.run(serve(settings))
     return 0
 

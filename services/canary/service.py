@@ -117,7 +117,12 @@ class CanaryService:
 
     def health(self) -> dict[str, Any]:
         connected = bool(self.bus and self.bus.connected)
-        return {"status": "ok", "nats_connected": connected, "buffered": len(self.state.buffer)}
+        return {
+            "status": "ok",
+            "nats_connected": connected,
+            "buffered": len(self.state.buffer),
+            "replaying": self.replays.inflight,
+        }
 
     async def promote(self) -> Pools:
         """Production traffic moves to the candidate pool; the comparison starts over."""

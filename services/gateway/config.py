@@ -28,6 +28,7 @@ class GatewaySettings(MeshSettings):
     max_migrations: int = Field(2, description="re-routes of a request whose decode worker failed mid-stream")
     mirror_sample: float = Field(0.0, description="fraction of requests mirrored to the canary (0 = off)")
     mirror_buffer: int = Field(1024, description="mirror records buffered before drops")
+    admin_key: str = Field("", description="bearer key for /admin routes (e.g. PUT /admin/mirror); empty = no admin routes")
     shutdown_grace_s: float = Field(10.0, description="how long in-flight requests may finish on SIGTERM")
     api_keys: str = mesh_field("", "API_KEYS", "comma-separated API keys; empty = no auth")
 

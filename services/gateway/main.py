@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import uvicorn
 
 from kvmesh.runtime.config import settings_from_argv
+from kvmesh.runtime.process import init_process
 from kvmesh.runtime.shutdown import GracefulShutdown
 from kvmesh.runtime.telemetry import Telemetry
 
@@ -79,6 +80,6 @@ async def serve(settings: GatewaySettings, ready: asyncio.Event | None = None) -
 
 def main(argv: list[str] | None = None) -> int:
     settings = settings_from_argv(GatewaySettings, argv, prog="kvmesh gateway")
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    init_process(settings)
     asyncio.run(serve(settings))
     return 0

@@ -59,6 +59,11 @@ class MirrorTap:
             return False
         return True
 
+    def set_sample(self, sample: float) -> None:
+        """Changes the sampled fraction at run time (connecting to NATS when it turns on)."""
+        self.sample = sample
+        self.start()
+
     def start(self) -> None:
         """Connects to NATS ahead of the first sampled request (nothing happens when mirroring is off)."""
         if self.enabled:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 class Endpoint(Enum):
     COMPLETIONS = "completions"
@@ -103,3 +103,11 @@ class ChatBody(CommonBody):
     functions: list[Any] | None = None
     function_call: Any = None
     response_format: dict[str, Any] | None = None
+
+
+class MirrorUpdate(BaseModel):
+    """PUT /admin/mirror: the fraction of requests mirrored to the canary from now on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sample: float = Field(ge=0.0, le=1.0)

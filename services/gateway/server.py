@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -22,7 +22,7 @@ from .handlers import CompletionService
 from .metrics import GatewayMetrics
 from .mirror import MirrorTap
 from .prompt import ServedModel
-from .protocol import ChatBody, CompletionBody, Endpoint
+from .protocol import ChatBody, CompletionBody, Endpoint, MirrorUpdate
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +145,24 @@ def create_app(
         if model_id != model.name:
             raise model_not_found(model_id)
         return model_card()
+
+    admin = ApiKeys(frozenset({settings.admin_key}))
+
+    def check_admin(request: Request) -> None:
+        if not settings.admin_key:
+            raise ApiError(404, "Admin routes are off (set KVMESH_GATEWAY_ADMIN_KEY).", code="not_found")
+        admin.check(request.headers.get("authorization"))
+
+    # NOTE: auth as a dependency, so it is checked before the body is validated.
+    @app.get("/admin/mirror", include_in_schema=False, dependencies=[Depends(check_admin)])
+    async def get_mirror() -> dict:
+        return {"sample": mirror.sample}
+
+    @app.put("/admin/mirror", include_in_schema=False, dependencies=[Depends(check_admin)])
+    async def put_mirror(update: MirrorUpdate) -> dict:
+        mirror.set_sample(update.sample)
+        log.info("mirror sample set to %g", update.sample)
+        return {"sample": mirror.sample}
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .process import CpuPriority
+
 
 def mesh_field(default: Any, env: str, description: str) -> Any:
     """A setting read from the mesh-wide variable `KVMESH_<env>` whatever the class's prefix."""
@@ -38,6 +40,9 @@ class MeshSettings(BaseSettings):
     tls_cert: str = mesh_field("", "TLS_CERT", "PEM certificate for gRPC servers and clients (empty = plaintext)")
     tls_key: str = mesh_field("", "TLS_KEY", "PEM private key for tls_cert")
     tls_ca: str = mesh_field("", "TLS_CA", "PEM CA that signs every peer; servers require client certificates")
+    cpu_priority: CpuPriority = mesh_field(
+        "normal", "CPU_PRIORITY", "OS CPU priority: normal | low (nice 10) | idle (runs only on otherwise idle CPU)"
+    )
 
     def served_model_name(self) -> str:
         if self.model_name:
@@ -52,6 +57,8 @@ def _flag_type(annotation: Any) -> type | None:
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         annotation = args[0] if len(args) == 1 else None
+    if typing.get_origin(annotation) is typing.Literal and all(isinstance(a, str) for a in typing.get_args(annotation)):
+        return str
     return annotation if annotation in (str, int, float, bool) else None
 
 
@@ -66,7 +73,8 @@ def settings_from_argv(cls: type[S], argv: Sequence[str] | None, prog: str) -> S
         if kind is bool:
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=field.description)
         else:
-            parser.add_argument(flag, dest=name, type=kind, default=None, help=field.description)
+            choices = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is typing.Literal else None
+            parser.add_argument(flag, dest=name, type=kind, choices=choices, default=None, help=field.description)
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if v is not None}
     return cls(**overrides)

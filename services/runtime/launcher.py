@@ -37,6 +37,7 @@ class MeshOptions:
     candidate_prefill: int = 0
     candidate_decode: int = 0
     candidate_model: str = ""
+    candidate_cpu_priority: str = "idle"                         # candidate workers and the canary
     policy: str = ""
     run_dir: str = ".kvmesh"
     nats_port: int = 0
@@ -119,10 +120,11 @@ def plan_mesh(
     add("scheduler", "scheduler", sched_args, grpc_port=sched_port, metrics_port=sched_mport)
 
     def workers(role: str, count: int, pool: str) -> None:
-        extra = candidate_overrides.get(role, {}) if pool == "candidate" else {}
-        env = dict(extra)
-        if pool == "candidate" and opts.candidate_model:
-            env["KVMESH_MODEL"] = opts.candidate_model
+        env = {}
+        if pool == "candidate":
+            env = {"KVMESH_CPU_PRIORITY": opts.candidate_cpu_priority, **candidate_overrides.get(role, {})}
+            if opts.candidate_model:
+                env["KVMESH_MODEL"] = opts.candidate_model
         for i in range(count):
             port, mport = port_of(), port_of()
             worker_id = f"{role}-{i}" if pool == "production" else f"{role}-{pool}-{i}"
@@ -140,7 +142,8 @@ def plan_mesh(
         port, http_port = port_of(), port_of()
         add("canary", "canary", ["--host", host, "--port", str(port), "--http-port", str(http_port),
                                  "--scheduler", scheduler],
-            grpc_port=port, metrics_port=http_port, http_health=f"http://{host}:{http_port}/health")
+            grpc_port=port, metrics_port=http_port, http_health=f"http://{host}:{http_port}/health",
+            env={"KVMESH_CPU_PRIORITY": opts.candidate_cpu_priority})
     add("gateway", "gateway", ["--host", host, "--port", str(opts.port), "--scheduler", scheduler],
         http_health=f"http://{host}:{opts.port}/health", metrics_port=opts.port)
     return specs

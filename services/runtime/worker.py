@@ -53,6 +53,7 @@ class WorkerSettings(MeshSettings):
     drain_grace_s: float = Field(10.0, description="how long in-flight requests may finish on shutdown")
     torch_threads: int = Field(0, description="torch intra-op threads (0 = torch's default: one per core)")
     step_delay_s: float = Field(0.0, description="testing aid: sleep after every engine step (e.g. a deliberately slow canary candidate)")
+    step_slowdown: float = Field(1.0, ge=1.0, description="testing aid: every engine step takes this many times as long (sleeps the difference)")
 
     def resolved_worker_id(self, role: str) -> str:
         return self.worker_id or f"{role}-{socket.gethostname()}-{os.getpid()}"
@@ -115,9 +116,20 @@ class _Subscription:
 class EngineLoop:
     """One thread that owns the engine; see the module docstring."""
 
-    def __init__(self, engine: Any, name: str = "engine", step_delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        name: str = "engine",
+        step_delay_s: float = 0.0,
+        step_slowdown: float = 1.0,
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.engine = engine
         self.step_delay_s = step_delay_s
+        self.step_slowdown = step_slowdown
+        self._clock = clock
+        self._sleep = sleep
         self.stats = engine.stats()
         self.step_hooks: list[Callable[[Any, list[Any]], None]] = []  # run on the engine thread after each step
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -211,6 +223,13 @@ class EngineLoop:
                 self._step()
 
     def _step(self) -> None:
+        started = self._clock()
+        self._step_once()
+        delay = self.step_delay_s + (self.step_slowdown - 1.0) * (self._clock() - started)
+        if delay > 0:
+            self._sleep(delay)
+
+    def _step_once(self) -> None:
         try:
             outputs = self.engine.step()
         except Exception as exc:  # noqa: BLE001 - fail the requests, keep the worker alive
@@ -237,8 +256,6 @@ class EngineLoop:
             except Exception:  # noqa: BLE001
                 log.exception("engine step hook failed")
         self.stats = self.engine.stats()
-        if self.step_delay_s > 0:
-            time.sleep(self.step_delay_s)
 
 
 @dataclass(slots=True)

@@ -15,6 +15,7 @@ from .bus import Bus
 from .cacheevents import CacheEvents
 from .config import settings_from_argv
 from .grpcutil import ChannelPool, GrpcServer, TlsConfig
+from .process import init_process
 from .shutdown import GracefulShutdown
 from .telemetry import Telemetry
 from .worker import EngineLoop, HeartbeatInfo, Heartbeater, WorkerSettings, engine_config
@@ -55,7 +56,7 @@ def worker_main(
     role: str, settings_cls: type[S], argv: Sequence[str] | None, serve: Callable[[S], Awaitable[None]]
 ) -> int:
     settings = settings_from_argv(settings_cls, argv, f"kvmesh {role}")
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    init_process(settings)
     asyncio.run(serve(settings))
     return 0
 
@@ -119,7 +120,8 @@ async def start_engine(role: str, settings: WorkerSettings) -> EngineParts:
     from kvmesh.engine.llm import LLMEngine  # noqa: PLC0415 - torch, only in worker processes
 
     engine = await asyncio.to_thread(LLMEngine, engine_config(settings))
-    loop = EngineLoop(engine, name=f"{role}-engine", step_delay_s=settings.step_delay_s)
+    loop = EngineLoop(engine, name=f"{role}-engine", step_delay_s=settings.step_delay_s,
+                      step_slowdown=settings.step_slowdown)
     loop.start()
     spec = kvwire.model_spec(engine.hasher.model_id, engine.model_args, engine.hasher.dtype, engine.block_size)
     tls = TlsConfig.from_settings(settings)

@@ -12,6 +12,7 @@ from kvmesh.runtime.config import settings_from_argv
 from kvmesh.runtime.grpcutil import GrpcServer, TlsConfig, start_server
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import scheduler_pb2_grpc
+from kvmesh.runtime.process import init_process
 from kvmesh.runtime.shutdown import GracefulShutdown
 from kvmesh.runtime.telemetry import Telemetry, TracingServerInterceptor
 
@@ -96,7 +97,7 @@ async def serve(settings: SchedulerSettings, ready: asyncio.Event | None = None)
 
 def main(argv: list[str] | None = None) -> int:
     settings = settings_from_argv(SchedulerSettings, argv, "kvmesh scheduler")
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    init_process(settings)
     try:
         settings.check()
     except ValueError as exc:

@@ -162,8 +162,10 @@ async def test_slow_candidate_fills_the_buffer_and_drops_are_counted(start_canar
     await eventually(lambda: h.canary.report().received == 5, what="5 records received")
     report = await h.report()
     assert (report.mirror_dropped, report.buffered) == (2, 2)
+    assert h.canary.health()["replaying"] == 1
     h.fakes.candidate.gate.set()
     await eventually(lambda: h.canary.report().summary.samples == 3, what="3 samples")
+    await eventually(lambda: h.canary.health()["replaying"] == 0, what="the replays to end")
     assert len(h.fakes.production.requests) == 0
 
 

@@ -141,16 +141,6 @@ def test_different_weights_fail_then_promote_and_rollback_move_production(start_
     assert complete(mesh, probe) == production_text
 
 
-def _decode_has_step_delay() -> bool:
-    from kvmesh.decode.config import DecodeSettings  # noqa: PLC0415
-
-    return "step_delay_s" in DecodeSettings.model_fields
-
-
-@pytest.mark.skipif(
-    not _decode_has_step_delay(),
-    reason="needs the decode worker's test knob KVMESH_DECODE_STEP_DELAY_S (step_delay_s) to make a candidate slower",
-)
 def test_slow_candidate_leaves_production_alone_and_drops_are_counted(start_mesh):
     mesh = start_mesh(
         canary=True, kvstore=False, candidate_prefill=1, candidate_decode=1,

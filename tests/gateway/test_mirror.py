@@ -128,3 +128,45 @@ async def test_records_reach_a_real_nats_subscriber(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=5)
+
+
+async def test_admin_routes_are_off_without_an_admin_key(mesh: FakeMesh) -> None:
+    async with run_gateway(mesh) as gw, gw.client() as client:
+        resp = await client.put("/admin/mirror", json={"sample": 1.0})
+    assert resp.status_code == 404
+    assert resp.json()["error"]["code"] == "not_found"
+    assert gw.app.state.mirror.sample == 0.0
+
+
+async def test_admin_key_turns_mirroring_on_and_off_at_run_time(mesh: FakeMesh) -> None:
+    async with run_gateway(mesh, admin_key="adm") as gw, gw.client() as client:
+        gw.app.state.mirror.bus = bus = FakeBus()
+        admin = {"Authorization": "Bearer adm"}
+        body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+        await client.post("/v1/completions", json=body)
+        assert (await client.put("/admin/mirror", json={"sample": 1.0}, headers=admin)).json() == {"sample": 1.0}
+        await client.post("/v1/completions", json=body, headers={"X-Request-Id": "on"})
+        await eventually(lambda: len(bus.published) == 1)
+        assert (await client.put("/admin/mirror", json={"sample": 0}, headers=admin)).json() == {"sample": 0.0}
+        await client.post("/v1/completions", json=body)
+        assert (await client.get("/admin/mirror", headers=admin)).json() == {"sample": 0.0}
+    assert [m.request_id for _, m in bus.published] == ["on"]
+
+
+@pytest.mark.parametrize(
+    ("headers", "payload", "status"),
+    [
+        ({}, {"sample": 0.5}, 401),
+        ({"Authorization": "Bearer wrong"}, {"sample": 0.5}, 401),
+        ({"Authorization": "Bearer wrong"}, {"sample": 7}, 401),
+        ({"Authorization": "Bearer adm"}, {"sample": 1.5}, 400),
+        ({"Authorization": "Bearer adm"}, {"sample": "all"}, 400),
+        ({"Authorization": "Bearer adm"}, {"fraction": 0.5}, 400),
+    ],
+)
+async def test_admin_mirror_rejects_bad_keys_and_bad_samples(mesh: FakeMesh, headers, payload, status) -> None:
+    async with run_gateway(mesh, admin_key="adm") as gw, gw.client() as client:
+        resp = await client.put("/admin/mirror", json=payload, headers=headers)
+    assert resp.status_code == status
+    assert resp.json()["error"]["message"]
+    assert gw.app.state.mirror.sample == 0.0

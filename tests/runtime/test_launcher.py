@@ -34,6 +34,16 @@ def test_candidate_pool_gets_its_own_model_and_settings():
     assert "--pool" in cand.args and cand.args[cand.args.index("--pool") + 1] == "candidate"
 
 
+def test_candidate_workers_and_the_canary_run_at_idle_cpu_priority_unless_told_otherwise():
+    specs = {s.name: s for s in plan(candidate_prefill=1, candidate_decode=1, canary=True)}
+    priority = {name: spec.env.get("KVMESH_CPU_PRIORITY", "normal") for name, spec in specs.items()}
+    assert priority == {"kvstore": "normal", "scheduler": "normal", "prefill-0": "normal", "decode-0": "normal",
+                        "prefill-candidate-0": "idle", "decode-candidate-0": "idle", "canary": "idle",
+                        "gateway": "normal"}
+    specs = plan(candidate_decode=1, canary=True, candidate_cpu_priority="normal")
+    assert {s.env.get("KVMESH_CPU_PRIORITY", "normal") for s in specs} == {"normal"}
+
+
 def test_worker_threads_leave_a_core_and_split_the_rest():
     assert [worker_threads(cpus, 2) for cpus in (1, 2, 3, 5, 16)] == [1, 1, 1, 2, 7]
     assert worker_threads(16, 1) == 15

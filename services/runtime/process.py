@@ -1,0 +1,63 @@
+"""What every service process does first: logging, and its OS CPU priority.
+
+The priority lets a canary's candidate pool share a host with production without taking CPU from it:
+
+- `normal`: leave the process as it is.
+- `low`: nice 10 - it still gets a small share of a busy CPU.
+- `idle`: Linux SCHED_IDLE - it runs only on CPU time nobody else wants (nice 19 elsewhere).
+
+Priorities are per thread on Linux, so every thread that exists now is changed, and threads
+started later inherit the setting from the thread that starts them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from .config import MeshSettings
+
+log = logging.getLogger(__name__)
+
+CpuPriority = Literal["normal", "low", "idle"]
+LOW_NICE = 10
+IDLE_NICE = 19
+
+
+def _thread_ids() -> list[int]:
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return [0]
+    return [int(t.name) for t in tasks.iterdir()]
+
+
+def _lower_nice(tid: int, nice: int) -> None:
+    # NOTE: only ever lowers priority, which needs no privilege.
+    current = os.getpriority(os.PRIO_PROCESS, tid)
+    if current < nice:
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
+
+
+def apply_cpu_priority(priority: CpuPriority) -> None:
+    """Lowers this process's CPU priority (every thread) as named; `normal` changes nothing."""
+    if priority == "normal":
+        return
+    idle = priority == "idle" and hasattr(os, "SCHED_IDLE")
+    nice = IDLE_NICE if priority == "idle" else LOW_NICE
+    for tid in _thread_ids():
+        try:
+            if idle:
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            _lower_nice(tid, nice)
+        except (ProcessLookupError, PermissionError, OSError) as exc:
+            log.warning("could not lower the CPU priority of thread %d: %s", tid, exc)
+    log.info("CPU priority: %s", priority)
+
+
+def init_process(settings: MeshSettings) -> None:
+    """Logging at the settings' level, then the settings' CPU priority."""
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    apply_cpu_priority(settings.cpu_priority)

@@ -1,0 +1,77 @@
+"""EngineLoop: requests in, outputs out on the event loop, and the canary's slowdown knobs."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+
+from kvmesh.runtime.worker import EngineLoop
+from tests.fakeclock import FakeClock
+
+
+@dataclass
+class Out:
+    request_id: str
+    token: int
+    finished: bool
+
+
+@dataclass
+class CountingEngine:
+    """Emits tokens 0, 1, 2 for each request and then finishes it; each step takes `step_s`
+    on the injected clock."""
+
+    clock: FakeClock
+    step_s: float = 0.01
+    left: dict[str, int] = field(default_factory=dict)
+
+    def add(self, request_id: str) -> None:
+        self.left[request_id] = 3
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.left)
+
+    def step(self) -> list[Out]:
+        self.clock.advance(self.step_s)
+        outs = []
+        for rid in list(self.left):
+            self.left[rid] -= 1
+            outs.append(Out(rid, 2 - self.left[rid], self.left[rid] == 0))
+            if self.left[rid] == 0:
+                del self.left[rid]
+        return outs
+
+    def abort_request(self, request_id: str) -> None:
+        self.left.pop(request_id, None)
+
+    def stats(self) -> dict:
+        return {"running": len(self.left)}
+
+
+async def run_one(loop: EngineLoop, engine: CountingEngine) -> list[int]:
+    loop.start()
+    try:
+        stream = await loop.add_request("r1", lambda e: e.add("r1"))
+        tokens: list[int] = []
+        while not tokens or tokens[-1] != 2:
+            tokens += [o.token for o in await stream.next_batch()]
+        return tokens
+    finally:
+        await loop.stop()
+
+
+@pytest.mark.parametrize(
+    ("delay_s", "slowdown", "expected"),
+    [(0.0, 1.0, []), (0.0, 10.0, [0.09] * 3), (0.05, 1.0, [0.05] * 3), (0.05, 3.0, [0.07] * 3)],
+)
+def test_every_step_sleeps_the_fixed_delay_plus_the_slowdown_of_its_own_duration(delay_s, slowdown, expected):
+    clock = FakeClock()
+    slept: list[float] = []
+    engine = CountingEngine(clock)
+    loop = EngineLoop(engine, step_delay_s=delay_s, step_slowdown=slowdown, clock=clock, sleep=slept.append)
+    assert asyncio.run(run_one(loop, engine)) == [0, 1, 2]
+    # NOTE: the first step runs as soon as the request is added; steps without work never sleep.
+    assert slept[:3] == pytest.approx(expected)
+    assert len(slept) == len(expected)
