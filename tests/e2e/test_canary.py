@@ -4,6 +4,7 @@ the gateway, replayed and compared by the canary, promoted and rolled back throu
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import time
 from pathlib import Path
@@ -148,6 +149,12 @@ def test_slow_candidate_leaves_production_alone_and_drops_are_counted(start_mesh
         settings=["gateway.mirror_sample=1.0", "canary.max_concurrency=1", "canary.buffer_max_records=2",
                   "canary.noise_sample=0", "canary.min_samples=3"],
     )
+    # The candidate pool and the canary run on idle CPU only; production keeps its priority.
+    if hasattr(os, "SCHED_IDLE"):
+        idle = {name: os.sched_getscheduler(mesh.pid(name)) == os.SCHED_IDLE
+                for name in ("decode-0", "prefill-0", "gateway", "decode-candidate-0", "prefill-candidate-0", "canary")}
+        assert idle == {"decode-0": False, "prefill-0": False, "gateway": False,
+                        "decode-candidate-0": True, "prefill-candidate-0": True, "canary": True}
     complete(mesh, prompts(1, first=200)[0])
     texts = [complete(mesh, prompt) for prompt in prompts(10)]
     assert len(set(texts)) > 1
