@@ -37,6 +37,13 @@ class CanaryCollector(Collector):
         yield CounterMetricFamily("kvmesh_canary_mirror_received", "mirrored records received", value=r.received)
         yield CounterMetricFamily("kvmesh_canary_mirror_dropped", "mirrored records dropped (buffer full)", value=r.dropped)
         yield CounterMetricFamily("kvmesh_canary_mirror_malformed", "mirrored messages unusable", value=r.malformed)
+        yield CounterMetricFamily(
+            "kvmesh_canary_mirror_candidate_served", "mirrored requests the candidate served itself (not compared)",
+            value=r.candidate_served,
+        )
+        yield GaugeMetricFamily(
+            "kvmesh_canary_promoted_weight", "share of production traffic the candidate pool serves", value=r.promoted_weight
+        )
 
 
 def canary_registry(report: Callable[[], Report]) -> CollectorRegistry:

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from kvmesh.runtime.errors import MeshError, status_for
 
 from .compare import LatencyDelta
-from .state import Pools, Report
+from .state import Pools, Report, check_weight
 
 _HTTP_STATUS = {"INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 409, "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504}
 
@@ -49,14 +50,33 @@ def report_to_json(report: Report) -> dict[str, Any]:
         "mirror_duplicates": report.duplicates,
         "mirror_malformed": report.malformed,
         "buffered": report.buffered,
+        "promoted_weight": report.promoted_weight,
+        "mirror_candidate_served": report.candidate_served,
         "production_pool": report.pools.production,
         "candidate_pool": report.pools.candidate,
     }
 
 
+def promote_weight(body: bytes) -> float:
+    """POST /promote's body: empty (the whole promote) or {"weight": w} with w in (0, 1]."""
+    if not body.strip():
+        return 1.0
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        raise ValueError("the body must be JSON like {\"weight\": 0.25}") from None
+    if not isinstance(parsed, dict) or set(parsed) - {"weight"}:
+        raise ValueError("the body may only hold \"weight\", e.g. {\"weight\": 0.25}")
+    weight = parsed.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+        raise ValueError(f"weight must be a number, got {weight!r}")
+    check_weight(float(weight))
+    return float(weight)
+
+
 def build_app(
     report: Callable[[], Report],
-    promote: Callable[[], Awaitable[Pools]],
+    promote: Callable[[float], Awaitable[Pools]],
     rollback: Callable[[], Awaitable[Pools]],
     registry: CollectorRegistry,
     healthy: Callable[[], dict[str, Any]],
@@ -69,15 +89,23 @@ def build_app(
         except MeshError as exc:
             status = _HTTP_STATUS.get(status_for(exc).name, 500)
             return JSONResponse({"error": str(exc)}, status_code=status)
-        return JSONResponse({"production_pool": pools.production, "candidate_pool": pools.candidate})
+        return JSONResponse({
+            "production_pool": pools.production,
+            "candidate_pool": pools.candidate,
+            "promoted_weight": report().promoted_weight,
+        })
 
     @app.get("/report")
     async def get_report() -> dict[str, Any]:
         return report_to_json(report())
 
     @app.post("/promote")
-    async def post_promote() -> JSONResponse:
-        return await switch(promote)
+    async def post_promote(request: Request) -> JSONResponse:
+        try:
+            weight = promote_weight(await request.body())
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return await switch(lambda: promote(weight))
 
     @app.post("/rollback")
     async def post_rollback() -> JSONResponse:

@@ -38,6 +38,8 @@ def report_to_pb(report: Report) -> canary_pb2.CanaryReport:
         mirror_received=report.received,
         mirror_dropped=report.dropped,
         mirror_malformed=report.malformed,
+        promoted_weight=report.promoted_weight,
+        mirror_candidate_served=report.candidate_served,
         production_pool=report.pools.production,
         candidate_pool=report.pools.candidate,
         noise_samples=s.noise_samples,
@@ -50,7 +52,7 @@ class CanaryServicer(canary_pb2_grpc.CanaryServicer):
     def __init__(
         self,
         report: Callable[[], Report],
-        promote: Callable[[], Awaitable[Pools]],
+        promote: Callable[[float], Awaitable[Pools]],
         rollback: Callable[[], Awaitable[Pools]],
     ) -> None:
         self._report = report
@@ -61,7 +63,8 @@ class CanaryServicer(canary_pb2_grpc.CanaryServicer):
         return report_to_pb(self._report())
 
     async def Promote(self, request: canary_pb2.PromoteRequest, context: grpc.aio.ServicerContext) -> canary_pb2.PromoteResponse:
-        pools = await self._promote()
+        # NOTE: proto3 has no "unset": a weight of 0 means the whole promote.
+        pools = await self._promote(request.weight or 1.0)
         return canary_pb2.PromoteResponse(production_pool=pools.production)
 
     async def Rollback(self, request: canary_pb2.RollbackRequest, context: grpc.aio.ServicerContext) -> canary_pb2.RollbackResponse:

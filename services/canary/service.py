@@ -16,7 +16,7 @@ import uvicorn
 from nats.aio.msg import Msg
 
 from kvmesh.runtime.bus import MIRROR_SUBJECT, Bus
-from kvmesh.runtime.errors import FailedPrecondition, Unavailable
+from kvmesh.runtime.errors import FailedPrecondition, InvalidArgument, Unavailable
 from kvmesh.runtime.grpcutil import DEFAULT_DEADLINE_S, ChannelPool, GrpcServer, TlsConfig, start_server
 from kvmesh.runtime.pb import canary_pb2_grpc, events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from kvmesh.runtime.telemetry import TracingServerInterceptor, inject_metadata
@@ -27,7 +27,7 @@ from .metrics import canary_registry
 from .replay import Replayer, ReplayLoop
 from .rest import build_app
 from .server import CanaryServicer
-from .state import CanaryState, Pools, Report
+from .state import CanaryState, Pools, Report, check_weight
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class CanaryService:
         if admission is Admission.ACCEPTED:
             self.replays.notify()
         elif admission is None:
-            log.debug("dropped malformed mirror record %r", record.request_id)
+            log.debug("mirror record %r not compared (malformed, or served by the candidate)", record.request_id)
 
     def report(self) -> Report:
         return self.state.report(undecodable=self.bus.malformed if self.bus else 0)
@@ -124,29 +124,40 @@ class CanaryService:
             "replaying": self.replays.inflight,
         }
 
-    async def promote(self) -> Pools:
-        """Production traffic moves to the candidate pool; the comparison starts over."""
+    async def promote(self, weight: float = 1.0) -> Pools:
+        """weight 1: production traffic moves to the candidate pool and the comparison starts over.
+        Below 1: the candidate takes that share of production traffic (by session) meanwhile."""
+        try:
+            check_weight(weight)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
         async with self._switch_lock:
-            await self._set_production_pool(self.state.pools.candidate)
-            pools = self.state.promote()
-        log.info("promoted: production pool is now %r", pools.production)
+            pools = self.state.pools
+            if weight >= 1.0:
+                await self._set_production_pool(scheduler_pb2.SetProductionPoolRequest(pool=pools.candidate))
+            else:
+                await self._set_production_pool(scheduler_pb2.SetProductionPoolRequest(
+                    pool=pools.production, canary_pool=pools.candidate, canary_weight=weight
+                ))
+            pools = self.state.promote(weight)
+        log.info("promoted %.0f%%: production pool %r, candidate pool %r", 100 * weight, pools.production, pools.candidate)
         return pools
 
     async def rollback(self) -> Pools:
-        """Production traffic goes back to the configured production pool."""
+        """Production traffic goes back to the configured production pool, all of it."""
         async with self._switch_lock:
-            await self._set_production_pool(self.state.configured.production)
+            request = scheduler_pb2.SetProductionPoolRequest(pool=self.state.configured.production)
+            await self._set_production_pool(request)
             pools = self.state.rollback()
         log.info("rolled back: production pool is %r", pools.production)
         return pools
 
-    async def _set_production_pool(self, pool: str) -> None:
+    async def _set_production_pool(self, request: scheduler_pb2.SetProductionPoolRequest) -> None:
         try:
-            await self.scheduler.SetProductionPool(
-                scheduler_pb2.SetProductionPoolRequest(pool=pool), timeout=DEFAULT_DEADLINE_S, metadata=inject_metadata()
-            )
+            await self.scheduler.SetProductionPool(request, timeout=DEFAULT_DEADLINE_S, metadata=inject_metadata())
         except grpc.aio.AioRpcError as exc:
-            message = f"scheduler {self.settings.scheduler} refused SetProductionPool({pool!r}): {exc.code().name}: {exc.details()}"
+            split = f"{request.pool!r}, {request.canary_pool!r} at {request.canary_weight:g}" if request.canary_pool else repr(request.pool)
+            message = f"scheduler {self.settings.scheduler} refused SetProductionPool({split}): {exc.code().name}: {exc.details()}"
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise Unavailable(message) from exc
             raise FailedPrecondition(message) from exc

@@ -1,8 +1,11 @@
 """The canary's state: which pool is which, the mirror buffer, the running comparison, the verdict.
 
-Synchronous and I/O-free; the async shell feeds it records and replay outcomes. Every promote or
-rollback starts a new comparison (a new `generation`); outcomes of replays started before it are
-ignored, so a verdict never mixes two candidates.
+Synchronous and I/O-free; the async shell feeds it records and replay outcomes. Every switch of
+the pools (a full promote, or the rollback of one) starts a new comparison (a new `generation`);
+outcomes of replays started before it are ignored, so a verdict never mixes two candidates.
+
+A stepwise promote (weight below 1) only gives the candidate that share of production traffic: the
+pools and the comparison stay, and mirrored requests the candidate served itself are not compared.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ class Report:
     duplicates: int
     malformed: int
     buffered: int
+    promoted_weight: float = 0.0
+    candidate_served: int = 0
 
 
 class CanaryState:
@@ -67,14 +72,20 @@ class CanaryState:
         self.generation = 0
         self.received = 0
         self.malformed = 0
+        self.weight = 0.0  # share of production traffic the candidate pool serves
+        self.candidate_served = 0
         self._latency_window = latency_window
         self._comparison = Comparison(latency_window)
 
     def offer(self, record: events_pb2.MirrorRecord) -> Admission | None:
-        """Takes one mirrored record into the buffer; None when it is malformed (counted, dropped)."""
+        """Takes one mirrored record into the buffer; None when it is malformed or the candidate
+        served it (each counted, neither compared)."""
         self.received += 1
         if check_record(record) is not None:
             self.malformed += 1
+            return None
+        if record.pool and record.pool == self.pools.candidate:
+            self.candidate_served += 1
             return None
         return self.buffer.offer(record.request_id, content_key(record), record_size(record), record)
 
@@ -98,19 +109,26 @@ class CanaryState:
         self._comparison.add_noise(job.production, replay)
         return True
 
-    def promote(self) -> Pools:
-        """The candidate pool becomes production (and the former production the candidate)."""
-        self._switch(self.pools.swapped())
+    def promote(self, weight: float = 1.0) -> Pools:
+        """weight 1: the candidate pool becomes production (and the former production the
+        candidate). Below 1: the candidate takes that share of production traffic."""
+        check_weight(weight)
+        if weight >= 1.0:
+            self._switch(self.pools.swapped())
+        else:
+            self.weight = weight
         return self.pools
 
     def rollback(self) -> Pools:
-        """Back to the configured pools; a no-op when already there."""
+        """Back to the configured pools with no production traffic on the candidate."""
+        self.weight = 0.0
         if self.pools != self.configured:
             self._switch(self.configured)
         return self.pools
 
     def _switch(self, pools: Pools) -> None:
         self.pools = pools
+        self.weight = 0.0
         self.generation += 1
         self._comparison = Comparison(self._latency_window)
 
@@ -127,4 +145,12 @@ class CanaryState:
             duplicates=counts.duplicates,
             malformed=self.malformed + undecodable,
             buffered=counts.buffered,
+            promoted_weight=self.weight,
+            candidate_served=self.candidate_served,
         )
+
+
+def check_weight(weight: float) -> None:
+    """A promote weight is a share of production traffic in (0, 1]."""
+    if not 0.0 < weight <= 1.0:
+        raise ValueError(f"promote weight must be in (0, 1], got {weight}")

@@ -68,6 +68,7 @@ class Generation:
         self.finish_reason: str | None = None
         self.migrations = 0
         self.status = "ok"
+        self.pool = ""  # the pool that served the request (its last route)
         self._deadline = asyncio.get_running_loop().time() + backend.settings.request_timeout_s
         self._exclude: list[str] = []
         self._route: scheduler_pb2.RouteResponse | None = None  # routed, Complete not yet sent
@@ -154,6 +155,7 @@ class Generation:
                 self._routing = False
                 raise api_error_from_grpc(exc.code(), exc.details() or "", retry_after_from(exc.trailing_metadata())) from None
             self._route, self._routing = route, False
+            self.pool = route.pool
             gen_req = decode_pb2.GenerateRequest(
                 request_id=job.request_id,
                 prompt_token_ids=prompt,

@@ -272,6 +272,7 @@ class RequestRun:
             ttft,
             tpot or 0.0,
             error,
+            pool=gen.pool,
         )
 
 

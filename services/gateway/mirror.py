@@ -124,6 +124,7 @@ def mirror_record(
     ttft_s: float,
     tpot_s: float,
     error: str = "",
+    pool: str = "",
 ) -> events_pb2.MirrorRecord:
     record = events_pb2.MirrorRecord(
         request_id=request_id,
@@ -136,6 +137,7 @@ def mirror_record(
         tpot_s=tpot_s,
         error=error,
         timestamp=time.time(),
+        pool=pool,
     )
     record.sampling.CopyFrom(sampling)
     return record

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from .split import PoolSplit
+
 Clock = Callable[[], float]
 
 
@@ -96,11 +98,15 @@ class Registry:
 
     heartbeat_timeout_s: float = 3.0
     clock: Clock = time.monotonic
-    production_pool: str = "production"
+    split: PoolSplit = field(default_factory=PoolSplit)  # production pool (and a canary's share)
     _workers: dict[str, Worker] = field(default_factory=dict)
     _assignments: dict[str, Assignment] = field(default_factory=dict)
     _orphaned: list[Assignment] = field(default_factory=list)
     _sorted: list[Worker] | None = None
+
+    @property
+    def production_pool(self) -> str:
+        return self.split.production
 
     def observe(self, hb: HeartbeatInfo) -> Seen:
         """Records a heartbeat; a new `started_at` resets the worker's state (RESTARTED)."""

@@ -112,9 +112,20 @@ class Router:
     def has_decode_workers(self, pool: str = "") -> bool:
         return bool(self.registry.live(Role.DECODE, pool or self.registry.production_pool))
 
+    def pool_for(self, query: RouteQuery) -> str:
+        """The pool the query names; else the production pool, or the canary pool for its share of
+        production traffic while that has a decode worker to take it."""
+        if query.pool:
+            return query.pool
+        split = self.registry.split
+        pool = split.pool_for(query.session_id or query.request_id)
+        if pool != split.production and not self.registry.live(Role.DECODE, pool, query.exclude):
+            return split.production
+        return pool
+
     def route(self, query: RouteQuery) -> RouteDecision:
         validate(query, self.block_size)
-        pool = query.pool or self.registry.production_pool
+        pool = self.pool_for(query)
         decodes = self.registry.live(Role.DECODE, pool, query.exclude)
         if not decodes:
             excluded = f" (excluding {', '.join(sorted(query.exclude))})" if query.exclude else ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from kvmesh.runtime.errors import InvalidArgument, ResourceExhausted, Unavailable
 from kvmesh.runtime.pb import common_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -12,6 +13,9 @@ from . import metrics
 from .admission import AdmissionQueue, QueueFull
 from .registry import Role
 from .router import NoWorkerAvailable, RouteDecision, RouteQuery, Router, validate
+from .split import PoolSplit
+
+log = logging.getLogger(__name__)
 
 
 class AdmissionGate:
@@ -124,7 +128,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def ListWorkers(self, request: scheduler_pb2.ListWorkersRequest, context) -> scheduler_pb2.ListWorkersResponse:  # noqa: ANN001, N802
         registry = self.router.registry
         now = registry.clock()
-        reply = scheduler_pb2.ListWorkersResponse(production_pool=registry.production_pool)
+        split = registry.split
+        reply = scheduler_pb2.ListWorkersResponse(
+            production_pool=split.production, canary_pool=split.canary, canary_weight=split.canary_weight
+        )
         for w in registry.all():
             info = w.info
             reply.workers.add(
@@ -144,10 +151,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return reply
 
     async def SetProductionPool(self, request: scheduler_pb2.SetProductionPoolRequest, context):  # noqa: ANN001, ANN201, N802
-        if not request.pool:
-            raise InvalidArgument("pool is required")
+        try:
+            split = PoolSplit(request.pool, request.canary_pool, request.canary_weight)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
         registry = self.router.registry
-        previous, registry.production_pool = registry.production_pool, request.pool
+        previous, registry.split = registry.production_pool, split
+        log.info("production pool %r; canary pool %r takes %.0f%%", split.production, split.canary, 100 * split.canary_weight)
         return scheduler_pb2.SetProductionPoolResponse(previous_pool=previous)
 
 

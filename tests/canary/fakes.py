@@ -45,6 +45,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         self.completes: list[scheduler_pb2.CompleteRequest] = []
         self.production_pool = "production"
         self.set_pool_calls: list[str] = []
+        self.splits: list[tuple[str, str, float]] = []  # (pool, canary_pool, canary_weight) per call
         self.refuse_set_pool = False
 
     async def Route(self, request, context):
@@ -63,6 +64,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         if self.refuse_set_pool:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"no workers in pool {request.pool!r}")
         self.set_pool_calls.append(request.pool)
+        self.splits.append((request.pool, request.canary_pool, request.canary_weight))
         previous, self.production_pool = self.production_pool, request.pool
         return scheduler_pb2.SetProductionPoolResponse(previous_pool=previous)
 

@@ -238,7 +238,55 @@ async def test_rest_report_promote_rollback_health_and_metrics(start_canary):
     assert 'kvmesh_canary_ttft_delta_seconds{quantile="0.99"}' in metrics
     assert 'kvmesh_canary_tpot_delta_seconds{quantile="0.5"}' in metrics
     promoted = await h.http.post("/promote")
-    assert promoted.json() == {"production_pool": "candidate", "candidate_pool": "production"}
+    assert promoted.json() == {"production_pool": "candidate", "candidate_pool": "production", "promoted_weight": 0.0}
     assert (await h.http.get("/report")).json()["verdict"] == "collecting"
     rolled_back = await h.http.post("/rollback")
-    assert rolled_back.json() == {"production_pool": "production", "candidate_pool": "candidate"}
+    assert rolled_back.json() == {"production_pool": "production", "candidate_pool": "candidate", "promoted_weight": 0.0}
+
+
+async def test_stepwise_promote_splits_production_and_keeps_comparing(start_canary):
+    h = await start_canary(min_samples=2)
+    reply = await h.stub.Promote(canary_pb2.PromoteRequest(weight=0.25), timeout=5)
+    assert reply.production_pool == "production"
+    assert h.fakes.scheduler.splits == [("production", "candidate", 0.25)]
+    # A request the candidate served itself is not compared; the others are.
+    served_by_candidate = mirror_record("req-c", prompt=[7, 8, 9], output=echo_plus_one([7, 8, 9]))
+    served_by_candidate.pool = "candidate"
+    await h.publish(served_by_candidate)
+    await h.mirror(2)
+    await eventually(lambda: h.canary.report().summary.samples == 2, what="2 samples")
+    report = await h.report()
+    assert (report.promoted_weight, report.mirror_candidate_served, report.mirror_received) == (0.25, 1, 3)
+    assert report.verdict == canary_pb2.VERDICT_PASS
+    metrics = (await h.http.get("/metrics")).text.splitlines()
+    assert "kvmesh_canary_promoted_weight 0.25" in metrics
+    assert "kvmesh_canary_mirror_candidate_served_total 1.0" in metrics
+
+    stepped = await h.http.post("/promote", json={"weight": 0.5})
+    assert stepped.json() == {"production_pool": "production", "candidate_pool": "candidate", "promoted_weight": 0.5}
+    assert (await h.report()).verdict == canary_pb2.VERDICT_PASS  # same candidate: the evidence stays
+    await h.http.post("/promote", json={"weight": 1})
+    assert h.fakes.scheduler.splits[-1] == ("candidate", "", 0.0)
+    report = await h.report()
+    assert (report.production_pool, report.promoted_weight, report.samples) == ("candidate", 0.0, 0)
+
+
+async def test_rollback_of_a_stepwise_promote_takes_all_traffic_back(start_canary):
+    h = await start_canary()
+    await h.stub.Promote(canary_pb2.PromoteRequest(weight=0.5), timeout=5)
+    rolled_back = await h.http.post("/rollback")
+    assert rolled_back.json()["promoted_weight"] == 0.0
+    assert h.fakes.scheduler.splits[-1] == ("production", "", 0.0)
+
+
+@pytest.mark.parametrize("body", [b'{"weight": 1.5}', b'{"weight": -0.1}', b'{"weight": "half"}', b'{"weight": true}',
+                                  b'{"share": 0.5}', b"[0.5]", b"not json"])
+async def test_bad_promote_weights_are_refused_and_change_nothing(start_canary, body):
+    h = await start_canary()
+    reply = await h.http.post("/promote", content=body)
+    assert reply.status_code == 400 and reply.json()["error"]
+    with pytest.raises(grpc.aio.AioRpcError) as failure:
+        await h.stub.Promote(canary_pb2.PromoteRequest(weight=1.5), timeout=5)
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert h.fakes.scheduler.splits == []
+    assert (await h.report()).promoted_weight == 0.0

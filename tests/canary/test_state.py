@@ -98,3 +98,36 @@ def test_rollback_restores_configured_pools():
 def test_pools_must_differ():
     with pytest.raises(ValueError, match="must differ"):
         CanaryState(Pools("p", "p"), Thresholds(), MirrorBuffer(10, 1))
+
+
+def test_stepwise_promote_keeps_pools_and_comparison_and_skips_what_the_candidate_served():
+    state = new_state(min_samples=1)
+    state.offer(mirror_record("a"))
+    job = state.next_job()
+    assert state.promote(0.3) == POOLS
+    assert state.record_candidate(job, Outcome((4, 5, 6), 0.1, 0.01))  # same generation: still counts
+    served = mirror_record("b", prompt=(9,))
+    served.pool = "candidate"
+    assert state.offer(served) is None
+    production = mirror_record("c", prompt=(8,))
+    production.pool = "production"
+    assert state.offer(production) is Admission.ACCEPTED
+    report = state.report()
+    assert (report.promoted_weight, report.candidate_served, report.malformed, report.summary.samples) == (0.3, 1, 0, 1)
+    assert state.promote(1.0) == Pools(production="candidate", candidate="production")
+    assert (state.report().promoted_weight, state.generation) == (0.0, 1)
+
+
+def test_rollback_of_a_stepwise_promote_keeps_the_comparison():
+    state = new_state()
+    state.promote(0.5)
+    assert state.rollback() == POOLS
+    assert (state.weight, state.generation) == (0.0, 0)
+
+
+@pytest.mark.parametrize("weight", [0.0, -0.5, 1.01])
+def test_promote_weights_outside_zero_to_one_are_refused(weight):
+    state = new_state()
+    with pytest.raises(ValueError, match=r"promote weight must be in \(0, 1\]"):
+        state.promote(weight)
+    assert (state.pools, state.weight) == (POOLS, 0.0)

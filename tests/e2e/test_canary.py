@@ -13,6 +13,8 @@ import httpx
 import numpy as np
 import pytest
 
+from kvmesh.scheduler.split import draw
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 MAX_TOKENS = 8
@@ -23,9 +25,10 @@ def prompts(count: int, first: int = 0) -> list[list[int]]:
     return [[72, 101, 108, 108, 111, 32 + i, 44, 32, 109, 101, 115, 104] for i in range(first, first + count)]
 
 
-def complete(mesh, prompt: list[int]) -> str:
+def complete(mesh, prompt: list[int], session: str = "") -> str:
     reply = mesh.openai_client().completions.create(
-        model="tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, extra_body={"ignore_eos": True}
+        model="tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, extra_body={"ignore_eos": True},
+        extra_headers={"X-Session-Id": session} if session else None,
     )
     return reply.choices[0].text
 
@@ -130,15 +133,25 @@ def test_different_weights_fail_then_promote_and_rollback_move_production(start_
     assert "token agreement" in body["reason"]
     assert mesh.metric("canary", "kvmesh_canary_verdict") == 2.0
 
+    # A stepwise promote: the candidate serves the sessions whose draw falls under 0.5.
+    stepped = httpx.post(f"{canary_url(mesh)}/promote", json={"weight": 0.5}, timeout=30).json()
+    assert stepped == {"production_pool": "production", "candidate_pool": "candidate", "promoted_weight": 0.5}
+    sessions = [f"user-{i}" for i in range(12)]
+    on_candidate = [s for s in sessions if draw(s) < 0.5]
+    assert 0 < len(on_candidate) < len(sessions)
+    texts = {s: complete(mesh, probe, session=s) for s in sessions}
+    assert {s for s, text in texts.items() if text != production_text} == set(on_candidate)
+    [candidate_text] = {texts[s] for s in on_candidate}
+    wait_report(mesh, lambda r: r["mirror_candidate_served"] == len(on_candidate), "candidate-served records counted")
+
     promoted = httpx.post(f"{canary_url(mesh)}/promote", timeout=30).json()
-    assert promoted == {"production_pool": "candidate", "candidate_pool": "production"}
+    assert promoted == {"production_pool": "candidate", "candidate_pool": "production", "promoted_weight": 0.0}
     candidate_requests = mesh.metric("decode-candidate-0", "kvmesh_decode_requests_total")
-    promoted_text = complete(mesh, probe)
-    assert promoted_text != production_text
+    assert complete(mesh, probe) == candidate_text
     assert mesh.metric("decode-candidate-0", "kvmesh_decode_requests_total") > candidate_requests
 
     rolled_back = httpx.post(f"{canary_url(mesh)}/rollback", timeout=30).json()
-    assert rolled_back == {"production_pool": "production", "candidate_pool": "candidate"}
+    assert rolled_back == {"production_pool": "production", "candidate_pool": "candidate", "promoted_weight": 0.0}
     assert complete(mesh, probe) == production_text
 
 

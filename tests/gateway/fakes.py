@@ -59,7 +59,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         candidates = [w for w in self.workers if w.worker_id not in request.exclude_workers]
         if not candidates:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no decode worker available")
-        return scheduler_pb2.RouteResponse(decode=candidates[0], local_prefill=True, policy="fake")
+        return scheduler_pb2.RouteResponse(decode=candidates[0], local_prefill=True, policy="fake", pool="production")
 
     async def Complete(self, request, context):
         self.completes.append(request)

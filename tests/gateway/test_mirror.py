@@ -77,7 +77,7 @@ async def test_app_mirrors_finished_requests(mesh: FakeMesh) -> None:
             resp = await client.post("/v1/completions", json=body, headers={"X-Request-Id": "m-1"})
         await eventually(lambda: len(bus.published) == 1)
     rec = bus.published[0][1]
-    assert (rec.request_id, rec.model, rec.finish_reason, rec.error) == ("m-1", "tiny", "length", "")
+    assert (rec.request_id, rec.model, rec.finish_reason, rec.error, rec.pool) == ("m-1", "tiny", "length", "", "production")
     assert list(rec.prompt_token_ids) == [256, 104, 105]
     assert [chr(t) for t in rec.output_token_ids] == list(resp.json()["choices"][0]["text"])
     assert (rec.sampling.seed, rec.sampling.max_tokens, rec.sampling.temperature) == (11, 3, 0.0)

@@ -151,6 +151,24 @@ async def test_set_production_pool_returns_the_previous_pool(nats_server):
         assert listed.production_pool == "canary"
 
 
+async def test_set_production_pool_takes_a_canary_share_and_refuses_bad_ones(nats_server):
+    async with scheduler(nats_server.url) as (_app, stub):
+        request = scheduler_pb2.SetProductionPoolRequest(pool="production", canary_pool="candidate", canary_weight=0.25)
+        await stub.SetProductionPool(request, timeout=DEADLINE_S)
+        listed = await stub.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=DEADLINE_S)
+        assert (listed.production_pool, listed.canary_pool, listed.canary_weight) == ("production", "candidate", 0.25)
+        for bad in (
+            scheduler_pb2.SetProductionPoolRequest(pool=""),
+            scheduler_pb2.SetProductionPoolRequest(pool="production", canary_pool="candidate", canary_weight=2.0),
+            scheduler_pb2.SetProductionPoolRequest(pool="production", canary_weight=0.5),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.SetProductionPool(bad, timeout=DEADLINE_S)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        listed = await stub.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=DEADLINE_S)
+        assert listed.canary_weight == 0.25
+
+
 async def _has(stub, *ids: str) -> bool:
     return set(ids) <= set(await worker_ids(stub))
 

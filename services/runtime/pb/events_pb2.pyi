@@ -99,7 +99,7 @@ class KvReplayReply(_message.Message):
     def __init__(self, batches: _Optional[_Iterable[_Union[KvEventBatch, _Mapping]]] = ..., full_dump: bool = ..., held: _Optional[_Iterable[bytes]] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class MirrorRecord(_message.Message):
-    __slots__ = ("request_id", "model", "prompt_token_ids", "sampling", "output_token_ids", "finish_reason", "ttft_s", "tpot_s", "error", "timestamp", "session_id")
+    __slots__ = ("request_id", "model", "prompt_token_ids", "sampling", "output_token_ids", "finish_reason", "ttft_s", "tpot_s", "error", "timestamp", "session_id", "pool")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,7 @@ class MirrorRecord(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -122,4 +123,5 @@ class MirrorRecord(_message.Message):
     error: str
     timestamp: float
     session_id: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., ttft_s: _Optional[float] = ..., tpot_s: _Optional[float] = ..., error: _Optional[str] = ..., timestamp: _Optional[float] = ..., session_id: _Optional[str] = ...) -> None: ...
+    pool: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., ttft_s: _Optional[float] = ..., tpot_s: _Optional[float] = ..., error: _Optional[str] = ..., timestamp: _Optional[float] = ..., session_id: _Optional[str] = ..., pool: _Optional[str] = ...) -> None: ...

@@ -91,18 +91,26 @@ class WorkerStatus(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.WorkerRole, str]] = ..., endpoint: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., last_seen_age_s: _Optional[float] = ..., draining: bool = ..., inflight: _Optional[int] = ...) -> None: ...
 
 class ListWorkersResponse(_message.Message):
-    __slots__ = ("workers", "production_pool")
+    __slots__ = ("workers", "production_pool", "canary_pool", "canary_weight")
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     PRODUCTION_POOL_FIELD_NUMBER: _ClassVar[int]
+    CANARY_POOL_FIELD_NUMBER: _ClassVar[int]
+    CANARY_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     production_pool: str
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., production_pool: _Optional[str] = ...) -> None: ...
+    canary_pool: str
+    canary_weight: float
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., production_pool: _Optional[str] = ..., canary_pool: _Optional[str] = ..., canary_weight: _Optional[float] = ...) -> None: ...
 
 class SetProductionPoolRequest(_message.Message):
-    __slots__ = ("pool",)
+    __slots__ = ("pool", "canary_pool", "canary_weight")
     POOL_FIELD_NUMBER: _ClassVar[int]
+    CANARY_POOL_FIELD_NUMBER: _ClassVar[int]
+    CANARY_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     pool: str
-    def __init__(self, pool: _Optional[str] = ...) -> None: ...
+    canary_pool: str
+    canary_weight: float
+    def __init__(self, pool: _Optional[str] = ..., canary_pool: _Optional[str] = ..., canary_weight: _Optional[float] = ...) -> None: ...
 
 class SetProductionPoolResponse(_message.Message):
     __slots__ = ("previous_pool",)

@@ -83,7 +83,8 @@ class SchedulerServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def SetProductionPool(self, request, context):
-        """Which pool serves production traffic (canary promote / rollback).
+        """Which pool serves production traffic (canary promote / rollback), and which share of it a
+        canary pool takes meanwhile (a stepwise promote).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
