@@ -34,6 +34,7 @@ class CanarySettings(MeshSettings):
     max_ttft_p99_regression: float = Field(1.5, description="allowed candidate/production TTFT p99 ratio")
     max_tpot_p99_regression: float = Field(1.5, description="allowed candidate/production TPOT p99 ratio")
     latency_slack_s: float = Field(0.005, description="absolute latency slack added to the p99 limits")
+    admin_key: str = Field("", description="bearer key that POST /promote and /rollback require (empty = none: keep the REST port private)")
     grace_s: float = Field(5.0, description="shutdown grace period for replays in flight")
 
     def thresholds(self) -> Thresholds:

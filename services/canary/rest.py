@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -80,8 +81,18 @@ def build_app(
     rollback: Callable[[], Awaitable[Pools]],
     registry: CollectorRegistry,
     healthy: Callable[[], dict[str, Any]],
+    admin_key: str = "",
 ) -> FastAPI:
+    """`admin_key`, when set, is the bearer key POST /promote and /rollback require."""
     app = FastAPI(title="kvmesh canary", docs_url=None, redoc_url=None)
+
+    def refused(request: Request) -> JSONResponse | None:
+        if not admin_key:
+            return None
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), admin_key.encode()):
+            return None
+        return JSONResponse({"error": "promote and rollback need 'Authorization: Bearer <admin key>'"}, status_code=401)
 
     async def switch(action: Callable[[], Awaitable[Pools]]) -> JSONResponse:
         try:
@@ -101,6 +112,8 @@ def build_app(
 
     @app.post("/promote")
     async def post_promote(request: Request) -> JSONResponse:
+        if (denied := refused(request)) is not None:
+            return denied
         try:
             weight = promote_weight(await request.body())
         except ValueError as exc:
@@ -108,7 +121,9 @@ def build_app(
         return await switch(lambda: promote(weight))
 
     @app.post("/rollback")
-    async def post_rollback() -> JSONResponse:
+    async def post_rollback(request: Request) -> JSONResponse:
+        if (denied := refused(request)) is not None:
+            return denied
         return await switch(rollback)
 
     @app.get("/metrics")

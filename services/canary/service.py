@@ -94,7 +94,7 @@ class CanaryService:
         )
 
     async def _start_http(self) -> None:
-        app = build_app(self.report, self.promote, self.rollback, self.registry, self.health)
+        app = build_app(self.report, self.promote, self.rollback, self.registry, self.health, self.settings.admin_key)
         sock = _listen(self.settings.host, self.settings.http_port)
         self.http_port = sock.getsockname()[1]
         self._http = _HttpServer(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))

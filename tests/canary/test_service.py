@@ -290,3 +290,15 @@ async def test_bad_promote_weights_are_refused_and_change_nothing(start_canary, 
     assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert h.fakes.scheduler.splits == []
     assert (await h.report()).promoted_weight == 0.0
+
+
+async def test_an_admin_key_guards_rest_promote_and_rollback(start_canary):
+    h = await start_canary(admin_key="s3cret")
+    for path in ("/promote", "/rollback"):
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            reply = await h.http.post(path, headers=headers)
+            assert reply.status_code == 401 and "admin key" in reply.json()["error"]
+    assert h.fakes.scheduler.splits == []
+    reply = await h.http.post("/promote", json={"weight": 0.2}, headers={"Authorization": "Bearer s3cret"})
+    assert reply.status_code == 200 and reply.json()["promoted_weight"] == 0.2
+    assert (await h.http.get("/report")).status_code == 200  # reading stays open
