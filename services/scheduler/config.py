@@ -40,7 +40,9 @@ class SchedulerSettings(MeshSettings):
     kv_prefill_weight: float = Field(1.0, description="kv_aware: weight of blocks still to prefill")
     kv_decode_weight: float = Field(2.0, description="kv_aware: weight of the worker's decode load")
     kv_temperature: float = Field(0.0, description="kv_aware: softmax temperature over -cost (0 = pick the cheapest)")
-    kv_overlap_decay: float = Field(0.5, description="kv_aware: overlap credit decays as exp(-excess utilization / this)")
+    kv_overlap_decay_requests: float = Field(
+        6.0, description="kv_aware: overlap credit decays as exp(-requests above the worker's fair share of load / this) (0 = no decay)"
+    )
     kv_queue_weight: float = Field(0.5, description="kv_aware: weight of prefill work already queued on the worker")
     prediction_ttl_s: float = Field(2.0, description="blocks predicted at routing time count as cached for this long")
     # dualmap
@@ -65,7 +67,7 @@ class SchedulerSettings(MeshSettings):
             kv_prefill_weight=self.kv_prefill_weight,
             kv_decode_weight=self.kv_decode_weight,
             kv_temperature=self.kv_temperature,
-            kv_overlap_decay=self.kv_overlap_decay,
+            kv_overlap_decay_requests=self.kv_overlap_decay_requests,
             kv_queue_weight=self.kv_queue_weight,
             dualmap_ttft_slo_s=self.ttft_slo_s,
             dualmap_prefix_blocks=self.dualmap_prefix_blocks,

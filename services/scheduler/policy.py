@@ -87,7 +87,7 @@ class PolicyConfig:
     kv_prefill_weight: float = 1.0
     kv_decode_weight: float = 2.0
     kv_temperature: float = 0.0
-    kv_overlap_decay: float = 0.5
+    kv_overlap_decay_requests: float = 6.0
     kv_queue_weight: float = 0.5
     dualmap_ttft_slo_s: float = 1.0
     dualmap_prefix_blocks: int = 4

@@ -1,9 +1,12 @@
 """Exact choices of each policy on hand-built states (12-block prompts, block size 16)."""
 
+import math
+
 import pytest
 
 from kvmesh.scheduler.policy import PolicyConfig, WorkerView, make_policy
 from kvmesh.scheduler.policy_dualmap import DualMap
+from kvmesh.scheduler.policy_kv import excess_requests, overlap_credit
 
 from .helpers import hashes, state
 
@@ -48,13 +51,41 @@ def test_kv_aware_prefers_the_warm_worker_at_equal_load():
 
 
 def test_kv_aware_overlap_credit_decays_on_a_hot_spot():
-    # a: util 1.0, mean 1/3, excess 2/3 -> credit 10*exp(-4/3) = 2.64; cost 12 - 2.64 + 2*8 = 25.4
+    # a: 8 requests, fair share 8 * 1/3 -> excess 16/3 -> credit 10*exp(-16/18) = 4.11; cost 12 - 4.11 + 2*8 = 23.9
     # b: cost 12 + 0 = 12 -> b wins although a holds 10 of the 12 blocks
     assert choose("kv_aware", w("a", load=8, cached=10), w("b"), w("c")) == "b"
 
 
+def test_overlap_credit_decays_by_e_per_decay_requests_of_excess():
+    assert overlap_credit(12, 0.0, 6.0) == 12.0
+    assert overlap_credit(12, 6.0, 6.0) == pytest.approx(12 / math.e)
+    assert overlap_credit(12, 12.0, 6.0) == pytest.approx(12 / math.e**2)
+    assert overlap_credit(12, 50.0, 0.0) == 12.0  # no decay
+
+
+def test_excess_requests_is_the_load_above_the_workers_fair_share():
+    # mean utilization 1/8: a worker of 64 slots has a fair share of 8 requests, one of 8 slots of 1
+    assert excess_requests(w("a", load=10, capacity=64), 0.125) == 2.0
+    assert excess_requests(w("a", load=10, capacity=8), 0.125) == 9.0
+    assert excess_requests(w("a", load=5, capacity=64), 0.125) == 0.0
+
+
+@pytest.mark.parametrize("max_num_seqs", [8, 64])
+def test_kv_aware_warm_worker_a_few_requests_hot_loses_at_any_max_num_seqs(max_num_seqs):
+    # a: 5 requests, fair share 5/3 -> excess 10/3 requests -> credit 12*exp(-10/18) = 6.89; cost 12 - 6.89 + 2*5 = 15.1
+    # b: 12 -> b. NOTE: with the excess counted in utilization a 64-slot worker kept 10.8 of its 12 blocks and won.
+    workers = (w("a", load=5, cached=12, capacity=max_num_seqs), w("b", capacity=max_num_seqs), w("c", capacity=max_num_seqs))
+    assert choose("kv_aware", *workers) == "b"
+
+
+def test_kv_aware_warm_worker_one_request_above_its_share_still_wins():
+    # a: excess 1 - 1/3 requests -> credit 12*exp(-2/18) = 10.74; cost 12 - 10.74 + 2 = 3.3 < b's 12
+    workers = (w("a", load=1, cached=12, capacity=64), w("b", capacity=64), w("c", capacity=64))
+    assert choose("kv_aware", *workers) == "a"
+
+
 def test_kv_aware_without_decay_herds():
-    config = PolicyConfig(kv_overlap_decay=0.0, kv_decode_weight=0.5)
+    config = PolicyConfig(kv_overlap_decay_requests=0.0, kv_decode_weight=0.5)
     # a: 12 - 10 + 0.5*8 = 6 ; b: 12
     assert choose("kv_aware", w("a", load=8, cached=10), w("b"), w("c"), config=config) == "a"
 

@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-s-per-seq", type=float, default=cost.decode_s_per_seq)
     p.add_argument("--local-prefill-max-tokens", type=int, default=pd.local_prefill_max_tokens)
     p.add_argument("--kv-decode-weight", type=float, default=pol.kv_decode_weight)
-    p.add_argument("--kv-overlap-decay", type=float, default=pol.kv_overlap_decay)
+    p.add_argument("--kv-overlap-decay-requests", type=float, default=pol.kv_overlap_decay_requests)
     p.add_argument("--kv-temperature", type=float, default=pol.kv_temperature)
     p.add_argument("--kv-queue-weight", type=float, default=pol.kv_queue_weight)
     p.add_argument("--seed", type=int, default=0)
@@ -62,7 +62,7 @@ def _sim_config(args: argparse.Namespace, n: int) -> SimConfig:
         cost=CostModel(args.prefill_s_per_token, args.decode_s_per_step, args.decode_s_per_seq, args.block_size),
         pd=PdConfig(local_prefill_max_tokens=args.local_prefill_max_tokens),
         policy=PolicyConfig(
-            kv_decode_weight=args.kv_decode_weight, kv_overlap_decay=args.kv_overlap_decay,
+            kv_decode_weight=args.kv_decode_weight, kv_overlap_decay_requests=args.kv_overlap_decay_requests,
             kv_temperature=args.kv_temperature, kv_queue_weight=args.kv_queue_weight, dualmap_ttft_slo_s=args.slo_ttft_s, seed=args.seed,
         ),
     )
