@@ -98,8 +98,8 @@ class Canary:
 
         self._http = httpx.Client(timeout=10)
         self.gateway = mesh.gateway_url
-        canary = next(s for s in mesh.specs if s.service == "canary")
-        self.url = f"http://{canary.metrics_target}"
+        canary = next((s for s in mesh.specs if s.service == "canary"), None)
+        self.url = f"http://{canary.metrics_target}" if canary else ""
 
     def set_mirror(self, sample: float) -> None:
         resp = self._http.put(f"{self.gateway}/admin/mirror", json={"sample": sample},
@@ -109,15 +109,17 @@ class Canary:
     def wait_quiet(self, timeout_s: float) -> float:
         """Waits until the canary has nothing buffered or replaying; returns the seconds waited."""
         start = time.perf_counter()
-        while time.perf_counter() - start < timeout_s:
+        while self.url and time.perf_counter() - start < timeout_s:
             health = self._http.get(f"{self.url}/health").json()
             if health["buffered"] == 0 and health["replaying"] == 0:
                 return time.perf_counter() - start
             time.sleep(0.2)
+        if not self.url:
+            return 0.0
         raise TimeoutError(f"the canary still had work after {timeout_s:.0f} s: {health}")
 
     def report(self) -> dict:
-        return self._http.get(f"{self.url}/report").json()
+        return self._http.get(f"{self.url}/report").json() if self.url else {}
 
     def gateway_metric(self, name: str) -> float:
         text = self._http.get(f"{self.gateway}/metrics").text
@@ -135,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--candidate-priority", default="idle", choices=["normal", "low", "idle"],
                    help="CPU priority of the candidate workers and the canary (kvmesh up --candidate-cpu-priority)")
     p.add_argument("--canary-buffer", type=int, default=8, help="records the canary buffers before it drops")
+    p.add_argument("--no-canary", action="store_true",
+                   help="diagnosis: mirror with no canary or candidate running (the tap's and NATS's own cost)")
     args = p.parse_args(argv)
 
     from kvmesh.runtime.launcher import MeshOptions, free_port
@@ -143,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as run_dir:
         opts = MeshOptions(
-            port=free_port(), run_dir=run_dir, kvstore=False, canary=True, candidate_prefill=1, candidate_decode=1,
+            port=free_port(), run_dir=run_dir, kvstore=False, canary=not args.no_canary,
+            candidate_prefill=0 if args.no_canary else 1, candidate_decode=0 if args.no_canary else 1,
             settings=[f"gateway.admin_key={ADMIN_KEY}", "canary.noise_sample=0",
                       f"canary.buffer_max_records={args.canary_buffer}"],
             candidate_settings=[f"decode.step_slowdown={args.slowdown}"],

@@ -13,6 +13,8 @@ import random
 import time
 from collections.abc import Callable
 
+from opentelemetry import context as otel_context
+
 from kvmesh.runtime.bus import MIRROR_SUBJECT, Bus
 from kvmesh.runtime.pb import events_pb2
 
@@ -40,7 +42,11 @@ class MirrorTap:
         self.nats_url = nats_url
         self.bus = bus
         self._draw = draw
-        self._queue: asyncio.Queue[events_pb2.MirrorRecord] = asyncio.Queue(maxsize=max(1, buffer))
+        # NOTE: each record travels with the trace context of the request it mirrors; the drain
+        # task's own context is whichever request happened to start it.
+        self._queue: asyncio.Queue[tuple[events_pb2.MirrorRecord, otel_context.Context]] = asyncio.Queue(
+            maxsize=max(1, buffer)
+        )
         self._tasks: list[asyncio.Task] = []
 
     @property
@@ -53,7 +59,7 @@ class MirrorTap:
             return False
         self._ensure_started()
         try:
-            self._queue.put_nowait(build())
+            self._queue.put_nowait((build(), otel_context.get_current()))
         except asyncio.QueueFull:
             self.metrics.mirror_dropped.inc()
             return False
@@ -89,17 +95,20 @@ class MirrorTap:
 
     async def _drain(self) -> None:
         while True:
-            record = await self._queue.get()
+            record, ctx = await self._queue.get()
             bus = self.bus
             if bus is None or not bus.connected:
                 self.metrics.mirror_dropped.inc()
                 continue
+            token = otel_context.attach(ctx)
             try:
                 await bus.publish(MIRROR_SUBJECT, record)
                 self.metrics.mirror_published.inc()
             except Exception as exc:  # noqa: BLE001 - mirroring never fails a request
                 log.debug("mirror publish failed: %s", exc)
                 self.metrics.mirror_dropped.inc()
+            finally:
+                otel_context.detach(token)
 
     async def close(self) -> None:
         for task in self._tasks:

@@ -170,3 +170,25 @@ async def test_admin_mirror_rejects_bad_keys_and_bad_samples(mesh: FakeMesh, hea
     assert resp.status_code == status
     assert resp.json()["error"]["message"]
     assert gw.app.state.mirror.sample == 0.0
+
+
+async def test_each_record_is_published_under_the_trace_of_the_request_it_mirrors() -> None:
+    from opentelemetry import trace  # noqa: PLC0415
+
+    class TracingBus(FakeBus):
+        async def publish(self, subject, message) -> None:
+            await super().publish(subject, message)
+            self.trace_ids = [*getattr(self, "trace_ids", []), trace.get_current_span().get_span_context().trace_id]
+
+    def span(trace_id: int) -> trace.Span:
+        ctx = trace.SpanContext(trace_id, 1, is_remote=False, trace_flags=trace.TraceFlags(1))
+        return trace.NonRecordingSpan(ctx)
+
+    bus = TracingBus()
+    tap = MirrorTap(1.0, 8, GatewayMetrics(), bus=bus, draw=lambda: 0.0)
+    for trace_id, rid in ((0xA, "a"), (0xB, "b")):
+        with trace.use_span(span(trace_id)):
+            tap.offer(lambda rid=rid: record(rid))  # the first offer starts the drain task under trace A
+    await eventually(lambda: len(bus.published) == 2)
+    assert bus.trace_ids == [0xA, 0xB]
+    await tap.close()
