@@ -28,6 +28,10 @@ CHANNEL_OPTIONS = [
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.keepalive_permit_without_calls", 1),
 ]
+# NOTE: gRPC turns SO_REUSEPORT on by default on Linux: a second server on a taken port then
+# starts fine and the kernel splits connections between the two (seen as UNIMPLEMENTED calls
+# when two services raced for one free port). A port belongs to one server here.
+SERVER_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)]
 DEFAULT_DEADLINE_S = 30.0
 
 
@@ -188,7 +192,7 @@ async def start_server(
     """Starts a gRPC server on host:port serving each (add_fn, servicer, full service name)
     plus grpc.health.v1 (SERVING once started); with `tls`, only clients holding a certificate
     signed by the mesh CA get in."""
-    server = grpc.aio.server(interceptors=[*interceptors, ErrorMappingInterceptor()], options=CHANNEL_OPTIONS)
+    server = grpc.aio.server(interceptors=[*interceptors, ErrorMappingInterceptor()], options=SERVER_OPTIONS)
     names = []
     for add_fn, servicer, name in register:
         add_fn(servicer, server)
@@ -196,7 +200,10 @@ async def start_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     address = f"{host}:{port}"
-    bound = server.add_secure_port(address, tls.server_credentials()) if tls else server.add_insecure_port(address)
+    try:
+        bound = server.add_secure_port(address, tls.server_credentials()) if tls else server.add_insecure_port(address)
+    except RuntimeError as exc:  # grpcio ≥ 1.5x raises instead of returning 0
+        raise OSError(f"cannot bind gRPC server to {host}:{port}: {exc}") from exc
     if bound == 0:
         raise OSError(f"cannot bind gRPC server to {host}:{port}")
     await server.start()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 SERVICES = ("gateway", "scheduler", "prefill", "decode", "kvstore", "canary")
@@ -75,11 +75,30 @@ def setting_env(assignments: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
+def distinct_ports(port_of: Callable[[], int], taken: Iterable[int] = ()) -> Callable[[], int]:
+    """`port_of`, but never a port it already gave (or one in `taken`): a free port is only free
+    until someone binds it, and the OS may offer a just-released one again."""
+    used = set(taken)
+
+    def next_port() -> int:
+        for _ in range(100):
+            port = port_of()
+            if port not in used:
+                used.add(port)
+                return port
+        raise OSError("no distinct free port found in 100 tries")
+
+    return next_port
+
+
 def plan_mesh(
-    opts: MeshOptions, nats_url: Callable[[str], str], port_of: Callable[[], int] = free_port
+    opts: MeshOptions, nats_url: Callable[[str], str], port_of: Callable[[], int] = free_port,
+    taken: Iterable[int] = (),
 ) -> list[ProcessSpec]:
     """Processes in start order: kvstore, scheduler, prefill/decode workers, canary, gateway.
-    `nats_url(service)` is the URL (with that service's credentials) each service connects to."""
+    `nats_url(service)` is the URL (with that service's credentials) each service connects to;
+    ports come from `port_of`, each once, none of `taken` or the gateway's."""
+    port_of = distinct_ports(port_of, [*taken, opts.port])
     overrides = setting_env(opts.settings)
     candidate_overrides = setting_env(opts.candidate_settings)
     base_env = {

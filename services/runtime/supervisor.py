@@ -74,7 +74,9 @@ class Mesh:
         self.nats_port = opts.nats_port or free_port(opts.host)
         self.nats_url = f"nats://{opts.host}:{self.nats_port}"
         self.nats_auth = NatsAuth.generate()
-        self.specs = plan_mesh(opts, lambda service: self.nats_auth.url(service, opts.host, self.nats_port))
+        self.specs = plan_mesh(
+            opts, lambda service: self.nats_auth.url(service, opts.host, self.nats_port), taken=[self.nats_port]
+        )
         self.tls = TlsConfig.from_settings(MeshSettings(**_tls_overrides(opts.env)))
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -92,3 +92,11 @@ def test_advertised_endpoint():
     assert advertised_endpoint("127.0.0.1", "", 5) == "127.0.0.1:5"
     assert advertised_endpoint("0.0.0.0", "decode-3", 5) == "decode-3:5"
     assert advertised_endpoint("0.0.0.0", "", 5) == f"{socket.gethostbyname(socket.gethostname())}:5"
+
+
+async def test_a_taken_port_is_refused_not_shared(server):
+    started, _ = server
+    with pytest.raises(OSError, match=f"cannot bind gRPC server to 127.0.0.1:{started.port}"):
+        await start_server("127.0.0.1", started.port, [
+            (scheduler_pb2_grpc.add_SchedulerServicer_to_server, Failing(), "kvmesh.v1.Scheduler"),
+        ])

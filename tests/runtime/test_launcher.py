@@ -2,7 +2,7 @@ import itertools
 
 import pytest
 
-from kvmesh.runtime.launcher import MeshOptions, plan_mesh, setting_env, worker_threads
+from kvmesh.runtime.launcher import MeshOptions, distinct_ports, plan_mesh, setting_env, worker_threads
 
 
 def plan(**options):
@@ -53,3 +53,15 @@ def test_setting_env_rejects_unknown_services():
     assert setting_env(["gateway.mirror_sample=1"]) == {"gateway": {"KVMESH_GATEWAY_MIRROR_SAMPLE": "1"}}
     with pytest.raises(ValueError, match="bad --set 'router.x=1'"):
         setting_env(["router.x=1"])
+
+
+def test_no_port_is_handed_out_twice_even_when_the_os_offers_it_again():
+    offers = iter([8000, 20001, 20001, 4222, 20002, 20001, 20003, 20004, 20005, 20006, 20007, 20008])
+    specs = plan_mesh(MeshOptions(prefill=0, kvstore=False), lambda s: "nats://x", port_of=lambda: next(offers),
+                      taken=[4222])
+    ports = [int(spec.grpc_endpoint.rsplit(":", 1)[1]) for spec in specs if spec.grpc_endpoint]
+    ports += [int(spec.metrics_target.rsplit(":", 1)[1]) for spec in specs if spec.metrics_target and spec.service != "gateway"]
+    assert sorted(ports) == [20001, 20002, 20003, 20004]
+    with pytest.raises(OSError, match="no distinct free port"):
+        next_port = distinct_ports(lambda: 1, taken=[1])
+        next_port()
