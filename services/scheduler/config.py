@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -13,6 +16,7 @@ from .policy import POLICY_NAMES, CostModel, PolicyConfig
 from .router import RouterConfig
 
 _COST = CostModel()
+REMOVED_DECAY = "KVMESH_SCHEDULER_KV_OVERLAP_DECAY"  # utilization units; now kv_overlap_decay_requests
 
 
 class SchedulerSettings(MeshSettings):
@@ -56,7 +60,12 @@ class SchedulerSettings(MeshSettings):
     # KV event repair
     replay_timeout_s: float = Field(2.0, description="deadline of a KV event replay request after a sequence gap")
 
-    def check(self) -> None:
+    def check(self, environ: Mapping[str, str] = os.environ) -> None:
+        if REMOVED_DECAY in environ:
+            raise ValueError(
+                f"{REMOVED_DECAY} was replaced by KVMESH_SCHEDULER_KV_OVERLAP_DECAY_REQUESTS, counted in requests "
+                "above the worker's fair share, not in utilization (default 6); unset the old variable"
+            )
         if self.policy not in POLICY_NAMES:
             raise ValueError(f"unknown policy {self.policy!r}: expected one of {', '.join(POLICY_NAMES)}")
         if self.queue_order not in tuple(Order):
