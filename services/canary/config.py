@@ -26,6 +26,7 @@ class CanarySettings(MeshSettings):
     dedup_window: int = Field(4096, description="recent request ids / prompt keys remembered for dedup")
     noise_sample: float = Field(0.1, ge=0.0, le=1.0, description="fraction of records also replayed on production (noise floor)")
     max_concurrency: int = Field(2, ge=1, description="replays in flight at once")
+    warmup_replays: int = Field(2, ge=0, description="first candidate replays (after start or a promote/rollback) that only warm it up: not compared")
     replay_timeout_s: float = Field(60.0, gt=0, description="deadline of one replay")
     latency_window: int = Field(10_000, description="latency samples kept per side for quantiles")
     min_samples: int = Field(20, description="compared requests before a verdict")

@@ -53,6 +53,7 @@ def report_to_json(report: Report) -> dict[str, Any]:
         "buffered": report.buffered,
         "promoted_weight": report.promoted_weight,
         "mirror_candidate_served": report.candidate_served,
+        "warmup_left": report.warmup_left,
         "production_pool": report.pools.production,
         "candidate_pool": report.pools.candidate,
     }

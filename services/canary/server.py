@@ -40,6 +40,7 @@ def report_to_pb(report: Report) -> canary_pb2.CanaryReport:
         mirror_malformed=report.malformed,
         promoted_weight=report.promoted_weight,
         mirror_candidate_served=report.candidate_served,
+        warmup_left=report.warmup_left,
         production_pool=report.pools.production,
         candidate_pool=report.pools.candidate,
         noise_samples=s.noise_samples,

@@ -56,7 +56,7 @@ class CanaryService:
             settings.buffer_bytes, settings.buffer_max_records, settings.dedup_window
         )
         pools = Pools(production=settings.production_pool, candidate=settings.candidate_pool)
-        self.state = CanaryState(pools, settings.thresholds(), buffer, settings.latency_window)
+        self.state = CanaryState(pools, settings.thresholds(), buffer, settings.latency_window, settings.warmup_replays)
         self.tls = TlsConfig.from_settings(settings)
         self.channels = ChannelPool(tls=self.tls)
         self.scheduler = scheduler_pb2_grpc.SchedulerStub(self.channels.get(settings.scheduler))

@@ -51,6 +51,7 @@ class Report:
     buffered: int
     promoted_weight: float = 0.0
     candidate_served: int = 0
+    warmup_left: int = 0
 
 
 class CanaryState:
@@ -62,6 +63,7 @@ class CanaryState:
         thresholds: Thresholds,
         buffer: MirrorBuffer[events_pb2.MirrorRecord],
         latency_window: int = 10_000,
+        warmup_replays: int = 0,
     ) -> None:
         if configured.production == configured.candidate:
             raise ValueError(f"production and candidate pools must differ (both {configured.production!r})")
@@ -76,6 +78,8 @@ class CanaryState:
         self.candidate_served = 0
         self._latency_window = latency_window
         self._comparison = Comparison(latency_window)
+        self._warmup_replays = warmup_replays
+        self.warmup_left = warmup_replays  # candidate replays still to discard: one-time start-up costs
 
     def offer(self, record: events_pb2.MirrorRecord) -> Admission | None:
         """Takes one mirrored record into the buffer; None when it is malformed or the candidate
@@ -96,8 +100,12 @@ class CanaryState:
         return Job(entry.item, production_outcome(entry.item), self.pools, self.generation)
 
     def record_candidate(self, job: Job, candidate: Outcome) -> bool:
-        """Adds a candidate replay; False when the job predates the last promote/rollback."""
+        """Adds a candidate replay; False when the job predates the last promote/rollback, or when
+        it only warmed the candidate up (the first `warmup_replays` after a start or a switch)."""
         if job.generation != self.generation:
+            return False
+        if self.warmup_left > 0:
+            self.warmup_left -= 1
             return False
         self._comparison.add_candidate(job.production, candidate)
         return True
@@ -130,6 +138,7 @@ class CanaryState:
         self.pools = pools
         self.weight = 0.0
         self.generation += 1
+        self.warmup_left = self._warmup_replays
         self._comparison = Comparison(self._latency_window)
 
     def report(self, undecodable: int = 0) -> Report:
@@ -147,6 +156,7 @@ class CanaryState:
             buffered=counts.buffered,
             promoted_weight=self.weight,
             candidate_served=self.candidate_served,
+            warmup_left=self.warmup_left,
         )
 
 

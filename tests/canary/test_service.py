@@ -68,7 +68,8 @@ async def start_canary(nats_server):
     async def start(candidate_script=echo_plus_one, **overrides) -> Harness:
         fakes = await FakeMesh(candidate_script).start()
         options = dict(nats_url=nats_server.url, port=0, http_port=0, scheduler=fakes.scheduler_endpoint,
-                       min_samples=4, noise_sample=0.0, max_concurrency=2, latency_slack_s=1.0, tracing=False)
+                       min_samples=4, noise_sample=0.0, max_concurrency=2, latency_slack_s=1.0, tracing=False,
+                       warmup_replays=0)
         options.update(overrides)
         canary = CanaryService(CanarySettings(**options))
         await canary.start()

@@ -131,3 +131,17 @@ def test_promote_weights_outside_zero_to_one_are_refused(weight):
     with pytest.raises(ValueError, match=r"promote weight must be in \(0, 1\]"):
         state.promote(weight)
     assert (state.pools, state.weight) == (POOLS, 0.0)
+
+
+def test_the_first_replays_after_start_and_after_a_switch_only_warm_the_candidate_up():
+    state = CanaryState(POOLS, Thresholds(min_samples=1), MirrorBuffer(1 << 20, 8), warmup_replays=2)
+    outcomes = []
+    for rid, prompt in (("a", (1,)), ("b", (2,)), ("c", (3,))):
+        state.offer(mirror_record(rid, prompt=prompt))
+        outcomes.append(state.record_candidate(state.next_job(), Outcome((4, 5, 6), 0.1, 0.01)))
+    assert outcomes == [False, False, True]
+    assert (state.report().summary.samples, state.report().warmup_left) == (1, 0)
+    state.promote()
+    assert state.report().warmup_left == 2
+    state.promote(0.5)  # a stepwise promote keeps the candidate: no new warm-up
+    assert state.report().warmup_left == 2

@@ -80,6 +80,7 @@ def shifted_model(tmp_path_factory) -> str:
 # NOTE: latency limits are loose here: on a shared 2-core CI box the candidate's replay and the
 # live request run under different load; these tests judge agreement, bench/canary.py judges latency.
 LOOSE_LATENCY = ["canary.max_ttft_p99_regression=20", "canary.max_tpot_p99_regression=20", "canary.latency_slack_s=2"]
+NO_WARMUP = ["canary.warmup_replays=0"]  # every replay counts, so tests can count samples exactly
 
 
 def test_identical_candidate_agrees_fully_passes_and_survives_bad_input(start_mesh):
@@ -87,8 +88,10 @@ def test_identical_candidate_agrees_fully_passes_and_survives_bad_input(start_me
         canary=True, kvstore=False, candidate_prefill=1, candidate_decode=1,
         settings=["gateway.mirror_sample=1.0", "canary.min_samples=6", "canary.noise_sample=0.5", *LOOSE_LATENCY],
     )
-    mirror_traffic(mesh, prompts(6))
+    # Default warm-up: the candidate's first 2 replays are run but not compared.
+    mirror_traffic(mesh, prompts(8))
     body = wait_report(mesh, lambda r: r["samples"] >= 6 and r["buffered"] == 0, "6 samples")
+    assert body["warmup_left"] == 0
     assert body["verdict"] == "pass", body
     assert (body["token_agreement"], body["exact_match_rate"], body["candidate_error_rate"]) == (1.0, 1.0, 0.0)
     assert body["mirror_dropped"] == 0
@@ -121,7 +124,8 @@ async def publish_garbage(mesh) -> None:
 def test_different_weights_fail_then_promote_and_rollback_move_production(start_mesh, shifted_model):
     mesh = start_mesh(
         canary=True, kvstore=False, candidate_prefill=1, candidate_decode=1, candidate_model=shifted_model,
-        settings=["gateway.mirror_sample=1.0", "canary.min_samples=4", "canary.noise_sample=0.5", *LOOSE_LATENCY],
+        settings=["gateway.mirror_sample=1.0", "canary.min_samples=4", "canary.noise_sample=0.5", *LOOSE_LATENCY,
+                  *NO_WARMUP],
     )
     probe = prompts(1, first=40)[0]
     [production_text] = mirror_traffic(mesh, [probe])
@@ -160,7 +164,7 @@ def test_slow_candidate_leaves_production_alone_and_drops_are_counted(start_mesh
         canary=True, kvstore=False, candidate_prefill=1, candidate_decode=1,
         candidate_settings=["decode.step_delay_s=0.5"],
         settings=["gateway.mirror_sample=1.0", "canary.max_concurrency=1", "canary.buffer_max_records=2",
-                  "canary.noise_sample=0", "canary.min_samples=3"],
+                  "canary.noise_sample=0", "canary.min_samples=3", *NO_WARMUP],
     )
     # The candidate pool and the canary run on idle CPU only; production keeps its priority.
     if hasattr(os, "SCHED_IDLE"):

@@ -24,29 +24,29 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/canary.proto\x12\tkvmesh.v1\"\x12\n\x10GetReportRequest\"t\n\x0cLatencyDelta\x12\x18\n\x10production_p50_s\x18\x01 \x01(\x01\x12\x18\n\x10production_p99_s\x18\x02 \x01(\x01\x12\x17\n\x0f\x63\x61ndidate_p50_s\x18\x03 \x01(\x01\x12\x17\n\x0f\x63\x61ndidate_p99_s\x18\x04 \x01(\x01\"\xca\x04\n\x0c\x43\x61naryReport\x12#\n\x07verdict\x18\x01 \x01(\x0e\x32\x12.kvmesh.v1.Verdict\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07samples\x18\x03 \x01(\x04\x12\x18\n\x10\x65xact_match_rate\x18\x04 \x01(\x01\x12\x17\n\x0ftoken_agreement\x18\x05 \x01(\x01\x12\x1d\n\x15noise_floor_agreement\x18\x06 \x01(\x01\x12\x1d\n\x15mean_first_divergence\x18\x07 \x01(\x01\x12%\n\x04ttft\x18\x08 \x01(\x0b\x32\x17.kvmesh.v1.LatencyDelta\x12%\n\x04tpot\x18\t \x01(\x0b\x32\x17.kvmesh.v1.LatencyDelta\x12\x1d\n\x15production_error_rate\x18\n \x01(\x01\x12\x1c\n\x14\x63\x61ndidate_error_rate\x18\x0b \x01(\x01\x12\x17\n\x0fmirror_received\x18\x0c \x01(\x04\x12\x16\n\x0emirror_dropped\x18\r \x01(\x04\x12\x18\n\x10mirror_malformed\x18\x0e \x01(\x04\x12\x17\n\x0fproduction_pool\x18\x0f \x01(\t\x12\x16\n\x0e\x63\x61ndidate_pool\x18\x10 \x01(\t\x12\x15\n\rnoise_samples\x18\x11 \x01(\x04\x12\x19\n\x11mirror_duplicates\x18\x12 \x01(\x04\x12\x10\n\x08\x62uffered\x18\x13 \x01(\x04\x12\x17\n\x0fpromoted_weight\x18\x14 \x01(\x01\x12\x1f\n\x17mirror_candidate_served\x18\x15 \x01(\x04\" \n\x0ePromoteRequest\x12\x0e\n\x06weight\x18\x01 \x01(\x01\"*\n\x0fPromoteResponse\x12\x17\n\x0fproduction_pool\x18\x01 \x01(\t\"\x11\n\x0fRollbackRequest\"+\n\x10RollbackResponse\x12\x17\n\x0fproduction_pool\x18\x01 \x01(\t*^\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x16\n\x12VERDICT_COLLECTING\x10\x01\x12\x10\n\x0cVERDICT_PASS\x10\x02\x12\x10\n\x0cVERDICT_FAIL\x10\x03\x32\xd2\x01\n\x06\x43\x61nary\x12\x41\n\tGetReport\x12\x1b.kvmesh.v1.GetReportRequest\x1a\x17.kvmesh.v1.CanaryReport\x12@\n\x07Promote\x12\x19.kvmesh.v1.PromoteRequest\x1a\x1a.kvmesh.v1.PromoteResponse\x12\x43\n\x08Rollback\x12\x1a.kvmesh.v1.RollbackRequest\x1a\x1b.kvmesh.v1.RollbackResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/canary.proto\x12\tkvmesh.v1\"\x12\n\x10GetReportRequest\"t\n\x0cLatencyDelta\x12\x18\n\x10production_p50_s\x18\x01 \x01(\x01\x12\x18\n\x10production_p99_s\x18\x02 \x01(\x01\x12\x17\n\x0f\x63\x61ndidate_p50_s\x18\x03 \x01(\x01\x12\x17\n\x0f\x63\x61ndidate_p99_s\x18\x04 \x01(\x01\"\xdf\x04\n\x0c\x43\x61naryReport\x12#\n\x07verdict\x18\x01 \x01(\x0e\x32\x12.kvmesh.v1.Verdict\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07samples\x18\x03 \x01(\x04\x12\x18\n\x10\x65xact_match_rate\x18\x04 \x01(\x01\x12\x17\n\x0ftoken_agreement\x18\x05 \x01(\x01\x12\x1d\n\x15noise_floor_agreement\x18\x06 \x01(\x01\x12\x1d\n\x15mean_first_divergence\x18\x07 \x01(\x01\x12%\n\x04ttft\x18\x08 \x01(\x0b\x32\x17.kvmesh.v1.LatencyDelta\x12%\n\x04tpot\x18\t \x01(\x0b\x32\x17.kvmesh.v1.LatencyDelta\x12\x1d\n\x15production_error_rate\x18\n \x01(\x01\x12\x1c\n\x14\x63\x61ndidate_error_rate\x18\x0b \x01(\x01\x12\x17\n\x0fmirror_received\x18\x0c \x01(\x04\x12\x16\n\x0emirror_dropped\x18\r \x01(\x04\x12\x18\n\x10mirror_malformed\x18\x0e \x01(\x04\x12\x17\n\x0fproduction_pool\x18\x0f \x01(\t\x12\x16\n\x0e\x63\x61ndidate_pool\x18\x10 \x01(\t\x12\x15\n\rnoise_samples\x18\x11 \x01(\x04\x12\x19\n\x11mirror_duplicates\x18\x12 \x01(\x04\x12\x10\n\x08\x62uffered\x18\x13 \x01(\x04\x12\x17\n\x0fpromoted_weight\x18\x14 \x01(\x01\x12\x1f\n\x17mirror_candidate_served\x18\x15 \x01(\x04\x12\x13\n\x0bwarmup_left\x18\x16 \x01(\x04\" \n\x0ePromoteRequest\x12\x0e\n\x06weight\x18\x01 \x01(\x01\"*\n\x0fPromoteResponse\x12\x17\n\x0fproduction_pool\x18\x01 \x01(\t\"\x11\n\x0fRollbackRequest\"+\n\x10RollbackResponse\x12\x17\n\x0fproduction_pool\x18\x01 \x01(\t*^\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x16\n\x12VERDICT_COLLECTING\x10\x01\x12\x10\n\x0cVERDICT_PASS\x10\x02\x12\x10\n\x0cVERDICT_FAIL\x10\x03\x32\xd2\x01\n\x06\x43\x61nary\x12\x41\n\tGetReport\x12\x1b.kvmesh.v1.GetReportRequest\x1a\x17.kvmesh.v1.CanaryReport\x12@\n\x07Promote\x12\x19.kvmesh.v1.PromoteRequest\x1a\x1a.kvmesh.v1.PromoteResponse\x12\x43\n\x08Rollback\x12\x1a.kvmesh.v1.RollbackRequest\x1a\x1b.kvmesh.v1.RollbackResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvmesh.v1.canary_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_VERDICT']._serialized_start=906
-  _globals['_VERDICT']._serialized_end=1000
+  _globals['_VERDICT']._serialized_start=927
+  _globals['_VERDICT']._serialized_end=1021
   _globals['_GETREPORTREQUEST']._serialized_start=37
   _globals['_GETREPORTREQUEST']._serialized_end=55
   _globals['_LATENCYDELTA']._serialized_start=57
   _globals['_LATENCYDELTA']._serialized_end=173
   _globals['_CANARYREPORT']._serialized_start=176
-  _globals['_CANARYREPORT']._serialized_end=762
-  _globals['_PROMOTEREQUEST']._serialized_start=764
-  _globals['_PROMOTEREQUEST']._serialized_end=796
-  _globals['_PROMOTERESPONSE']._serialized_start=798
-  _globals['_PROMOTERESPONSE']._serialized_end=840
-  _globals['_ROLLBACKREQUEST']._serialized_start=842
-  _globals['_ROLLBACKREQUEST']._serialized_end=859
-  _globals['_ROLLBACKRESPONSE']._serialized_start=861
-  _globals['_ROLLBACKRESPONSE']._serialized_end=904
-  _globals['_CANARY']._serialized_start=1003
-  _globals['_CANARY']._serialized_end=1213
+  _globals['_CANARYREPORT']._serialized_end=783
+  _globals['_PROMOTEREQUEST']._serialized_start=785
+  _globals['_PROMOTEREQUEST']._serialized_end=817
+  _globals['_PROMOTERESPONSE']._serialized_start=819
+  _globals['_PROMOTERESPONSE']._serialized_end=861
+  _globals['_ROLLBACKREQUEST']._serialized_start=863
+  _globals['_ROLLBACKREQUEST']._serialized_end=880
+  _globals['_ROLLBACKRESPONSE']._serialized_start=882
+  _globals['_ROLLBACKRESPONSE']._serialized_end=925
+  _globals['_CANARY']._serialized_start=1024
+  _globals['_CANARY']._serialized_end=1234
 # @@protoc_insertion_point(module_scope)

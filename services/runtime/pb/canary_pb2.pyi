@@ -33,7 +33,7 @@ class LatencyDelta(_message.Message):
     def __init__(self, production_p50_s: _Optional[float] = ..., production_p99_s: _Optional[float] = ..., candidate_p50_s: _Optional[float] = ..., candidate_p99_s: _Optional[float] = ...) -> None: ...
 
 class CanaryReport(_message.Message):
-    __slots__ = ("verdict", "reason", "samples", "exact_match_rate", "token_agreement", "noise_floor_agreement", "mean_first_divergence", "ttft", "tpot", "production_error_rate", "candidate_error_rate", "mirror_received", "mirror_dropped", "mirror_malformed", "production_pool", "candidate_pool", "noise_samples", "mirror_duplicates", "buffered", "promoted_weight", "mirror_candidate_served")
+    __slots__ = ("verdict", "reason", "samples", "exact_match_rate", "token_agreement", "noise_floor_agreement", "mean_first_divergence", "ttft", "tpot", "production_error_rate", "candidate_error_rate", "mirror_received", "mirror_dropped", "mirror_malformed", "production_pool", "candidate_pool", "noise_samples", "mirror_duplicates", "buffered", "promoted_weight", "mirror_candidate_served", "warmup_left")
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class CanaryReport(_message.Message):
     BUFFERED_FIELD_NUMBER: _ClassVar[int]
     PROMOTED_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     MIRROR_CANDIDATE_SERVED_FIELD_NUMBER: _ClassVar[int]
+    WARMUP_LEFT_FIELD_NUMBER: _ClassVar[int]
     verdict: Verdict
     reason: str
     samples: int
@@ -76,7 +77,8 @@ class CanaryReport(_message.Message):
     buffered: int
     promoted_weight: float
     mirror_candidate_served: int
-    def __init__(self, verdict: _Optional[_Union[Verdict, str]] = ..., reason: _Optional[str] = ..., samples: _Optional[int] = ..., exact_match_rate: _Optional[float] = ..., token_agreement: _Optional[float] = ..., noise_floor_agreement: _Optional[float] = ..., mean_first_divergence: _Optional[float] = ..., ttft: _Optional[_Union[LatencyDelta, _Mapping]] = ..., tpot: _Optional[_Union[LatencyDelta, _Mapping]] = ..., production_error_rate: _Optional[float] = ..., candidate_error_rate: _Optional[float] = ..., mirror_received: _Optional[int] = ..., mirror_dropped: _Optional[int] = ..., mirror_malformed: _Optional[int] = ..., production_pool: _Optional[str] = ..., candidate_pool: _Optional[str] = ..., noise_samples: _Optional[int] = ..., mirror_duplicates: _Optional[int] = ..., buffered: _Optional[int] = ..., promoted_weight: _Optional[float] = ..., mirror_candidate_served: _Optional[int] = ...) -> None: ...
+    warmup_left: int
+    def __init__(self, verdict: _Optional[_Union[Verdict, str]] = ..., reason: _Optional[str] = ..., samples: _Optional[int] = ..., exact_match_rate: _Optional[float] = ..., token_agreement: _Optional[float] = ..., noise_floor_agreement: _Optional[float] = ..., mean_first_divergence: _Optional[float] = ..., ttft: _Optional[_Union[LatencyDelta, _Mapping]] = ..., tpot: _Optional[_Union[LatencyDelta, _Mapping]] = ..., production_error_rate: _Optional[float] = ..., candidate_error_rate: _Optional[float] = ..., mirror_received: _Optional[int] = ..., mirror_dropped: _Optional[int] = ..., mirror_malformed: _Optional[int] = ..., production_pool: _Optional[str] = ..., candidate_pool: _Optional[str] = ..., noise_samples: _Optional[int] = ..., mirror_duplicates: _Optional[int] = ..., buffered: _Optional[int] = ..., promoted_weight: _Optional[float] = ..., mirror_candidate_served: _Optional[int] = ..., warmup_left: _Optional[int] = ...) -> None: ...
 
 class PromoteRequest(_message.Message):
     __slots__ = ("weight",)
