@@ -52,7 +52,7 @@ def apply_cpu_priority(priority: CpuPriority) -> None:
             if idle:
                 os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
             _lower_nice(tid, nice)
-        except (ProcessLookupError, PermissionError, OSError) as exc:
+        except OSError as exc:  # e.g. a thread that just ended, or no permission
             log.warning("could not lower the CPU priority of thread %d: %s", tid, exc)
     log.info("CPU priority: %s", priority)
 
