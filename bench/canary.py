@@ -108,14 +108,14 @@ class Canary:
 
     def wait_quiet(self, timeout_s: float) -> float:
         """Waits until the canary has nothing buffered or replaying; returns the seconds waited."""
+        if not self.url:
+            return 0.0
         start = time.perf_counter()
-        while self.url and time.perf_counter() - start < timeout_s:
+        while time.perf_counter() - start < timeout_s:
             health = self._http.get(f"{self.url}/health").json()
             if health["buffered"] == 0 and health["replaying"] == 0:
                 return time.perf_counter() - start
             time.sleep(0.2)
-        if not self.url:
-            return 0.0
         raise TimeoutError(f"the canary still had work after {timeout_s:.0f} s: {health}")
 
     def report(self) -> dict:

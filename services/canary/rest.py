@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -11,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from kvmesh.runtime.bearer import bearer_token, matching_key
 from kvmesh.runtime.errors import MeshError, status_for
 
 from .compare import LatencyDelta
@@ -90,8 +90,7 @@ def build_app(
     def refused(request: Request) -> JSONResponse | None:
         if not admin_key:
             return None
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), admin_key.encode()):
+        if matching_key(bearer_token(request.headers.get("authorization")), [admin_key]) is not None:
             return None
         return JSONResponse({"error": "promote and rollback need 'Authorization: Bearer <admin key>'"}, status_code=401)
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass, field
+
+from kvmesh.runtime.bearer import bearer_token, matching_key
 
 from .errors import ApiError
 
@@ -18,20 +19,18 @@ class ApiKeys:
         """The caller's key from `Authorization: Bearer <key>`, or a 401. "" when auth is off."""
         if not self.keys:
             return ""
-        scheme, _, token = (authorization or "").partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
+        token = bearer_token(authorization)
+        if not token:
             raise ApiError(
                 401,
                 "You didn't provide an API key. You need to provide your API key in an Authorization header "
                 "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
                 code="invalid_api_key",
             )
-        # NOTE: compare against every key in constant time so timing reveals nothing.
-        matched = [k for k in self.keys if hmac.compare_digest(k.encode(), token.encode())]
-        if not matched:
+        key = matching_key(token, self.keys)
+        if key is None:
             raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
-        return matched[0]
+        return key
 
 
 @dataclass(slots=True)

@@ -176,9 +176,13 @@ async def test_each_record_is_published_under_the_trace_of_the_request_it_mirror
     from opentelemetry import trace  # noqa: PLC0415
 
     class TracingBus(FakeBus):
+        def __init__(self) -> None:
+            super().__init__()
+            self.trace_ids: list[int] = []
+
         async def publish(self, subject, message) -> None:
             await super().publish(subject, message)
-            self.trace_ids = [*getattr(self, "trace_ids", []), trace.get_current_span().get_span_context().trace_id]
+            self.trace_ids.append(trace.get_current_span().get_span_context().trace_id)
 
     def span(trace_id: int) -> trace.Span:
         ctx = trace.SpanContext(trace_id, 1, is_remote=False, trace_flags=trace.TraceFlags(1))
