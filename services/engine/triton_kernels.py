@@ -13,7 +13,8 @@ a row's block table maps its token position p to block `block_table[p // block_s
   causally over their whole context in the cache (their own K/V written there first).
 
 All kernels run under `TRITON_INTERPRET=1` on CPU tensors, which is how tests check them.
-`UPCAST` computes the dot products in fp32: the interpreter multiplies bf16/fp16 operands as raw
+`PRECISION` is "ieee" for fp32 inputs (an fp32 model gets fp32 attention, not TF32). `UPCAST`
+computes the dot products in fp32: the interpreter multiplies bf16/fp16 operands as raw
 bits, so under it half-precision inputs are upcast after loading (on a GPU they stay as they are).
 """
 
@@ -49,7 +50,7 @@ def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_ptr, o_part_ptr, lse_part_ptr,
     stride_qb, stride_qh, stride_cs, stride_ch, stride_bt, num_splits, qk_scale_log2,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -81,7 +82,7 @@ def _decode_split_kernel(
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
         if UPCAST:
             k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k)) * qk_scale_log2  # [BG, BN], log2 units
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale_log2  # [BG, BN], log2 units
         s = tl.where(pm[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
@@ -90,7 +91,7 @@ def _decode_split_kernel(
         v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
         if UPCAST:
             v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
     has = l_i > 0
@@ -129,7 +130,7 @@ def _extend_kernel(
     prog_seq_ptr, prog_m_ptr, q_starts_ptr, q_lens_ptr, ctx_lens_ptr,
     stride_qt, stride_qh, stride_ot, stride_cs, stride_ch, stride_bt, qk_scale_log2,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     h = tl.program_id(1)
@@ -165,7 +166,7 @@ def _extend_kernel(
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
         if UPCAST:
             k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k)) * qk_scale_log2  # [BM, BN]
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale_log2  # [BM, BN]
         s = tl.where(pm[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
@@ -174,7 +175,7 @@ def _extend_kernel(
         v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
         if UPCAST:
             v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
