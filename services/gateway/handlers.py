@@ -110,7 +110,7 @@ class CompletionService:
         run = RequestRun(self, ids, endpoint, request)
         try:
             req = self.parse(endpoint, await read_body(request, self.settings.max_body_bytes))
-            session_id = request.headers.get("x-session-id") or req.user or ""
+            session_id = request.headers.get("x-session-id") or (req.user if self.settings.session_from_user else "") or ""
             prepared = await asyncio.to_thread(self.model.prepare, req, self.settings.default_max_tokens)
             self.limiter.acquire(api_key)
             run.key = api_key

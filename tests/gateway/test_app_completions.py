@@ -63,8 +63,15 @@ async def test_two_clients_sending_one_x_request_id_get_distinct_mesh_ids(gatewa
     assert first != second and "same" not in first + second
 
 
-async def test_user_field_is_the_session_without_header(gateway: RunningGateway, mesh: FakeMesh) -> None:
+async def test_user_field_alone_makes_no_session_unless_configured(gateway: RunningGateway, mesh: FakeMesh) -> None:
+    """An app sending one constant `user` must not pin all of its traffic to one worker by default."""
     async with gateway.client() as client:
+        await client.post("/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "user": "alice"})
+    assert mesh.scheduler.routes[0].session_id == ""
+
+
+async def test_user_field_is_the_session_when_configured(mesh: FakeMesh) -> None:
+    async with run_gateway(mesh, session_from_user=True) as gw, gw.client() as client:
         await client.post("/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "user": "alice"})
     assert mesh.scheduler.routes[0].session_id == "alice"
 
