@@ -22,7 +22,7 @@ from kvmesh.runtime.errors import InvalidArgument, Unavailable
 from kvmesh.runtime.grpcutil import ChannelPool
 from kvmesh.runtime.pb import common_pb2, decode_pb2, decode_pb2_grpc
 from kvmesh.runtime.telemetry import inject_metadata, tracer
-from kvmesh.runtime.worker import EngineLoop
+from kvmesh.worker.worker import EngineLoop
 
 from . import metrics
 from .store import StoreReader
