@@ -13,6 +13,7 @@ import asyncio
 import logging
 
 from kvmesh.runtime import kvwire
+from kvmesh.worker import kvtensor
 from kvmesh.runtime.blockhash import BlockHasher
 from kvmesh.runtime.grpcutil import ChannelPool
 from kvmesh.runtime.pb import common_pb2, kvstore_pb2, kvstore_pb2_grpc
@@ -103,7 +104,7 @@ class Handback:
         out = [kvstore_pb2.PutMessage(open=kvstore_pb2.PutOpen(spec=self.spec, producer_id=self.producer_id, parent_hash=parent))]
         for i, kv in enumerate(blocks):
             index = start + i
-            block = kvwire.encode_block(kv, encoding=kvwire.RAW, block_hash=hashes[index], block_index=index)
+            block = kvtensor.encode_block(kv, encoding=kvwire.RAW, block_hash=hashes[index], block_index=index)
             out.append(kvstore_pb2.PutMessage(block=block))
         out.append(kvstore_pb2.PutMessage(commit=kvstore_pb2.PutCommit(num_blocks=len(blocks))))
         return out
