@@ -118,8 +118,11 @@ class LLMEngine:
         *,
         computed_kv: torch.Tensor | None = None,
         prefill_only: bool = False,
+        detokenize: bool = True,
     ) -> None:
-        """Queue a request. Raises ContextLengthError (prompt too long) or ValueError (bad input)."""
+        """Queue a request. Raises ContextLengthError (prompt too long) or ValueError (bad input).
+
+        `detokenize=False`: outputs carry token ids only (no text, stop strings not checked)."""
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         params.validate()
@@ -135,7 +138,7 @@ class LLMEngine:
             computed_kv = self._check_kv(computed_kv, len(prompt) - 1, "computed_kv")
         seq = Sequence(request_id, prompt, len(prompt), params, prefill_only=prefill_only, computed_kv=computed_kv)
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._generator))
-        self._requests[request_id] = RequestState.create(seq, self.tokenizer, seed)
+        self._requests[request_id] = RequestState.create(seq, self.tokenizer, seed, detokenize)
         self.scheduler.add(seq)
 
     def _check_kv(self, kv: torch.Tensor, max_tokens: int, what: str) -> torch.Tensor:
@@ -282,6 +285,22 @@ class LLMEngine:
         """KV of cached full blocks from `start_block` on, each [2, L, block_size, Hkv, D] (CPU)."""
         hits = self.block_manager.match_prefix(self.hasher.hashes(token_ids), token_ids)
         return [self.runner.read_block(b) for b in hits[start_block:]]
+
+    def pin_cached_blocks(self, token_ids: list[int], start_block: int = 0) -> list[int]:
+        """Ids of the cached full blocks of `token_ids` from `start_block` on, referenced so they
+        are neither evicted nor overwritten until `unpin_blocks`: another thread may then copy
+        them with `read_blocks` while this engine keeps stepping."""
+        hits = self.block_manager.match_prefix(self.hasher.hashes(token_ids), token_ids)[start_block:]
+        self.block_manager.take(hits)
+        return hits
+
+    def unpin_blocks(self, block_ids: list[int]) -> None:
+        """Drop the references `pin_cached_blocks` took (call from the engine's thread)."""
+        self.block_manager.free(block_ids)
+
+    def read_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:
+        """KV of pinned blocks, each [2, L, block_size, Hkv, D] on CPU; safe off the engine thread."""
+        return [self.runner.read_block(b) for b in block_ids]
 
     def import_cached_blocks(self, token_ids: list[int], blocks: list[torch.Tensor], start_block: int = 0) -> int:
         """Insert blocks computed elsewhere as cached free blocks.

@@ -26,8 +26,8 @@ def heartbeat_from_pb(hb: events_pb2.Heartbeat) -> HeartbeatInfo:
         started_at=hb.started_at,
         draining=hb.draining,
         kv_event_seq=hb.kv_event_seq,
-        max_model_len=hb.max_model_len,
         live_request_ids=frozenset(hb.live_requests.request_ids) if hb.HasField("live_requests") else None,
+        max_model_len=hb.max_model_len,
     )
 
 

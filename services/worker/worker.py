@@ -2,7 +2,8 @@
 
 The engine is not thread-safe, so one `EngineLoop` thread owns it: it runs queued commands
 between steps and calls `engine.step()` while there is work. The asyncio side submits commands
-with `await loop.call(fn)` and receives each request's outputs through an `OutputStream`.
+with `await loop.call(fn)` and receives each request's outputs through an `OutputStream` or a
+`deliver` callback, all of one step's outputs in one hand-over to the event loop.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from typing import Any, TypeVar
 
 from pydantic import Field
 
-from .bus import HEARTBEAT_SUBJECT, Bus
-from .blockhash import resolve_dtype
-from .config import MeshSettings
-from .grpcutil import advertised_endpoint
-from .pb import common_pb2, events_pb2
+from kvmesh.runtime.bus import HEARTBEAT_SUBJECT, Bus
+from kvmesh.runtime.blockhash import resolve_dtype
+from kvmesh.runtime.config import MeshSettings
+from kvmesh.runtime.grpcutil import advertised_endpoint
+from kvmesh.runtime.pb import common_pb2, events_pb2
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -115,12 +116,25 @@ class OutputStream:
 
 @dataclass(slots=True)
 class _Subscription:
-    stream: OutputStream
-    on_output: Callable[[Any, Any], Any] | None
+    deliver: Callable[[Any], None]  # runs on the event loop
+    on_output: Callable[[Any, Any], Any] | None  # runs on the engine thread
+
+
+def _dispatch(items: list[tuple[Callable[[Any], None], Any]]) -> None:
+    for deliver, item in items:
+        try:
+            deliver(item)
+        except Exception:  # noqa: BLE001 - one consumer's bug must not starve the others
+            log.exception("delivering an engine output failed")
 
 
 class EngineLoop:
-    """One thread that owns the engine; see the module docstring."""
+    """One thread that owns the engine; see the module docstring.
+
+    NOTE: a step's outputs cross to the event loop in ONE `call_soon_threadsafe`, whatever the
+    batch size; each request's consumer (`deliver`) then runs on the event loop. Per-request
+    cross-thread calls per step cost more than the model step itself on a small model.
+    """
 
     def __init__(
         self,
@@ -179,15 +193,22 @@ class EngineLoop:
         self._commands.put(run)
 
     async def add_request(
-        self, request_id: str, add: Callable[[Any], None], on_output: Callable[[Any, Any], Any] | None = None
-    ) -> OutputStream:
-        """`add(engine)` then stream the request's outputs; `on_output(engine, output)` (on the
-        engine thread, right after the step) turns each output into the item delivered."""
-        stream = OutputStream()
+        self,
+        request_id: str,
+        add: Callable[[Any], None],
+        on_output: Callable[[Any, Any], Any] | None = None,
+        deliver: Callable[[Any], None] | None = None,
+    ) -> OutputStream | None:
+        """`add(engine)` then stream the request's outputs. `on_output(engine, output)` (on the
+        engine thread, right after the step) turns each output into the item delivered.
+        `deliver(item)` (on the event loop) receives each item, or an exception when the engine
+        failed; without it the items go to the returned OutputStream."""
+        stream = OutputStream() if deliver is None else None
+        sub = _Subscription(deliver or stream.put, on_output)
 
         def run(engine: Any) -> None:
             add(engine)
-            self._subs[request_id] = _Subscription(stream, on_output)
+            self._subs[request_id] = sub
 
         await self.call(run)
         return stream
@@ -240,11 +261,13 @@ class EngineLoop:
             outputs = self.engine.step()
         except Exception as exc:  # noqa: BLE001 - fail the requests, keep the worker alive
             log.exception("engine step failed; failing %d requests", len(self._subs))
-            for request_id, sub in list(self._subs.items()):
-                self._deliver(lambda s=sub.stream, e=exc: s.put(e))
+            failed = [(sub.deliver, exc) for sub in self._subs.values()]
+            for request_id in list(self._subs):
                 self.engine.abort_request(request_id)
             self._subs.clear()
+            self._deliver(lambda: _dispatch(failed))
             return
+        items: list[tuple[Callable[[Any], None], Any]] = []
         for out in outputs:
             sub = self._subs.get(out.request_id)
             if sub is None:
@@ -255,7 +278,9 @@ class EngineLoop:
                 item = sub.on_output(self.engine, out) if sub.on_output else out
             except Exception as exc:  # noqa: BLE001 - handed to the request's consumer
                 item = exc
-            self._deliver(lambda s=sub.stream, i=item: s.put(i))
+            items.append((sub.deliver, item))
+        if items:
+            self._deliver(lambda: _dispatch(items))
         for hook in self.step_hooks:
             try:
                 hook(self.engine, outputs)

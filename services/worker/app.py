@@ -10,14 +10,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from . import kvwire
-from .bus import Bus
-from .cacheevents import CacheEvents
-from .config import settings_from_argv
-from .grpcutil import ChannelPool, GrpcServer, TlsConfig
-from .process import init_process
-from .shutdown import GracefulShutdown
-from .telemetry import Telemetry
+from kvmesh.runtime import kvwire
+from kvmesh.runtime.bus import Bus
+from kvmesh.runtime.cacheevents import CacheEvents
+from kvmesh.runtime.config import settings_from_argv
+from kvmesh.runtime.grpcutil import ChannelPool, GrpcServer, TlsConfig
+from kvmesh.runtime.process import init_process
+from kvmesh.runtime.shutdown import GracefulShutdown
+from kvmesh.runtime.telemetry import Telemetry
 from .worker import EngineLoop, HeartbeatInfo, Heartbeater, WorkerSettings, engine_config
 
 log = logging.getLogger(__name__)
