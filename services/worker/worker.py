@@ -149,6 +149,7 @@ class EngineLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._commands: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._subs: dict[str, _Subscription] = {}
+        self.num_steps = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
@@ -158,6 +159,7 @@ class EngineLoop:
     async def stop(self) -> None:
         self._commands.put(None)
         await asyncio.to_thread(self._thread.join, 10.0)
+        log.info("engine loop stopped after %d steps", self.num_steps)
 
     async def call(self, fn: Callable[[Any], T]) -> T:
         """Run `fn(engine)` on the engine thread between steps; its result or exception comes back."""
@@ -244,6 +246,7 @@ class EngineLoop:
                 self._step()
 
     def _step(self) -> None:
+        self.num_steps += 1
         started = self._clock()
         self._step_once()
         delay = self.step_delay_s + (self.step_slowdown - 1.0) * (self._clock() - started)
