@@ -139,7 +139,7 @@ class StreamSession:
             delta = run.pending()
             delta.token_ids.extend(new)
             if out.logprobs:
-                delta.logprobs.extend(_logprobs_pb(out.logprobs))
+                delta.logprobs.extend(logprobs_pb(out.logprobs))
             if not run.sent_any and run.unsent == 0:
                 delta.cached_tokens = out.num_cached_tokens
                 ttft = time.monotonic() - run.t0
@@ -195,7 +195,8 @@ class StreamSession:
         run.span.end()
 
 
-def _logprobs_pb(entries) -> list[common_pb2.TokenLogprob]:
+def logprobs_pb(entries) -> list[common_pb2.TokenLogprob]:
+    """Engine TokenLogprobs as protobuf."""
     return [
         common_pb2.TokenLogprob(
             token_id=lp.token_id, logprob=lp.logprob,
