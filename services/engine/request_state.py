@@ -16,7 +16,7 @@ class RequestState:
     seq: Sequence
     detokenizer: IncrementalDetokenizer | None  # None: token ids only (the caller makes the text)
     matcher: StopStringMatcher | None
-    generator: Any  # torch.Generator (opaque here)
+    generator: Any  # the request's sampling seed (its own, or drawn by the engine)
     new_token_ids: list[int] = field(default_factory=list)
     new_text: str = ""
     new_logprobs: list[TokenLogprob] = field(default_factory=list)

@@ -135,7 +135,7 @@ async def announce(
     """Starts publishing the worker's KV cache events and heartbeats on NATS."""
     info = HeartbeatInfo(
         parts.worker_id, role, endpoint, settings.pool, settings.served_model_name(), parts.engine.block_size,
-        settings.max_num_seqs, time.time(),
+        settings.max_num_seqs, time.time(), max_model_len=parts.engine.max_model_len,
     )
     events = CacheEvents(parts.loop)
     if bus is not None and not await events.start(bus, parts.worker_id):

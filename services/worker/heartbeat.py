@@ -28,6 +28,7 @@ class HeartbeatInfo:
     block_size: int
     max_num_seqs: int
     started_at: float
+    max_model_len: int = 0  # the engine's real context length
 
 
 class Heartbeater:
@@ -53,6 +54,7 @@ class Heartbeater:
             block_size=i.block_size, num_running=s.num_running, num_waiting=s.num_waiting,
             kv_blocks_total=s.num_total_blocks, kv_blocks_free=s.num_free_blocks, max_num_seqs=i.max_num_seqs,
             timestamp=time.time(), started_at=i.started_at, draining=self.draining, kv_event_seq=self._kv_event_seq(),
+            max_model_len=i.max_model_len,
         )
 
     async def beat(self) -> None:

@@ -42,8 +42,11 @@ class WorkerSettings(MeshSettings):
     kvstore_timeout_s: float = Field(0.5, description="deadline for KV store lookups")
     kv_encoding: str = Field("raw", description="KV wire encoding: raw | int8 | int4")
     device: str = Field("auto", description="torch device: auto | cpu | cuda[:n]")
-    num_kv_blocks: int = Field(0, description="KV cache blocks (0 = from kv_cache_memory_bytes)")
-    kv_cache_memory_bytes: int = Field(256 * 1024 * 1024, description="KV cache budget in bytes")
+    num_kv_blocks: int = Field(0, description="KV cache blocks (0 = from free GPU memory on CUDA, kv_cache_memory_bytes on CPU)")
+    kv_cache_memory_bytes: int = Field(256 * 1024 * 1024, description="KV cache budget in bytes on CPU")
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="share of GPU memory for weights, activations and the KV cache (CUDA)")
+    attention_backend: str = Field("auto", description="attention kernels: auto (triton on CUDA, torch on CPU) | torch | triton")
+    enforce_eager: bool = Field(False, description="no CUDA graphs for decode steps")
     max_num_seqs: int = Field(64, description="most sequences in one batch")
     max_num_batched_tokens: int = Field(2048, description="token budget of one engine step")
     max_model_len: int = Field(0, description="context length cap (0 = the model's)")
@@ -79,6 +82,9 @@ def engine_config(settings: WorkerSettings) -> Any:
         block_size=settings.block_size,
         num_kv_blocks=settings.num_kv_blocks or None,
         kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        attention_backend=settings.attention_backend,
+        enforce_eager=settings.enforce_eager,
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_model_len=settings.max_model_len or None,
