@@ -11,7 +11,7 @@ from kvmesh.runtime.errors import status_for
 from kvmesh.runtime.pb import common_pb2, decode_pb2, decode_pb2_grpc
 
 from . import metrics
-from .stream import StreamSession
+from .stream import StreamSession, logprobs_pb
 from .worker import Delta, DecodeWorker, GenerateJob
 
 
@@ -42,14 +42,7 @@ def job_from_pb(request: decode_pb2.GenerateRequest) -> GenerateJob:
 
 def delta_to_pb(delta: Delta) -> decode_pb2.GenerateResponse:
     reply = decode_pb2.GenerateResponse(token_ids=delta.token_ids, text=delta.text)
-    for lp in delta.logprobs:
-        reply.logprobs.append(
-            common_pb2.TokenLogprob(
-                token_id=lp.token_id,
-                logprob=lp.logprob,
-                top=[common_pb2.TopLogprob(token_id=t, logprob=v) for t, v in lp.top_logprobs],
-            )
-        )
+    reply.logprobs.extend(logprobs_pb(delta.logprobs))
     if delta.finish_reason is not None:
         reply.finish_reason = delta.finish_reason
         reply.usage.CopyFrom(

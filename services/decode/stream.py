@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 class _Run:
     """One request on the stream: its pending delta, span and timings."""
 
-    __slots__ = ("job", "span", "t0", "delta", "unsent", "sent_any", "done")
+    __slots__ = ("job", "span", "t0", "delta", "unsent", "sent_any", "done", "abort_asked")
 
     def __init__(self, job: GenerateJob, span: trace.Span) -> None:
         self.job = job
@@ -42,6 +42,7 @@ class _Run:
         self.unsent = 0  # tokens in `delta`
         self.sent_any = False
         self.done = False
+        self.abort_asked = False  # an abort came before the request reached the worker
 
     def pending(self) -> decode_pb2.RequestDelta:
         if self.delta is None:
@@ -90,6 +91,9 @@ class StreamSession:
                 if kind == "generate":
                     self._start(msg.generate)
                 elif kind == "abort":
+                    run = self._runs.get(msg.abort.request_id)
+                    if run is not None:
+                        run.abort_asked = True
                     self.worker.abort(msg.abort.request_id)
         finally:
             self._reading = False
@@ -115,6 +119,8 @@ class StreamSession:
         try:
             if not await self.worker.start(run.job, lambda out: self._on_output(run, out), run.span):
                 self._finish(run, None, "abort")
+            elif run.abort_asked:  # NOTE: the abort overtook the request on its way in
+                self.worker.abort(run.job.request_id)
         except MeshError as exc:
             self._fail(run, exc)
         except Exception as exc:  # noqa: BLE001 - this request fails, the stream goes on
@@ -127,19 +133,20 @@ class StreamSession:
         if isinstance(out, BaseException):
             self._fail(run, out)
             return
-        self.worker.record(run.job, out)
-        if out.new_token_ids:
+        new = out.new_token_ids
+        if new:
+            self.worker.record(run.job, new)
             delta = run.pending()
-            delta.token_ids.extend(out.new_token_ids)
+            delta.token_ids.extend(new)
             if out.logprobs:
-                delta.logprobs.extend(_logprobs_pb(out.logprobs))
+                delta.logprobs.extend(logprobs_pb(out.logprobs))
             if not run.sent_any and run.unsent == 0:
                 delta.cached_tokens = out.num_cached_tokens
                 ttft = time.monotonic() - run.t0
                 metrics.TTFT.observe(ttft)
                 run.span.set_attribute("ttft_s", ttft)
-            run.unsent += len(out.new_token_ids)
-            metrics.GENERATED_TOKENS.inc(len(out.new_token_ids))
+            run.unsent += len(new)
+            metrics.GENERATED_TOKENS.inc(len(new))
         if out.finished:
             self._finish(run, out, out.finish_reason or "stop")
         elif run.unsent and (run.unsent >= self.stream_interval or not run.sent_any):
@@ -188,7 +195,8 @@ class StreamSession:
         run.span.end()
 
 
-def _logprobs_pb(entries) -> list[common_pb2.TokenLogprob]:
+def logprobs_pb(entries) -> list[common_pb2.TokenLogprob]:
+    """Engine TokenLogprobs as protobuf."""
     return [
         common_pb2.TokenLogprob(
             token_id=lp.token_id, logprob=lp.logprob,
