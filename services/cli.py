@@ -20,6 +20,8 @@ USAGE = """usage: kvmesh COMMAND [ARGS]
   health ENDPOINT   exit 0 when a gRPC host:port or an http(s) URL is healthy (for healthchecks)
   trace [ID]        list recent requests, or draw one request's trace waterfall
   sim               replay a trace against simulated workers with the real routing policies
+  conform ROLE ENDPOINT
+                    check a running implementation of a role against docs/contracts.md
 """
 
 
@@ -120,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return health_main(rest)
     if command == "trace":
         return importlib.import_module("kvmesh.runtime.tracecli").trace_main(rest)
+    if command == "conform":
+        return importlib.import_module("kvmesh.conform.runner").conform_main(rest)
     if command == "sim":
         return importlib.import_module("kvmesh.scheduler.sim").sim_main(rest)
     if command in SERVICE_COMMANDS:
