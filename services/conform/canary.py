@@ -4,6 +4,7 @@ publishes MirrorRecords and plays the scheduler and a candidate decode worker.""
 
 from __future__ import annotations
 
+import random
 import uuid
 from dataclasses import dataclass, field
 
@@ -31,9 +32,10 @@ class Session:
     served: list[Served]
     outputs: dict[tuple[int, ...], list[int]] = field(default_factory=dict)   # prompt -> what the candidate answers
     records: list[events_pb2.MirrorRecord] = field(default_factory=list)
+    salt: int = field(default_factory=lambda: random.randrange(10**6))   # new prompts each session (dedup)
 
     def record(self, n: int, salt: str) -> events_pb2.MirrorRecord:
-        prompt = [(n * 31 + i * 7 + len(salt)) % 200 + 20 for i in range(12 + n)]
+        prompt = [self.salt % 200 + 20, *((n * 31 + i * 7 + len(salt)) % 200 + 20 for i in range(12 + n)), self.salt // 200 % 200 + 20]
         output = [(n + i) % 200 + 20 for i in range(6)]
         self.outputs[tuple(prompt)] = output
         return events_pb2.MirrorRecord(

@@ -5,6 +5,7 @@ that records hand-backs."""
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 from dataclasses import dataclass, field
 
@@ -22,7 +23,7 @@ from .probe import Watcher, channel, expect_serving, need, same_endpoint, wait_f
 REGISTRY = Registry("decode", "D")
 clause = REGISTRY.clause
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
-PROMPT = [(i * 37 + 11) % 200 + 20 for i in range(40)]   # two full blocks of 16 and a tail; ids < 256
+PROMPT_LEN = 40   # two full blocks of 16 and a tail; ids < 256, new ones each session (so no cache is warm)
 
 
 @dataclass(slots=True)
@@ -35,11 +36,13 @@ class Session:
     prefill: FailingPrefill
     doubles: list[Served]
     store: RecordingStore | None
+    prompt: list[int] = field(default_factory=list)
     worker_id: str = ""
     greedy: list[int] = field(default_factory=list)
 
-    def request(self, prompt: list[int] = PROMPT, max_tokens: int = 8, **sampling) -> decode_pb2.GenerateRequest:
+    def request(self, prompt: list[int] | None = None, max_tokens: int = 8, **sampling) -> decode_pb2.GenerateRequest:
         params = common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True, top_p=1.0, **sampling)
+        prompt = self.prompt if prompt is None else prompt
         return decode_pb2.GenerateRequest(request_id=f"conform-{uuid.uuid4().hex[:12]}", prompt_token_ids=prompt,
                                           sampling=params, session_id="conform")
 
@@ -63,7 +66,10 @@ async def open_session(opts) -> Session:  # noqa: ANN001
         store = RecordingStore()
         doubles.append(await serve(opts.kvstore_port, add(store)))
     watcher = await Watcher.start(opts.nats, "decode") if opts.nats else None
-    return Session(opts, opts.endpoint, chan, decode_pb2_grpc.DecodeWorkerStub(chan), watcher, prefill, doubles, store)
+    salt = random.randrange(200)
+    prompt = [(i * 37 + salt) % 200 + 20 for i in range(PROMPT_LEN)]
+    return Session(opts, opts.endpoint, chan, decode_pb2_grpc.DecodeWorkerStub(chan), watcher, prefill, doubles, store,
+                   prompt)
 
 
 def tokens_of(replies: list[decode_pb2.GenerateResponse]) -> list[int]:
@@ -92,7 +98,7 @@ async def health(ctx: Session) -> None:
 @clause(2, "Generate stream framing: tokens in order, one final message with finish_reason and usage; max_tokens exact")
 async def framing(ctx: Session) -> None:
     replies = await ctx.generate(ctx.request(max_tokens=8))
-    check_framing(replies, len(PROMPT))
+    check_framing(replies, len(ctx.prompt))
     expect(len(tokens_of(replies)) == 8 and replies[-1].finish_reason == "length",
            f"max_tokens 8 with ignore_eos gave {len(tokens_of(replies))} tokens, finish {replies[-1].finish_reason!r}")
     ctx.greedy = tokens_of(replies)
@@ -113,7 +119,7 @@ async def stop_token(ctx: Session) -> None:
     stop = ctx.greedy[3]
     want = ctx.greedy[: ctx.greedy.index(stop) + 1]
     replies = await ctx.generate(ctx.request(max_tokens=8, stop_token_ids=[stop]))
-    check_framing(replies, len(PROMPT))
+    check_framing(replies, len(ctx.prompt))
     expect(tokens_of(replies) == want and replies[-1].finish_reason == "stop",
            f"stop token {stop}: got {tokens_of(replies)} ({replies[-1].finish_reason!r}), expected {want} ('stop')")
 
@@ -168,7 +174,7 @@ async def cancel(ctx: Session) -> None:
     call.cancel()
     expect(await _forgotten(ctx, request.request_id), "5s after the client cancelled, the request is still running")
     again = await ctx.generate(_same_id(ctx, request.request_id))
-    check_framing(again, len(PROMPT))
+    check_framing(again, len(ctx.prompt))
 
 
 def _same_id(ctx: Session, request_id: str) -> decode_pb2.GenerateRequest:
@@ -197,7 +203,7 @@ async def duplicate(ctx: Session) -> None:
 
 @clause(10, "remote prefill: names itself as destination, refuses a foreign-spec push, falls back and still answers the same tokens")
 async def prefill_fallback(ctx: Session) -> None:
-    prompt = [(t + 3) % 200 + 20 for t in PROMPT]
+    prompt = [(t + 3) % 200 + 20 for t in ctx.prompt]
     request = ctx.request(prompt=prompt, max_tokens=6)
     request.prefill.CopyFrom(common_pb2.WorkerRef(worker_id="conform-prefill", endpoint=ctx.doubles[0].endpoint))
     request.kv_encoding = common_pb2.KV_ENCODING_INT8
@@ -228,7 +234,7 @@ async def push_framing(ctx: Session) -> None:
 async def handback(ctx: Session) -> None:
     need(ctx.store, "needs --kvstore-port (a recording KV store the worker was started with)")
     need(await wait_for(lambda: ctx.store.puts, 5.0), "no hand-back Put within 5s (hand-back is optional)")
-    await check_handback(ctx.store.puts, PROMPT + ctx.greedy, ctx.opts.block_size)
+    await check_handback(ctx.store.puts, ctx.prompt + ctx.greedy, ctx.opts.block_size)
 
 
 @clause(13, "heartbeat: kvmesh.workers.decode.<id>.heartbeat, role DECODE, own endpoint, fields set, every <= 2 s")
@@ -267,7 +273,7 @@ async def hash_agreement(ctx: Session) -> None:
     announced = {h for b in watcher.batches.get(worker_id, []) for e in b.events for h in e.stored.block_hashes}
     need(announced, f"{worker_id} announced no blocks")
     model = ctx.opts.model or watcher.beats_of(ctx.endpoint)[-1].message.model
-    want = BlockHasher(model, ctx.opts.dtype, ctx.opts.block_size).hashes(PROMPT)
+    want = BlockHasher(model, ctx.opts.dtype, ctx.opts.block_size).hashes(ctx.prompt)
     expect(want[0] in announced, f"the first block of the suite's prompt was never announced under hash {want[0].hex()[:16]} "
                                  f"(model {model!r}, dtype {ctx.opts.dtype}, block size {ctx.opts.block_size})")
 
@@ -281,7 +287,7 @@ async def replay(ctx: Session) -> None:
 async def drain(ctx: Session) -> None:
     async def inflight() -> None:
         replies = await ctx.generate(ctx.request(max_tokens=200), timeout_s=60)
-        check_framing(replies, len(PROMPT))
+        check_framing(replies, len(ctx.prompt))
         expect(replies[-1].finish_reason == "length", f"in-flight stream ended {replies[-1].finish_reason!r} during drain")
 
     await natsclauses.check_drain(ctx, "decode", inflight)

@@ -87,3 +87,21 @@ def assert_conforms(results: dict[str, Result], skipped: set[str] = frozenset(),
     assert set(failed) == set(known), failed
     assert {cid for cid, r in results.items() if r.outcome is Outcome.SKIP} == set(skipped), \
         {cid: r.detail for cid, r in results.items() if r.outcome is Outcome.SKIP}
+
+
+async def broken_suite(role: str, target: str, only: tuple[str, ...], breaker_kwargs: dict, **options) -> dict[str, Result]:
+    """`role`'s clauses `only` against a Breaker in front of `target`."""
+    from .breaker import Breaker, start_breaker  # noqa: PLC0415
+
+    server, endpoint = await start_breaker(Breaker(target, **breaker_kwargs))
+    try:
+        return await suite(role, endpoint, only=only, **options)
+    finally:
+        await server.stop(0)
+
+
+def assert_fails_only(results: dict[str, Result], clause_id: str) -> None:
+    """The broken implementation fails `clause_id` and nothing else that ran."""
+    outcomes = {cid: r.outcome for cid, r in results.items()}
+    assert outcomes.pop(clause_id) is Outcome.FAIL, results[clause_id]
+    assert all(o is Outcome.PASS for o in outcomes.values()), {c: results[c].detail for c in outcomes}

@@ -1,24 +1,52 @@
 """Our decode worker passes `kvmesh conform decode` (one process, every clause D1..), with the
-suite's recording KV store as its hand-back target."""
+suite's recording KV store as its hand-back target; a proxy that breaks one rule fails the
+intended clause."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
 
 from kvmesh.conform.decode import REGISTRY
 from kvmesh.runtime.launcher import free_port
 
-from .conftest import Service, assert_conforms, suite
+from .breaker import changed
+from .conftest import Service, assert_conforms, assert_fails_only, broken_suite, suite
 
 
-async def test_decode_conforms(nats, tmp_path) -> None:
+@pytest.fixture(scope="module")
+def worker(nats, tmp_path_factory) -> Iterator[tuple[Service, str, int]]:  # noqa: ANN001
     port, store_port = free_port(), free_port()
-    worker = Service("decode", ["--port", str(port), "--metrics-port", "-1", "--worker-id", "decode-conform",
-                                "--torch-threads", "1", "--kvstore", f"127.0.0.1:{store_port}"],
-                     {"KVMESH_NATS_URL": nats.url, "KVMESH_DECODE_PREFILL_TIMEOUT_S": "5"}, tmp_path / "decode.log")
-    try:
-        worker.wait_grpc(f"127.0.0.1:{port}")
-        results = await suite("decode", f"127.0.0.1:{port}", nats=nats.url, drain_pid=worker.pid,
-                              kvstore_port=store_port)
-        assert_conforms(results)
-        assert len(results) == len(REGISTRY.clauses)
-    finally:
-        worker.stop()
+    service = Service("decode", ["--port", str(port), "--metrics-port", "-1", "--worker-id", "decode-conform",
+                                 "--torch-threads", "1", "--kvstore", f"127.0.0.1:{store_port}"],
+                      {"KVMESH_NATS_URL": nats.url, "KVMESH_DECODE_PREFILL_TIMEOUT_S": "5"},
+                      tmp_path_factory.mktemp("decode") / "decode.log")
+    service.wait_grpc(f"127.0.0.1:{port}")
+    yield service, f"127.0.0.1:{port}", store_port
+    service.stop()
+
+
+def _no_usage(reply):  # noqa: ANN001, ANN202
+    out = changed(reply)
+    out.ClearField("usage")
+    return out
+
+
+BROKEN = {
+    "D2": {"replies": {"DecodeWorker/Generate": _no_usage}},
+    "D6": {"replies": {"DecodeWorker/Abort": lambda r: changed(r, found=False)}},
+}
+
+
+@pytest.mark.parametrize("clause_id", sorted(BROKEN))
+async def test_broken_decode_fails_the_clause(worker, clause_id: str) -> None:  # noqa: ANN001
+    results = await broken_suite("decode", worker[1], ("D1", "D2", "D6"), BROKEN[clause_id], kvstore_port=worker[2])
+    assert_fails_only(results, clause_id)
+
+
+async def test_decode_conforms(worker, nats) -> None:  # noqa: ANN001
+    service, endpoint, store_port = worker
+    results = await suite("decode", endpoint, nats=nats.url, drain_pid=service.pid, kvstore_port=store_port)
+    assert_conforms(results)
+    assert len(results) == len(REGISTRY.clauses)

@@ -1,21 +1,66 @@
-"""Our kvstore passes `kvmesh conform kvstore` (one process, every clause K1..)."""
+"""Our kvstore passes `kvmesh conform kvstore` (one process, every clause K1..); broken stores
+(a proxy that lies in one reply, a store that heartbeats too slowly) fail the intended clause."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
 
 from kvmesh.conform.kvstore import REGISTRY
 from kvmesh.runtime.launcher import free_port
 
-from .conftest import Service, assert_conforms, suite
+from .breaker import changed
+from .conftest import Service, assert_conforms, assert_fails_only, broken_suite, suite
 
 
-async def test_kvstore_conforms(nats, tmp_path) -> None:
+def start_store(nats_url: str, log, **env: str) -> tuple[Service, str]:  # noqa: ANN001
     port = free_port()
-    store = Service("kvstore", ["--port", str(port), "--metrics-port", "-1", "--store-id", "kvstore-conform"],
-                    {"KVMESH_NATS_URL": nats.url}, tmp_path / "kvstore.log")
+    store = Service("kvstore", ["--port", str(port), "--metrics-port", "-1", "--store-id", f"kvstore-conform-{port}"],
+                    {"KVMESH_NATS_URL": nats_url, **env}, log)
+    store.wait_grpc(f"127.0.0.1:{port}")
+    return store, f"127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def store(nats, tmp_path_factory) -> Iterator[tuple[Service, str]]:  # noqa: ANN001
+    service, endpoint = start_store(nats.url, tmp_path_factory.mktemp("kvstore") / "kvstore.log")
+    yield service, endpoint
+    service.stop()
+
+
+def _corrupt_raw(block):  # noqa: ANN001, ANN202
+    return changed(block) if block.header.encoding > 1 else _flip(block)
+
+
+def _flip(block):  # noqa: ANN001, ANN202
+    out = changed(block)
+    out.header.checksum ^= 1
+    return out
+
+
+BROKEN = {
+    "K5": {"replies": {"KvStore/Put": lambda r: changed(r, stored=r.stored + r.duplicates, duplicates=0)}},
+    "K9": {"replies": {"KvStore/Get": _corrupt_raw}},
+}
+
+
+@pytest.mark.parametrize("clause_id", sorted(BROKEN))
+async def test_broken_store_fails_the_clause(store, nats, clause_id: str) -> None:  # noqa: ANN001
+    results = await broken_suite("kvstore", store[1], ("K1", "K2", "K5", "K9", "K10"), BROKEN[clause_id], nats=nats.url)
+    assert_fails_only(results, clause_id)
+
+
+async def test_slow_heartbeat_fails_k13(nats, tmp_path) -> None:  # noqa: ANN001
+    slow, endpoint = start_store(nats.url, tmp_path / "slow.log", KVMESH_KVSTORE_HEARTBEAT_INTERVAL_S="3")
     try:
-        store.wait_grpc(f"127.0.0.1:{port}")
-        results = await suite("kvstore", f"127.0.0.1:{port}", nats=nats.url, drain_pid=store.pid)
-        assert_conforms(results)
-        assert len(results) == len(REGISTRY.clauses)
+        assert_fails_only(await suite("kvstore", endpoint, nats=nats.url, only=("K1", "K13")), "K13")
     finally:
-        store.stop()
+        slow.stop()
+
+
+async def test_kvstore_conforms(store, nats) -> None:  # noqa: ANN001
+    service, endpoint = store
+    results = await suite("kvstore", endpoint, nats=nats.url, drain_pid=service.pid)
+    assert_conforms(results)
+    assert len(results) == len(REGISTRY.clauses)
