@@ -29,9 +29,7 @@ async def test_gateway_conforms(nats, tmp_path) -> None:  # noqa: ANN001
     gateway, url, scheduler_port = start_gateway(nats.url, tmp_path / "gateway.log", KVMESH_GATEWAY_MIRROR_SAMPLE="1")
     try:
         results = await suite("gateway", url, nats=nats.url, scheduler_port=scheduler_port)
-        # NOTE: G12 is a known deviation of our gateway (docs/contracts.md, G12): it uses a client's
-        # X-Request-Id as the mesh's request id. Fixing it is the gateway owner's change.
-        assert_conforms(results, known={"G12"})
+        assert_conforms(results)
         assert len(results) == len(REGISTRY.clauses)
     finally:
         gateway.stop()
