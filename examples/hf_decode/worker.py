@@ -133,6 +133,17 @@ class Heartbeats:
             await asyncio.sleep(self.args.heartbeat_interval)
 
 
+async def connect_nats(url: str, tries: int = 120):  # noqa: ANN201
+    """NATS may come up after this worker (`kvmesh up --external` starts it): keep trying."""
+    for _ in range(tries - 1):
+        try:
+            return await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=1)
+        except Exception as exc:  # noqa: BLE001 - retried
+            log.info("NATS not reachable yet (%s); retrying", exc)
+            await asyncio.sleep(0.5)
+    return await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+
+
 async def serve(args: argparse.Namespace) -> None:
     engine = await asyncio.to_thread(Engine, args.model_dir, args.dtype)
     servicer = DecodeServicer(engine, args.max_num_seqs)
@@ -145,7 +156,7 @@ async def serve(args: argparse.Namespace) -> None:
     for name in ("", SERVICE):
         await status.set(name, health_pb2.HealthCheckResponse.SERVING)
     endpoint = f"{args.advertise_host or args.host}:{port}"
-    nc = await nats.connect(args.nats, max_reconnect_attempts=-1, reconnect_time_wait=0.5) if args.nats else None
+    nc = await connect_nats(args.nats) if args.nats else None
     beats = Heartbeats(nc, servicer, args, endpoint) if nc else None
     task = asyncio.create_task(beats.run()) if beats else None
     log.info("hf_decode %s serving %s on %s", args.worker_id, args.model_name, endpoint)
