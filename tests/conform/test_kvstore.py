@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -59,8 +61,22 @@ async def test_slow_heartbeat_fails_k13(nats, tmp_path) -> None:  # noqa: ANN001
         slow.stop()
 
 
+async def test_cli_prints_a_line_per_clause_and_exits_by_outcome(store) -> None:  # noqa: ANN001
+    async def conform(*args: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "kvmesh", "conform", "kvstore", *args,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await proc.communicate()
+        return proc.returncode, out.decode()
+
+    code, out = await conform(store[1], "--only", "K1", "--only", "K2")
+    assert code == 0 and out.splitlines()[:2] == [line for line in out.splitlines() if line.startswith("PASS")], out
+    code, out = await conform(f"127.0.0.1:{free_port()}", "--only", "K1", "--clause-timeout", "10")
+    assert code == 1 and out.startswith("FAIL K1"), out
+
+
 async def test_kvstore_conforms(store, nats) -> None:  # noqa: ANN001
     service, endpoint = store
     results = await suite("kvstore", endpoint, nats=nats.url, drain_pid=service.pid)
     assert_conforms(results)
     assert len(results) == len(REGISTRY.clauses)
+
