@@ -119,7 +119,8 @@ class Heartbeats:
             worker_id=self.args.worker_id, role=common_pb2.WORKER_ROLE_DECODE, endpoint=self.endpoint,
             pool=self.args.pool, model=self.args.model_name, block_size=self.args.block_size,
             num_running=len(self.servicer.running), max_num_seqs=self.args.max_num_seqs, timestamp=time.time(),
-            started_at=self.started_at, draining=self.servicer.draining)
+            started_at=self.started_at, draining=self.servicer.draining,
+            live_requests=events_pb2.LiveRequests(request_ids=list(self.servicer.running)))
 
     async def beat(self) -> None:
         try:

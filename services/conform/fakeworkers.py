@@ -27,6 +27,7 @@ class FakeWorker:
     draining: bool = False
     kv_event_seq: int = 0
     max_num_seqs: int = 8
+    live: list[str] | None = None     # request ids it reports holding (None: not reported)
     replies: list[events_pb2.KvReplayReply] = field(default_factory=list)
     replay_requests: list[int] = field(default_factory=list)
     _task: asyncio.Task | None = None
@@ -37,11 +38,14 @@ class FakeWorker:
         return f"conform.invalid:{abs(hash(self.worker_id)) % 60000 + 1024}"
 
     def heartbeat(self) -> events_pb2.Heartbeat:
-        return events_pb2.Heartbeat(
+        hb = events_pb2.Heartbeat(
             worker_id=self.worker_id, role=self.role, endpoint=self.endpoint, pool=self.pool, model=self.model,
             block_size=self.block_size, kv_blocks_total=1000, kv_blocks_free=1000, max_num_seqs=self.max_num_seqs,
             timestamp=time.time(), started_at=self.started_at, draining=self.draining, kv_event_seq=self.kv_event_seq,
         )
+        if self.live is not None:
+            hb.live_requests.request_ids.extend(self.live)
+        return hb
 
     async def beat(self) -> None:
         subject = HEARTBEAT_SUBJECT.format(role=ROLE_NAMES[self.role], worker_id=self.worker_id)

@@ -23,7 +23,8 @@ REGISTRY = Registry("scheduler", "S")
 clause = REGISTRY.clause
 INVALID, UNAVAILABLE = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAVAILABLE
 DECODE, PREFILL = common_pb2.WORKER_ROLE_DECODE, common_pb2.WORKER_ROLE_PREFILL
-EXPIRY_S = 10.0   # contracts.md S14: a silent worker is dropped within this
+EXPIRY_S = 10.0      # contracts.md S15: a silent worker is dropped within this
+RECONCILE_S = 30.0   # contracts.md S16: a routed request its worker no longer holds is released within this
 
 
 @dataclass(slots=True)
@@ -35,6 +36,7 @@ class Session:
     pool: str
     hasher: BlockHasher
     workers: dict[str, FakeWorker] = field(default_factory=dict)
+    last_request_id: str = ""
 
     def tokens(self, salt: str, blocks: int) -> list[int]:
         return [(zlib.crc32(salt.encode()) + i * 7919) % 30_000 for i in range(blocks * self.hasher.block_size)]
@@ -51,7 +53,7 @@ class Session:
     async def route(self, *, hashes: list[bytes] = (), tokens: int = 0, exclude: list[str] = (), pool: str | None = None,
                     complete: bool = True) -> scheduler_pb2.RouteResponse:
         """Route then Complete (so no admission slot is held)."""
-        request_id = f"conform-{uuid.uuid4().hex[:12]}"
+        request_id = self.last_request_id = f"conform-{uuid.uuid4().hex[:12]}"
         bs = self.hasher.block_size
         reply = await self.stub.Route(scheduler_pb2.RouteRequest(
             request_id=request_id, num_prompt_tokens=tokens or max(bs * len(hashes) + 1, 8), block_hashes=hashes,
@@ -264,3 +266,23 @@ async def expiry(ctx: Session) -> None:
         await asyncio.sleep(0.2)
     expect(d1.worker_id not in await ctx.listed(), f"{d1.worker_id} still listed {EXPIRY_S:g}s after its last heartbeat")
     await expect_status(ctx.route(), UNAVAILABLE, what="Route after the pool's only live worker expired")
+
+
+@clause(16, f"a decode worker whose heartbeat live_requests no longer holds a routed request gets its load back within {RECONCILE_S:g} s")
+async def reconcile(ctx: Session) -> None:
+    d3 = await ctx.worker("d3", live=[])
+    await asyncio.sleep(0.5)
+    request_id = ""
+    try:
+        reply = await ctx.route(complete=False)
+        request_id = ctx.last_request_id
+        expect(reply.decode.worker_id == d3.worker_id, f"routed to {reply.decode.worker_id}, the only live worker is {d3.worker_id}")
+        expect((await ctx.listed())[d3.worker_id].inflight >= 1, "a routed, uncompleted request is not counted as inflight")
+        deadline = time.monotonic() + RECONCILE_S
+        while time.monotonic() < deadline and (await ctx.listed())[d3.worker_id].inflight:
+            await asyncio.sleep(0.2)
+        expect(not (await ctx.listed())[d3.worker_id].inflight,
+               f"inflight still counted {RECONCILE_S:g}s after heartbeats stopped listing the request")
+    finally:
+        if request_id:
+            await ctx.stub.Complete(scheduler_pb2.CompleteRequest(request_id=request_id, status="error"), timeout=10)

@@ -19,7 +19,7 @@ def scheduler(nats, tmp_path_factory) -> Iterator[str]:  # noqa: ANN001
     port = free_port()
     service = Service("scheduler", ["--port", str(port), "--metrics-port", str(free_port())],
                       {"KVMESH_NATS_URL": nats.url, "KVMESH_SCHEDULER_HEARTBEAT_TIMEOUT_S": "1.5",
-                       "KVMESH_SCHEDULER_REPLAY_TIMEOUT_S": "0.5"}, tmp_path_factory.mktemp("sched") / "scheduler.log")
+                       "KVMESH_SCHEDULER_REPLAY_TIMEOUT_S": "0.5", "KVMESH_SCHEDULER_RECONCILE_GRACE_S": "0.5"}, tmp_path_factory.mktemp("sched") / "scheduler.log")
     service.wait_grpc(f"127.0.0.1:{port}")
     yield f"127.0.0.1:{port}"
     service.stop()
