@@ -62,20 +62,22 @@ class Breaker(grpc.GenericRpcHandler):
             return grpc.unary_stream_rpc_method_handler(unary_stream, req_cls.FromString, rep_cls.SerializeToString)
         if desc.client_streaming:
             async def stream_unary(iterator, context):  # noqa: ANN001, ANN202
-                try:
-                    reply = await self.channel.stream_unary(path, ser, de)(requests_of(iterator), timeout=context.time_remaining())
-                except grpc.aio.AioRpcError as exc:
-                    await context.abort(exc.code(), exc.details())
-                return fix_rep(reply)
+                call = self.channel.stream_unary(path, ser, de)(requests_of(iterator), timeout=context.time_remaining())
+                return fix_rep(await _upstream(call, context))
             return grpc.stream_unary_rpc_method_handler(stream_unary, req_cls.FromString, rep_cls.SerializeToString)
 
         async def unary_unary(request, context):  # noqa: ANN001, ANN202
-            try:
-                reply = await self.channel.unary_unary(path, ser, de)(fix_req(request), timeout=context.time_remaining())
-            except grpc.aio.AioRpcError as exc:
-                await context.abort(exc.code(), exc.details())
-            return fix_rep(reply)
+            call = self.channel.unary_unary(path, ser, de)(fix_req(request), timeout=context.time_remaining())
+            return fix_rep(await _upstream(call, context))
         return grpc.unary_unary_rpc_method_handler(unary_unary, req_cls.FromString, rep_cls.SerializeToString)
+
+
+async def _upstream(call: Any, context: grpc.aio.ServicerContext) -> Any:
+    """The upstream reply; an upstream error is passed on with its own status."""
+    try:
+        return await call
+    except grpc.aio.AioRpcError as exc:
+        await context.abort(exc.code(), exc.details())
 
 
 async def start_breaker(breaker: Breaker) -> tuple[grpc.aio.Server, str]:
