@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 import zlib
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from kvmesh.runtime.pb import common_pb2, kvstore_pb2, kvstore_pb2_grpc
 
 from . import kvlayout, natsclauses
 from .clauses import Registry, collect_stream, expect, expect_status
-from .probe import Watcher, channel, expect_serving, wait_for
+from .probe import Watcher, channel, expect_serving, need, wait_for
 
 REGISTRY = Registry("kvstore", "K")
 clause = REGISTRY.clause
@@ -217,6 +218,24 @@ async def replay(ctx: Session) -> None:
     await natsclauses.check_replay(ctx)
 
 
-@clause(16, "drain: SIGTERM → a heartbeat with draining=true and health no longer SERVING")
+@clause(16, "a lease pins: a Put that needs leased blocks' room fails RESOURCE_EXHAUSTED until the lease expires, then succeeds")
+async def lease_pins(ctx: Session) -> None:
+    need(ctx.opts.store_bytes, "needs --store-bytes (the store's capacity: this clause fills it)")
+    block_bytes = kvlayout.expected_lengths(ctx.spec, ctx.spec.block_size, kvlayout.RAW)[0]
+    fill = ctx.opts.store_bytes // block_bytes
+    hashes, values = ctx.chain(fill + 1, "k17")
+    await ctx.stub.Put(iter(ctx.put_stream(hashes[:fill], values[:fill], commit=fill)), timeout=30)
+    leased = await ctx.lookup(hashes[:fill], lease_s=1.0)
+    expect(leased.num_blocks == fill, f"the store kept {leased.num_blocks} of the {fill} blocks that fill it")
+    one_more = ctx.put_stream(hashes[fill:], values[fill:], commit=1, parent=hashes[fill - 1])
+    error = await expect_status(ctx.stub.Put(iter(one_more), timeout=10), grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                what="a Put into a store full of leased blocks")
+    expect(any(k == "retry-after" for k, _ in error.trailing_metadata() or ()), "RESOURCE_EXHAUSTED without a retry-after trailer")
+    await asyncio.sleep(1.2)
+    reply = await ctx.stub.Put(iter(one_more), timeout=10)
+    expect(reply.stored == 1, f"after the lease expired the Put stored {reply.stored}")
+
+
+@clause(17, "drain: SIGTERM → a heartbeat with draining=true and health no longer SERVING")
 async def drain(ctx: Session) -> None:
     await natsclauses.check_drain(ctx, "kvstore")
