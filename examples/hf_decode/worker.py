@@ -93,6 +93,66 @@ class DecodeServicer(decode_pb2_grpc.DecodeWorkerServicer):
         finally:
             del self.running[rid]
 
+    async def Stream(self, request_iterator, context):  # noqa: ANN001, N802
+        """The multiplexed token stream (docs/token-stream.md): requests start and stop by message;
+        each one's new token ids (no text) leave as RequestDeltas, one StepOutput per step."""
+        out: asyncio.Queue[decode_pb2.RequestDelta] = asyncio.Queue()
+        tasks: dict[str, asyncio.Task] = {}
+
+        async def read() -> None:
+            async for msg in request_iterator:
+                kind = msg.WhichOneof("msg")
+                if kind == "generate":
+                    rid = msg.generate.request_id
+                    tasks[rid] = asyncio.create_task(self._stream_one(msg.generate, out))
+                elif kind == "abort" and msg.abort.request_id in self.running:
+                    self.running[msg.abort.request_id].aborted = True
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                deltas = [await out.get()]
+                while not out.empty():
+                    deltas.append(out.get_nowait())
+                yield decode_pb2.StepOutput(deltas=deltas)
+        finally:
+            reader.cancel()
+            for task in tasks.values():
+                task.cancel()
+
+    async def _stream_one(self, request: decode_pb2.GenerateRequest, out: asyncio.Queue) -> None:
+        rid = request.request_id
+
+        def fail(code: grpc.StatusCode, message: str) -> None:
+            out.put_nowait(decode_pb2.RequestDelta(request_id=rid, error_code=code.value[0], error_message=message))
+
+        if not rid or rid in self.running:
+            return fail(grpc.StatusCode.INVALID_ARGUMENT, f"request id {rid!r} is empty or already running here")
+        if self.draining:
+            return fail(grpc.StatusCode.UNAVAILABLE, "draining; retry on another worker")
+        sampling = sampling_from_pb(request.sampling)
+        sampling.stop = ()   # NOTE: on the Stream the client matches stop strings (docs/token-stream.md)
+        try:
+            seq = self.engine.start(list(request.prompt_token_ids), sampling)
+        except BadRequest as exc:
+            return fail(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        state = self.running[rid] = Running()
+        try:
+            while seq.finish_reason is None and not state.aborted:
+                async with self._model:
+                    step = await asyncio.to_thread(self.engine.step, seq)
+                delta = reply_of([step], len(seq.prompt), len(seq.output))
+                out.put_nowait(decode_pb2.RequestDelta(request_id=rid, token_ids=delta.token_ids, logprobs=delta.logprobs,
+                                                       finish_reason=delta.finish_reason, usage=delta.usage if
+                                                       delta.HasField("usage") else None))
+            if state.aborted:
+                out.put_nowait(decode_pb2.RequestDelta(request_id=rid, finish_reason="abort", usage=common_pb2.Usage(
+                    prompt_tokens=len(seq.prompt), completion_tokens=len(seq.output))))
+            self.served += 1
+            log.info("served %s: %d tokens (%s)", rid, len(seq.output), seq.finish_reason or "abort")
+        finally:
+            del self.running[rid]
+
     async def Abort(self, request, context):  # noqa: ANN001, N802
         state = self.running.get(request.request_id)
         if state is not None:

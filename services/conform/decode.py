@@ -18,6 +18,7 @@ from . import natsclauses
 from .clauses import Registry, collect_stream, expect, expect_status
 from .doubles import FailingPrefill, RecordingStore, Served, add, serve
 from .handback import check_handback
+from .tokenstream import StreamClient, check_deltas
 from .probe import Watcher, channel, expect_serving, need, same_endpoint, wait_for
 
 REGISTRY = Registry("decode", "D")
@@ -284,7 +285,75 @@ async def replay(ctx: Session) -> None:
     await natsclauses.check_replay(ctx)
 
 
-@clause(18, "drain: SIGTERM → draining heartbeat, health not SERVING, the in-flight stream still finishes")
+@clause(19, "Stream: requests multiplexed on one stream each get their token ids in order, then one last delta with finish and usage; tokens equal Generate's")
+async def stream_framing(ctx: Session) -> None:
+    expect(ctx.greedy, "needs D2's output")
+    client = StreamClient(ctx.stub)
+    try:
+        first, second = ctx.request(max_tokens=8), ctx.request(max_tokens=5)
+        client.start(first)
+        client.start(second)
+        one = check_deltas(await client.finished(first.request_id), len(ctx.prompt))
+        two = check_deltas(await client.finished(second.request_id), len(ctx.prompt))
+        expect(one == ctx.greedy, f"greedy tokens on the Stream {one} differ from Generate's {ctx.greedy}")
+        expect(two == ctx.greedy[:5], f"the second request's tokens {two} are not the first 5 greedy ones")
+    finally:
+        await client.close()
+
+
+@clause(20, "Stream abort: an abort message ends the request with finish_reason abort; the stream stays usable")
+async def stream_abort(ctx: Session) -> None:
+    client = StreamClient(ctx.stub)
+    try:
+        long = ctx.request(max_tokens=2000)
+        client.start(long)
+        await client.first(long.request_id)
+        client.abort(long.request_id)
+        client.abort(f"conform-unknown-{uuid.uuid4().hex}")
+        last = (await client.finished(long.request_id, 10.0))[-1]
+        expect(last.finish_reason == "abort", f"aborted request ended {last.finish_reason!r}")
+        after = ctx.request(max_tokens=2)
+        client.start(after)
+        check_deltas(await client.finished(after.request_id), len(ctx.prompt))
+    finally:
+        await client.close()
+
+
+@clause(21, "Stream errors are per request: bad input or a duplicate id is one delta with error_code INVALID_ARGUMENT, and the stream goes on")
+async def stream_errors(ctx: Session) -> None:
+    client = StreamClient(ctx.stub)
+    try:
+        bad = ctx.request(prompt=[])
+        running = ctx.request(max_tokens=2000)
+        client.start(bad)
+        client.start(running)
+        await client.first(running.request_id)
+        duplicate = _same_id(ctx, running.request_id)
+        client.start(duplicate)
+        for what, rid in (("an empty prompt", bad.request_id), ("a duplicate request id", running.request_id)):
+            deltas = await client.finished(rid, 10.0) if what != "a duplicate request id" else await _error_of(client, rid)
+            code = deltas[-1].error_code
+            expect(code == grpc.StatusCode.INVALID_ARGUMENT.value[0], f"{what}: error_code {code}, expected 3 (INVALID_ARGUMENT)")
+        client.abort(running.request_id)
+        ok = ctx.request(max_tokens=2)
+        client.start(ok)
+        check_deltas(await client.finished(ok.request_id), len(ctx.prompt))
+    finally:
+        await client.close()
+
+
+async def _error_of(client: StreamClient, request_id: str) -> list:  # noqa: ANN202
+    """The deltas of `request_id` once one carries an error (a duplicate's error shares the id)."""
+    for _ in range(500):
+        if any(d.error_code for d in client.deltas.get(request_id, [])):
+            break
+        await asyncio.sleep(0.02)
+    errors = [d for d in client.deltas.get(request_id, []) if d.error_code]
+    expect(errors, "a duplicate request id on the Stream got no error delta within 10s")
+    return errors
+
+
+@clause(22, "drain: SIGTERM → draining heartbeat, health not SERVING, the in-flight stream still finishes")
 async def drain(ctx: Session) -> None:
     async def inflight() -> None:
         replies = await ctx.generate(ctx.request(max_tokens=200), timeout_s=60)

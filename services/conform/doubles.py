@@ -55,6 +55,7 @@ class Call:
     request: Any
     deadline_s: float | None
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    via_stream: bool = False    # a `generate` on the multiplexed Stream (which has no deadline of its own)
 
 
 # -- scheduler -------------------------------------------------------------------------------
@@ -108,13 +109,54 @@ def echo_replies(token_ids: list[int], text: str, prompt_tokens: int, per_messag
 
 
 class FakeDecode(decode_pb2_grpc.DecodeWorkerServicer):
-    """Answers Generate with `script(request, context, call)` (an async iterator of replies)."""
+    """Answers Generate with `script(request, context, call)` (an async iterator of replies); on
+    the multiplexed Stream (docs/token-stream.md) each `generate` runs the same script, its
+    replies turned into RequestDeltas (token ids, finish, usage: no text)."""
 
     def __init__(self, name: str, script: GenerateScript) -> None:
         self.name = name
         self.script = script
         self.generates: list[Call] = []
         self.aborts: list[str] = []
+
+    async def Stream(self, request_iterator, context):  # noqa: ANN001, N802
+        out: asyncio.Queue = asyncio.Queue()
+        tasks: dict[str, asyncio.Task] = {}
+
+        async def run(request: decode_pb2.GenerateRequest, call: Call) -> None:
+            try:
+                async for reply in self.script(request, context, call):
+                    out.put_nowait(delta_of(request.request_id, reply))
+            except asyncio.CancelledError:
+                call.cancelled.set()
+                out.put_nowait(decode_pb2.RequestDelta(request_id=request.request_id, finish_reason="abort",
+                                                       usage=common_pb2.Usage()))
+            except grpc.aio.AbortError:
+                out.put_nowait(grpc.aio.AbortError)
+
+        async def read() -> None:
+            async for msg in request_iterator:
+                if msg.WhichOneof("msg") == "generate":
+                    call = Call(msg.generate, None, via_stream=True)
+                    self.generates.append(call)
+                    tasks[msg.generate.request_id] = asyncio.create_task(run(msg.generate, call))
+                elif msg.WhichOneof("msg") == "abort":
+                    self.aborts.append(msg.abort.request_id)
+                    task = tasks.get(msg.abort.request_id)
+                    if task is not None:
+                        task.cancel()
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                delta = await out.get()
+                if delta is grpc.aio.AbortError:   # a script's scripted failure fails the whole stream
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "conform: scripted worker failure")
+                yield decode_pb2.StepOutput(deltas=[delta])
+        finally:
+            reader.cancel()
+            for task in tasks.values():
+                task.cancel()
 
     async def Generate(self, request, context):  # noqa: ANN001, N802
         call = Call(request, context.time_remaining())
@@ -125,6 +167,8 @@ class FakeDecode(decode_pb2_grpc.DecodeWorkerServicer):
         except asyncio.CancelledError:
             call.cancelled.set()
             raise
+        except grpc.aio.AbortError:   # a script's scripted failure
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "conform: scripted worker failure")
 
     async def Abort(self, request, context):  # noqa: ANN001, N802
         self.aborts.append(request.request_id)
@@ -132,6 +176,13 @@ class FakeDecode(decode_pb2_grpc.DecodeWorkerServicer):
 
     async def PushKv(self, request_iterator, context):  # noqa: ANN001, N802
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this double takes no KV")
+
+
+def delta_of(request_id: str, reply: decode_pb2.GenerateResponse) -> decode_pb2.RequestDelta:
+    delta = decode_pb2.RequestDelta(request_id=request_id, token_ids=reply.token_ids, finish_reason=reply.finish_reason)
+    if reply.HasField("usage"):
+        delta.usage.CopyFrom(reply.usage)
+    return delta
 
 
 class KvSink(decode_pb2_grpc.DecodeWorkerServicer):

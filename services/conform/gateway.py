@@ -132,12 +132,13 @@ async def completion(ctx: Session) -> None:
     expect(status == "ok", f"Complete status {status!r} for a finished request")
 
 
-@clause(4, "every Route and Generate call carries a deadline")
+@clause(4, "every Route call carries a deadline, and so does every Generate call (the Stream lives like a connection)")
 async def deadlines(ctx: Session) -> None:
     route = ctx.last_route()
     expect(route.deadline_s is not None, "Route had no deadline")
     gens = ctx.generates(route.request.request_id)
-    expect(gens and all(g.deadline_s is not None for g in gens), "Generate had no deadline")
+    expect(gens, "no Generate for the request (neither a Generate call nor a Stream generate)")
+    expect(all(g.deadline_s is not None for g in gens if not g.via_stream), "Generate had no deadline")
 
 
 @clause(5, "block hash agreement: Route.block_hashes are the chained hashes of the prompt (docs/contracts.md)")

@@ -72,7 +72,7 @@ async def start(scheduler_port: int) -> Doubles:
             for i, reply in enumerate(echo_stream(ids, doubles.text, already)):
                 if doubles.fail_after.get(name) == i:
                     doubles.fail_after.pop(name)
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, "conform: scripted worker failure")
+                    raise grpc.aio.AbortError  # Generate: the call fails; Stream: the whole stream fails
                 yield reply
         return generate
 
