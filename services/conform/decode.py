@@ -18,7 +18,7 @@ from . import natsclauses
 from .clauses import Registry, collect_stream, expect, expect_status
 from .doubles import FailingPrefill, RecordingStore, Served, add, serve
 from .handback import check_handback
-from .tokenstream import StreamClient, check_deltas
+from .tokenstream import StreamClient, check_deltas, check_framing, first_error, rest_of, tokens_of
 from .probe import Watcher, channel, expect_serving, need, same_endpoint, wait_for
 
 REGISTRY = Registry("decode", "D")
@@ -76,24 +76,6 @@ async def open_session(opts) -> Session:  # noqa: ANN001
                    prompt)
 
 
-def tokens_of(replies: list[decode_pb2.GenerateResponse]) -> list[int]:
-    return [t for r in replies for t in r.token_ids]
-
-
-def check_framing(replies: list[decode_pb2.GenerateResponse], prompt_tokens: int) -> None:
-    """Every message but the last carries tokens and no finish; the last has finish_reason and usage."""
-    expect(replies, "the stream ended without a message")
-    for i, reply in enumerate(replies[:-1]):
-        expect(reply.token_ids, f"message {i} carries no token ids (only the last may be empty)")
-        expect(not reply.finish_reason and not reply.HasField("usage"), f"message {i} has finish_reason/usage but is not last")
-    last = replies[-1]
-    expect(last.finish_reason in ("stop", "length", "abort"), f"last message finish_reason {last.finish_reason!r}")
-    expect(last.HasField("usage"), "last message has no usage")
-    expect(last.usage.prompt_tokens == prompt_tokens, f"usage.prompt_tokens {last.usage.prompt_tokens}, prompt has {prompt_tokens}")
-    expect(last.usage.completion_tokens == len(tokens_of(replies)),
-           f"usage.completion_tokens {last.usage.completion_tokens}, stream carried {len(tokens_of(replies))}")
-
-
 @clause(1, "health: grpc.health.v1 answers SERVING for the server and kvmesh.v1.DecodeWorker")
 async def health(ctx: Session) -> None:
     await expect_serving(ctx.channel, ("kvmesh.v1.DecodeWorker",))
@@ -143,13 +125,6 @@ async def _first_then(ctx: Session, request: decode_pb2.GenerateRequest, timeout
     return call
 
 
-async def _rest(call) -> list[decode_pb2.GenerateResponse]:  # noqa: ANN001 - a call already read from
-    out = []
-    while (msg := await call.read()) is not grpc.aio.EOF:
-        out.append(msg)
-    return out
-
-
 async def _forgotten(ctx: Session, request_id: str, timeout_s: float = 5.0) -> bool:
     """True once Abort(request_id) answers found=false (the worker let go of it)."""
     for _ in range(int(timeout_s / 0.1)):
@@ -165,7 +140,7 @@ async def abort(ctx: Session) -> None:
     call = await _first_then(ctx, request)
     reply = await ctx.stub.Abort(decode_pb2.AbortRequest(request_id=request.request_id), timeout=5)
     expect(reply.found, "Abort of a running request answered found=false")
-    rest = await asyncio.wait_for(_rest(call), 10)
+    rest = await asyncio.wait_for(rest_of(call), 10)
     expect(rest and rest[-1].finish_reason == "abort", f"aborted stream ended with {rest[-1].finish_reason if rest else 'nothing'!r}")
     unknown = await ctx.stub.Abort(decode_pb2.AbortRequest(request_id=f"conform-unknown-{uuid.uuid4().hex}"), timeout=5)
     expect(not unknown.found, "Abort of an unknown request answered found=true")
@@ -285,7 +260,7 @@ async def replay(ctx: Session) -> None:
     await natsclauses.check_replay(ctx)
 
 
-@clause(19, "Stream: requests multiplexed on one stream each get their token ids in order, then one last delta with finish and usage; tokens equal Generate's")
+@clause(18, "Stream: requests multiplexed on one stream each get their token ids in order, then one last delta with finish and usage; tokens equal Generate's")
 async def stream_framing(ctx: Session) -> None:
     expect(ctx.greedy, "needs D2's output")
     client = StreamClient(ctx.stub)
@@ -301,7 +276,7 @@ async def stream_framing(ctx: Session) -> None:
         await client.close()
 
 
-@clause(20, "Stream abort: an abort message ends the request with finish_reason abort; the stream stays usable")
+@clause(19, "Stream abort: an abort message ends the request with finish_reason abort; the stream stays usable")
 async def stream_abort(ctx: Session) -> None:
     client = StreamClient(ctx.stub)
     try:
@@ -319,7 +294,7 @@ async def stream_abort(ctx: Session) -> None:
         await client.close()
 
 
-@clause(21, "Stream errors are per request: bad input or a duplicate id is one delta with error_code INVALID_ARGUMENT, and the stream goes on")
+@clause(20, "Stream errors are per request: bad input or a duplicate id is one delta with error_code INVALID_ARGUMENT, and the stream goes on")
 async def stream_errors(ctx: Session) -> None:
     client = StreamClient(ctx.stub)
     try:
@@ -331,7 +306,7 @@ async def stream_errors(ctx: Session) -> None:
         duplicate = _same_id(ctx, running.request_id)
         client.start(duplicate)
         for what, rid in (("an empty prompt", bad.request_id), ("a duplicate request id", running.request_id)):
-            deltas = await client.finished(rid, 10.0) if what != "a duplicate request id" else await _error_of(client, rid)
+            deltas = await client.finished(rid, 10.0) if what != "a duplicate request id" else await first_error(client, rid)
             code = deltas[-1].error_code
             expect(code == grpc.StatusCode.INVALID_ARGUMENT.value[0], f"{what}: error_code {code}, expected 3 (INVALID_ARGUMENT)")
         client.abort(running.request_id)
@@ -342,18 +317,7 @@ async def stream_errors(ctx: Session) -> None:
         await client.close()
 
 
-async def _error_of(client: StreamClient, request_id: str) -> list:  # noqa: ANN202
-    """The deltas of `request_id` once one carries an error (a duplicate's error shares the id)."""
-    for _ in range(500):
-        if any(d.error_code for d in client.deltas.get(request_id, [])):
-            break
-        await asyncio.sleep(0.02)
-    errors = [d for d in client.deltas.get(request_id, []) if d.error_code]
-    expect(errors, "a duplicate request id on the Stream got no error delta within 10s")
-    return errors
-
-
-@clause(22, "drain: SIGTERM → draining heartbeat, health not SERVING, the in-flight stream still finishes")
+@clause(21, "drain: SIGTERM → draining heartbeat, health not SERVING, the in-flight stream still finishes")
 async def drain(ctx: Session) -> None:
     async def inflight() -> None:
         replies = await ctx.generate(ctx.request(max_tokens=200), timeout_s=60)

@@ -1,5 +1,6 @@
-"""A client of the multiplexed DecodeWorker.Stream (docs/token-stream.md) for the decode suite:
-send `generate`/`abort` messages, read every request's deltas as they come."""
+"""What the decode suite reads streams with: a client of the multiplexed DecodeWorker.Stream
+(docs/token-stream.md) that sends `generate`/`abort` and collects every request's deltas, and the
+framing checks of a Stream request and of a Generate call."""
 
 from __future__ import annotations
 
@@ -80,3 +81,40 @@ def check_deltas(deltas: list[decode_pb2.RequestDelta], prompt_tokens: int) -> l
     expect(last.usage.prompt_tokens == prompt_tokens and last.usage.completion_tokens == len(tokens),
            f"usage {last.usage.prompt_tokens}/{last.usage.completion_tokens}, expected {prompt_tokens}/{len(tokens)}")
     return tokens
+
+
+async def first_error(client: StreamClient, request_id: str) -> list[decode_pb2.RequestDelta]:
+    """The deltas of `request_id` once one carries an error (a duplicate's error shares the id)."""
+    for _ in range(500):
+        if any(d.error_code for d in client.deltas.get(request_id, [])):
+            break
+        await asyncio.sleep(0.02)
+    errors = [d for d in client.deltas.get(request_id, []) if d.error_code]
+    expect(errors, "a duplicate request id on the Stream got no error delta within 10s")
+    return errors
+
+
+def tokens_of(replies: list[decode_pb2.GenerateResponse]) -> list[int]:
+    return [t for r in replies for t in r.token_ids]
+
+
+def check_framing(replies: list[decode_pb2.GenerateResponse], prompt_tokens: int) -> None:
+    """Every message but the last carries tokens and no finish; the last has finish_reason and usage."""
+    expect(replies, "the stream ended without a message")
+    for i, reply in enumerate(replies[:-1]):
+        expect(reply.token_ids, f"message {i} carries no token ids (only the last may be empty)")
+        expect(not reply.finish_reason and not reply.HasField("usage"), f"message {i} has finish_reason/usage but is not last")
+    last = replies[-1]
+    expect(last.finish_reason in ("stop", "length", "abort"), f"last message finish_reason {last.finish_reason!r}")
+    expect(last.HasField("usage"), "last message has no usage")
+    expect(last.usage.prompt_tokens == prompt_tokens, f"usage.prompt_tokens {last.usage.prompt_tokens}, prompt has {prompt_tokens}")
+    expect(last.usage.completion_tokens == len(tokens_of(replies)),
+           f"usage.completion_tokens {last.usage.completion_tokens}, stream carried {len(tokens_of(replies))}")
+
+
+async def rest_of(call) -> list[decode_pb2.GenerateResponse]:  # noqa: ANN001 - a call already read from
+    """The rest of a Generate call's messages (after `read()` was used on it)."""
+    out = []
+    while (msg := await call.read()) is not grpc.aio.EOF:
+        out.append(msg)
+    return out

@@ -14,6 +14,8 @@ from kvmesh.runtime.launcher import free_port
 from .breaker import changed
 from .conftest import Service, assert_conforms, assert_fails_only, broken_suite, suite
 
+DRAIN = REGISTRY.clauses[-1].id   # SIGTERMs the worker: runs last
+
 
 @pytest.fixture(scope="module")
 def worker(nats, tmp_path_factory) -> Iterator[tuple[Service, str, int]]:  # noqa: ANN001
@@ -25,6 +27,16 @@ def worker(nats, tmp_path_factory) -> Iterator[tuple[Service, str, int]]:  # noq
     service.wait_grpc(f"127.0.0.1:{port}")
     yield service, f"127.0.0.1:{port}", store_port
     service.stop()
+
+
+async def test_decode_conforms(worker, nats) -> None:  # noqa: ANN001
+    # NOTE: first, while the worker's channel to the hand-back store is fresh (D12): a store that
+    # came and went between suite runs leaves that channel in reconnect backoff for seconds.
+    service, endpoint, store_port = worker
+    every = tuple(c.id for c in REGISTRY.clauses if c.id != DRAIN)
+    results = await suite("decode", endpoint, nats=nats.url, kvstore_port=store_port, only=every)
+    assert_conforms(results)
+    assert len(results) == len(REGISTRY.clauses) - 1
 
 
 def _no_usage(reply):  # noqa: ANN001, ANN202
@@ -45,8 +57,6 @@ async def test_broken_decode_fails_the_clause(worker, clause_id: str) -> None:  
     assert_fails_only(results, clause_id)
 
 
-async def test_decode_conforms(worker, nats) -> None:  # noqa: ANN001
-    service, endpoint, store_port = worker
-    results = await suite("decode", endpoint, nats=nats.url, drain_pid=service.pid, kvstore_port=store_port)
-    assert_conforms(results)
-    assert len(results) == len(REGISTRY.clauses)
+async def test_decode_drains(worker, nats) -> None:  # noqa: ANN001
+    service, endpoint, _ = worker
+    assert_conforms(await suite("decode", endpoint, nats=nats.url, drain_pid=service.pid, only=("D1", DRAIN)))
