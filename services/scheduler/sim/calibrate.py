@@ -12,7 +12,7 @@ import statistics
 import time
 
 
-def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
     """Least-squares line y = a + b·x; returns (a, b)."""
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
@@ -50,8 +50,8 @@ def measure(model: str, device: str, repeats: int = 3) -> dict[str, float]:
     for batch in (1, 8, 32, 64):
         steps = run([[(i + j) % vocab for i in range(16)] for j in range(batch)], 33)
         decode.append((batch, statistics.median(steps[2:])))  # skip the prefill steps
-    _, per_token = _fit(prefill)
-    base, per_seq = _fit(decode)
+    _, per_token = fit_line(prefill)
+    base, per_seq = fit_line(decode)
     return {"prefill_s_per_token": per_token, "decode_s_per_step": base, "decode_s_per_seq": per_seq}
 
 

@@ -12,6 +12,17 @@ Worker model (times from the CostModel, see bench/sim_calibration.md):
   `event_delay_s` later; heartbeats every `heartbeat_interval_s`.
 With prefill workers, the decode-first P/D decision may send the prompt to one; its KV then
 reaches the decode worker after kv_transfer_s_per_token × tokens.
+
+Mesh terms (MeshCost, measured end to end by `kvmesh sim calibrate`; all off by default):
+- request_overhead_s is added to every TTFT (HTTP, tokenizing, routing, gRPC set-up);
+- token_overhead_s is added to a decode step per running sequence (per-token RPC/SSE work);
+- hit_s_per_token: what a prompt token found in the worker's prefix cache still costs;
+- prefill_stall: while a decode worker prefills locally, its running sequences stop decoding for
+  this fraction of the prefill (1 = the engine and its RPC loop share one CPU, nothing overlaps);
+- admission_limit: at most this many requests in flight mesh-wide, the rest wait (FIFO) before
+  routing; one that waits longer than admission_timeout_s fails with 504, one that finds
+  admission_limit × admission_queue_factor already waiting fails with 429 (the scheduler's
+  admission queue and the gateway's route deadline).
 """
 
 from __future__ import annotations
@@ -31,6 +42,19 @@ from .trace import TraceRequest
 
 
 @dataclass(frozen=True, slots=True)
+class MeshCost:
+    """Costs of the mesh around the engine (see the module docstring); zeros = the engine alone."""
+
+    request_overhead_s: float = 0.0
+    token_overhead_s: float = 0.0
+    hit_s_per_token: float = 0.0
+    prefill_stall: float = 0.0
+    admission_limit: int = 0
+    admission_timeout_s: float = 30.0
+    admission_queue_factor: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class SimConfig:
     num_workers: int = 32
     num_prefill_workers: int = 0
@@ -45,6 +69,7 @@ class SimConfig:
     cost: CostModel = field(default_factory=CostModel)
     pd: PdConfig = field(default_factory=PdConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    mesh: MeshCost = field(default_factory=MeshCost)
 
 
 @dataclass(slots=True)
@@ -55,6 +80,8 @@ class RequestResult:
     cached_tokens: int = 0
     first_token_s: float = 0.0
     finish_s: float = 0.0
+    status: int = 200               # 429 / 504: refused or timed out in admission (MeshCost)
+    stall_mark: float = 0.0         # the worker's stall_s when this sequence's finish was last scheduled
 
     @property
     def ttft_s(self) -> float:
@@ -74,6 +101,7 @@ class SimWorker:
     seq: int = 0
     load_area: float = 0.0          # ∫ (running + waiting) dt, for the imbalance figure
     load_since: float = 0.0
+    stall_s: float = 0.0            # decode time lost to local prefills so far (MeshCost.prefill_stall)
 
     def cached_prefix(self, hashes: tuple[bytes, ...]) -> int:
         n = 0
@@ -118,6 +146,9 @@ class Cluster:
         self._order = itertools.count()
         self.results: list[RequestResult] = []
         self.window_load: dict[str, float] = {}
+        self.in_flight = 0
+        self.admission: deque[TraceRequest] = deque()
+        self._pending = 0
 
     # --- event loop ---
 
@@ -132,16 +163,17 @@ class Cluster:
             self._at(t, "window")
         self._heartbeats()
         self._at(self.config.heartbeat_interval_s, "heartbeat")
-        pending = len(requests)
-        while self._events and pending:
+        self._pending = len(requests)
+        while self._events and self._pending:
             self.now, _, kind, payload = heapq.heappop(self._events)
             if kind == "arrive":
-                self._arrive(payload)  # type: ignore[arg-type]
+                self._admit(payload)  # type: ignore[arg-type]
             elif kind == "first_token":
                 self._first_token(*payload)  # type: ignore[misc]
             elif kind == "finish":
                 self._finish(payload)  # type: ignore[arg-type]
-                pending -= 1
+            elif kind == "stall":
+                payload[0].stall_s += payload[1]  # type: ignore[index]
             elif kind == "deliver":
                 self.router.index.apply(payload)  # type: ignore[arg-type]
             elif kind == "window":
@@ -173,6 +205,33 @@ class Cluster:
 
     # --- request lifecycle ---
 
+    def _admit(self, r: TraceRequest) -> None:
+        mesh = self.config.mesh
+        if not mesh.admission_limit or self.in_flight < mesh.admission_limit and not self.admission:
+            self.in_flight += 1
+            self._arrive(r)
+        elif len(self.admission) >= mesh.admission_limit * mesh.admission_queue_factor:
+            self._fail(r, 429)
+        else:
+            self.admission.append(r)
+
+    def _admit_waiting(self) -> None:
+        limit, timeout = self.config.mesh.admission_limit, self.config.mesh.admission_timeout_s
+        while self.admission and (not limit or self.in_flight < limit):
+            r = self.admission.popleft()
+            if self.now - r.arrival_s > timeout:
+                self._fail(r, 504)
+            else:
+                self.in_flight += 1
+                self._arrive(r)
+
+    def _fail(self, r: TraceRequest, status: int) -> None:
+        self.results.append(RequestResult(r, "", status=status, first_token_s=self.now, finish_s=self.now))
+        self._pending -= 1
+
+    def _step_s(self, running: int) -> float:
+        return self.config.cost.step_s(running) + self.config.mesh.token_overhead_s * running
+
     def _arrive(self, r: TraceRequest) -> None:
         hashes = r.block_hashes()[: r.prompt_tokens // self.config.cost.block_size]
         decision = self.router.route(RouteQuery(r.request_id, r.prompt_tokens, hashes, r.session_id, r.output_tokens))
@@ -186,8 +245,9 @@ class Cluster:
 
     def _prefill_s(self, tokens: int, running: int) -> float:
         cost = self.config.cost
-        chunks = -(-tokens // self.config.max_num_batched_tokens)
-        return cost.prefill_s(tokens) + chunks * cost.step_s(running)
+        # NOTE: a fully cached prompt still takes one step: the engine computes its last token for the logits.
+        chunks = max(1, -(-tokens // self.config.max_num_batched_tokens))
+        return cost.prefill_s(tokens) + chunks * self._step_s(running)
 
     def _start(self, d: SimWorker, result: RequestResult, decision: RouteDecision) -> None:
         d.running += 1
@@ -196,8 +256,12 @@ class Cluster:
         d_cached = d.cached_prefix(hashes)
         if decision.prefill is None:
             result.cached_tokens = d_cached * bs
-            end = max(self.now, d.busy_until) + self._prefill_s(r.prompt_tokens - d_cached * bs, d.running)
+            start = max(self.now, d.busy_until)
+            end = start + self._prefill_s(r.prompt_tokens - d_cached * bs, d.running)
+            end += d_cached * bs * self.config.mesh.hit_s_per_token
             d.busy_until = end
+            if self.config.mesh.prefill_stall:
+                self._at(start, "stall", (d, self.config.mesh.prefill_stall * (end - start)))
         else:
             p = self.workers[decision.prefill.worker_id]
             cached = max(d_cached, p.cached_prefix(hashes))
@@ -206,17 +270,22 @@ class Cluster:
             p.busy_until = p_end
             self._publish(p, *p.insert(hashes))  # NOTE: published early; the scheduler sees it after the delay anyway
             end = p_end + (r.prompt_tokens - d_cached * bs) * self.config.kv_transfer_s_per_token
-            end += self.config.cost.step_s(d.running)
-        self._at(end, "first_token", (d, result))
+            end += self._step_s(d.running)
+        self._at(end + self.config.mesh.request_overhead_s, "first_token", (d, result))
 
     def _first_token(self, d: SimWorker, result: RequestResult) -> None:
         result.first_token_s = self.now
         self._publish(d, *d.insert(result.hashes))
-        decode_s = (result.request.output_tokens - 1) * self.config.cost.step_s(d.running)
+        decode_s = (result.request.output_tokens - 1) * self._step_s(d.running)
+        result.stall_mark = d.stall_s
         self._at(self.now + decode_s, "finish", (d, result))
 
     def _finish(self, payload: tuple[SimWorker, RequestResult]) -> None:
         d, result = payload
+        if d.stall_s > result.stall_mark:  # local prefills ran meanwhile: the decode stalled that long
+            self._at(self.now + d.stall_s - result.stall_mark, "finish", payload)
+            result.stall_mark = d.stall_s
+            return
         r = result.request
         result.finish_s = self.now
         self.results.append(result)
@@ -225,6 +294,9 @@ class Cluster:
         d.mark_load(self.now)
         d.running -= 1
         self.router.complete(r.request_id)
+        self._pending -= 1
         if d.slot_queue:
             nxt, decision = d.slot_queue.popleft()
             self._start(d, nxt, decision)
+        self.in_flight -= 1
+        self._admit_waiting()

@@ -1,0 +1,147 @@
+"""`kvmesh sim calibrate --url GATEWAY [--model NAME]`: measures a running mesh from the outside,
+through its gateway, and prints the `kvmesh sim` flags that reproduce it (model: meshcal.py).
+
+Probes, in order (prompts are random token ids with a per-run nonce, so nothing is cached unless
+a probe means it to be):
+1. TTFT of lone requests against uncached prompt length (median of `repeats` per length);
+2. prefix hits: the same long prompt twice, the second TTFT against its cached tokens;
+3. ITL against the number of concurrent streams (short prompts, `stream_tokens` each);
+4. CPU sharing: while `stall_streams` streams decode, one long uncached prompt arrives; their
+   largest gap during its prefill, over their ITL;
+5. admission (`--admission-probe N`): N streams at once; those with a first token before the
+   first finish were admitted together.
+With `--engine-model`, the in-process engine (`calibrate.py`) is measured too, after the
+probes, and printed as a lower bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import time
+from dataclasses import dataclass
+
+from .client import Target, new_client, served_model, stream_one
+from .meshcal import Samples, admitted_before_first_finish, describe, fit, itl_point, largest_gap
+from .replay import VOCAB
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeConfig:
+    lengths: tuple[int, ...] = (64, 256, 512, 1024, 1536)
+    repeats: int = 3
+    streams: tuple[int, ...] = (1, 4, 8, 16)
+    stream_tokens: int = 64
+    stall_streams: int = 4
+    admission_probe: int = 0          # burst size; 0 = skip the probe
+
+
+class _Prompts:
+    """Random token-id prompts that no earlier run (or probe) has sent."""
+
+    def __init__(self) -> None:
+        self._rng = random.Random(os.urandom(16))
+
+    def __call__(self, n: int) -> list[int]:
+        return [self._rng.randrange(*VOCAB) for _ in range(n)]
+
+
+async def probe(target: Target, config: ProbeConfig) -> Samples:
+    """Runs the probes against the mesh behind `target`; returns what they measured."""
+    samples, prompt = Samples(), _Prompts()
+    async with new_client(target) as client:
+        model = await served_model(client, target)
+
+        async def one(tokens: list[int], max_tokens: int, times: list[float] | None = None):  # noqa: ANN202
+            outcome = await stream_one(client, target, model, tokens, max_tokens, token_times=times)
+            if not outcome.ok:
+                raise RuntimeError(f"calibration request failed with status {outcome.status}")
+            return outcome
+
+        for _ in range(3):
+            await one(prompt(32), 4)  # warm-up
+        for n in config.lengths:
+            points = [(n - o.cached_tokens, o.ttft_s) for o in [await one(prompt(n), 2) for _ in range(config.repeats)]]
+            samples.ttft.append((statistics.median(p[0] for p in points), statistics.median(p[1] for p in points)))
+        longest = max(config.lengths)
+        for _ in range(config.repeats):
+            tokens = prompt(longest)
+            await one(tokens, 2)
+            again = await one(tokens, 2)
+            samples.hit.append((again.cached_tokens, longest - again.cached_tokens, again.ttft_s))
+        for k in config.streams:
+            outcomes = await asyncio.gather(*(one(prompt(32), config.stream_tokens) for _ in range(k)))
+            samples.itl.append(itl_point(k, [o.itl_s for o in outcomes]))
+        for _ in range(config.repeats):
+            samples.stall.append(await _stall(one, prompt, config.stall_streams, longest, 4 * config.stream_tokens))
+        if config.admission_probe:
+            burst = await asyncio.gather(*(one(prompt(16), 24) for _ in range(config.admission_probe)))
+            samples.admitted = admitted_before_first_finish([o.first_token_s for o in burst], [o.finish_s for o in burst])
+            samples.probe_streams = config.admission_probe
+    return samples
+
+
+async def _stall(one, prompt, streams: int, prefill_tokens: int, stream_tokens: int) -> tuple[float, float, float]:  # noqa: ANN001
+    """(prefill tokens, the streams' median largest gap during the prefill, their median ITL)."""
+    times: list[list[float]] = [[] for _ in range(streams)]
+    tasks = [asyncio.create_task(one(prompt(16), stream_tokens, t)) for t in times]
+    for _ in range(2000):  # until every stream has a few tokens (bounded: 20 s)
+        if all(len(t) >= 4 for t in times):
+            break
+        await asyncio.sleep(0.01)
+    start = time.perf_counter()
+    long = await one(prompt(prefill_tokens), 1)
+    outcomes = await asyncio.gather(*tasks)
+    gaps = [largest_gap(t, start, long.first_token_s) for t in times]
+    return float(prefill_tokens), statistics.median(gaps), statistics.median(o.itl_s for o in outcomes)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvmesh sim calibrate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", required=True, help="gateway base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", default="", help="model name (default: the gateway's first in /v1/models)")
+    p.add_argument("--api-key", default="")
+    p.add_argument("--lengths", default="64,256,512,1024,1536", help="uncached prompt lengths for the TTFT probe")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--streams", default="1,4,8,16", help="concurrent stream counts for the ITL probe")
+    p.add_argument("--stream-tokens", type=int, default=64, help="output tokens per stream in the ITL probe")
+    p.add_argument("--admission-probe", type=int, default=0,
+                   help="send this many streams at once to find the admission limit (0 = skip; use > the expected limit)")
+    p.add_argument("--engine-model", default="",
+                   help="also measure the in-process engine on this model (tiny or a directory): a lower bound")
+    return p
+
+
+def calibrate_main(argv: list[str] | None = None) -> int:
+    """Entry point for `kvmesh sim calibrate`."""
+    args = build_parser().parse_args(argv)
+    config = ProbeConfig(
+        lengths=tuple(int(x) for x in args.lengths.split(",")), repeats=args.repeats,
+        streams=tuple(int(x) for x in args.streams.split(",")), stream_tokens=args.stream_tokens,
+        admission_probe=args.admission_probe,
+    )
+    target = Target(args.url.rstrip("/"), args.model, args.api_key)
+    t0 = time.perf_counter()
+    samples = asyncio.run(probe(target, config))
+    lower = _lower_bound(args.engine_model) if args.engine_model else None
+    cal = fit(samples, lower["decode_s_per_seq"] if lower else None)
+    print(f"# kvmesh sim calibrate: {target.url}, probes took {time.perf_counter() - t0:.0f} s "
+          f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    print("# TTFT by uncached prompt tokens: " + ", ".join(f"{n:.0f}: {t * 1e3:.1f} ms" for n, t in samples.ttft))
+    print("# ITL by concurrent streams:      " + ", ".join(f"{k:.0f}: {t * 1e3:.2f} ms" for k, t in samples.itl))
+    for line in describe(cal, lower):
+        print(line)
+    print("kvmesh sim " + " ".join(cal.sim_flags()))
+    return 0
+
+
+def _lower_bound(model: str) -> dict[str, float]:
+    import torch  # noqa: PLC0415 - only with --engine-model
+
+    from .calibrate import measure  # noqa: PLC0415
+
+    torch.set_num_threads(1)
+    return measure(model, "cpu")
