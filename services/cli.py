@@ -20,6 +20,8 @@ USAGE = """usage: kvmesh COMMAND [ARGS]
   health ENDPOINT   exit 0 when a gRPC host:port or an http(s) URL is healthy (for healthchecks)
   trace [ID]        list recent requests, or draw one request's trace waterfall
   sim               replay a trace against simulated workers with the real routing policies
+  sim calibrate     measure a running mesh through its gateway: the cost flags for `kvmesh sim`
+  sim replay TRACE  send a trace to a running mesh at its arrival times; the same table as `kvmesh sim`
 """
 
 

@@ -5,27 +5,31 @@ import pytest
 
 from kvmesh.scheduler.policy import CostModel
 from kvmesh.scheduler.sim import sim_main
-from kvmesh.scheduler.sim.cluster import Cluster, MeshCost, SimConfig
+from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
+from kvmesh.scheduler.sim.meshcost import MeshCost
 from kvmesh.scheduler.sim.meshcal import (
-    MeshCalibration, Samples, admitted_before_first_finish, fit, itl_point, largest_gap, step_s,
+    MeshCalibration, Samples, admitted_before_first_finish, fit, itl_point, largest_gap, steady_itl, step_s,
 )
 from kvmesh.scheduler.sim.report import outcome
 from kvmesh.scheduler.sim.trace import TraceRequest
 
 TRUE = MeshCalibration(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4,
-                       request_overhead_s=0.031, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5, prefill_stall=0.8,
-                       admission_limit=None)
+                       request_overhead_s=0.031, request_busy_s=0.004, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5,
+                       prefill_stall=0.8, prefill_share=0.05, admission_limit=None)
 
 
 def formula_samples(cal: MeshCalibration) -> Samples:
     ttft = lambda uncached, cached=0: (  # noqa: E731
-        cal.request_overhead_s + uncached * cal.prefill_s_per_token + cached * cal.hit_s_per_token + step_s(cal, 1))
+        cal.request_overhead_s + cal.request_busy_s + uncached * cal.prefill_s_per_token + cached * cal.hit_s_per_token
+        + step_s(cal, 1))
     samples = Samples()
     samples.ttft = [(n, ttft(n)) for n in (64, 256, 1024, 1536)]
     samples.hit = [(1520, 16, ttft(16, 1520))]
     samples.itl = [(k, step_s(cal, k)) for k in (1, 4, 8, 16)]
-    itl = step_s(cal, 4)
-    samples.stall = [(1536, itl + cal.prefill_stall * 1536 * cal.prefill_s_per_token, itl)]
+    samples.burst = [(24, 32, ttft(32) + 23 * cal.request_busy_s)]
+    prefill = 1536 * cal.prefill_s_per_token * (1 + 4 * cal.prefill_share) + step_s(cal, 5)  # beside 4 streams
+    loaded_ttft = cal.request_overhead_s + cal.request_busy_s + prefill
+    samples.stall = [(1536, 4, step_s(cal, 4) + cal.prefill_stall * prefill, step_s(cal, 4), loaded_ttft)]
     return samples
 
 
@@ -48,7 +52,7 @@ def sim_outcomes(config: SimConfig, requests: list[TraceRequest]):
 
 def test_fit_gives_back_the_parameters_the_simulator_ran_with():
     cost = CostModel(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4)
-    mesh = MeshCost(request_overhead_s=0.031, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5)
+    mesh = MeshCost(request_overhead_s=0.031, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5, prefill_share=0.05)
     config = SimConfig(num_workers=1, cost=cost, mesh=mesh)
     samples = Samples()
     lone = [TraceRequest(10.0 * i, f"l{i}", "", n, 2, tuple(range(1000 * i, 1000 * i + n // 16)))
@@ -60,7 +64,12 @@ def test_fit_gives_back_the_parameters_the_simulator_ran_with():
     for k in (1, 4, 8):
         burst = [TraceRequest(0.0, f"k{k}-{j}", "", 32, 20, (10_000 + 10 * j, 10_001 + 10 * j)) for j in range(k)]
         samples.itl.append(itl_point(k, [o.itl_s for o in sim_outcomes(config, burst)]))
+    streams = [TraceRequest(0.0, f"s{j}", "", 32, 400, (20_000 + 10 * j, 20_001 + 10 * j)) for j in range(4)]
+    loaded = sim_outcomes(config, [*streams, TraceRequest(0.5, "long", "", 1536, 2, tuple(range(30_000, 30_096)))])
+    long_ttft = next(o for o in loaded if o.prompt_tokens == 1536).ttft_s
+    samples.stall = [(1536, 4, 0.0, 0.0, long_ttft)]  # the streams' gaps: prefill_stall is 0 in this config
     got = fit(samples, engine_decode_s_per_seq=cost.decode_s_per_seq)
+    assert got.prefill_share == pytest.approx(0.05, rel=1e-9)
     assert hit.cached_tokens == 1536
     assert got.prefill_s_per_token == pytest.approx(cost.prefill_s_per_token, rel=1e-9)
     assert (got.decode_s_per_step, got.decode_s_per_seq) == pytest.approx((cost.decode_s_per_step, cost.decode_s_per_seq), rel=1e-9)
@@ -78,6 +87,12 @@ def test_the_admission_probe_counts_the_streams_admitted_before_the_first_finish
     assert fit(samples).admission_limit == 3
     samples.admitted = 5  # every stream got in: the limit is above the probe, so unknown
     assert fit(samples).admission_limit is None
+
+
+def test_steady_itl_counts_only_the_gaps_while_every_stream_decodes():
+    a = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]        # starts first, 0.1 s gaps
+    b = [0.25, 0.35, 0.45, 0.55, 0.65, 2.0]        # all decoding in [0.25, 0.6]
+    assert steady_itl([a, b]) == pytest.approx(0.1)
 
 
 def test_largest_gap_looks_only_at_gaps_overlapping_the_window():

@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 from ..pd import PdConfig
 from ..policy import POLICY_NAMES, CostModel, PolicyConfig
-from .cluster import MeshCost, SimConfig
+from .cluster import SimConfig
+from .meshcost import MeshCost
 from .report import DETAIL_HEADER, HEADER, RunSummary, capacity, detail_row, row, simulate
 from .trace import (
     SyntheticConfig, TraceRequest, mean_rate, read_jsonl, scale_rate, synthetic, without_output_blocks, write_jsonl,
@@ -54,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     mesh = MeshCost()
     p.add_argument("--request-overhead-s", type=float, default=mesh.request_overhead_s,
                    help="mesh: added to every TTFT (`kvmesh sim calibrate` measures it)")
+    p.add_argument("--request-busy-s", type=float, default=mesh.request_busy_s,
+                   help="mesh: per-request work outside the engine that requests queue for, mesh-wide")
+    p.add_argument("--prefill-share", type=float, default=mesh.prefill_share,
+                   help="mesh: a prefill takes (1 + this x other running streams) times as long")
     p.add_argument("--token-overhead-s", type=float, default=mesh.token_overhead_s,
                    help="mesh: added to a decode step per running sequence")
     p.add_argument("--hit-s-per-token", type=float, default=mesh.hit_s_per_token, help="mesh: cost of a cached prompt token")
@@ -84,8 +89,12 @@ def _sim_config(args: argparse.Namespace, n: int) -> SimConfig:
         sticky_ttl_s=args.sticky_ttl_s,
         cost=CostModel(args.prefill_s_per_token, args.decode_s_per_step, args.decode_s_per_seq, args.block_size),
         pd=PdConfig(local_prefill_max_tokens=args.local_prefill_max_tokens),
-        mesh=MeshCost(args.request_overhead_s, args.token_overhead_s, args.hit_s_per_token, args.prefill_stall,
-                      args.admission_limit, args.admission_timeout_s),
+        mesh=MeshCost(
+            request_overhead_s=args.request_overhead_s, request_busy_s=args.request_busy_s,
+            token_overhead_s=args.token_overhead_s, hit_s_per_token=args.hit_s_per_token,
+            prefill_stall=args.prefill_stall, prefill_share=args.prefill_share,
+            admission_limit=args.admission_limit, admission_timeout_s=args.admission_timeout_s,
+        ),
         policy=PolicyConfig(
             kv_decode_weight=args.kv_decode_weight, kv_overlap_decay_requests=args.kv_overlap_decay_requests,
             kv_temperature=args.kv_temperature, kv_queue_weight=args.kv_queue_weight, dualmap_ttft_slo_s=args.slo_ttft_s, seed=args.seed,
@@ -120,7 +129,7 @@ def sim_main(argv: list[str] | None = None) -> int:
     for name in policies:
         if name not in POLICY_NAMES:
             raise SystemExit(f"kvmesh sim: unknown policy {name!r} (expected one of {', '.join(POLICY_NAMES)})")
-    if args.warmup_s >= args.duration_s and not args.trace:
+    if args.warmup_s >= args.duration_s and not (args.trace or args.write_trace):
         raise SystemExit("kvmesh sim: --warmup-s must be below --duration-s")
     trace_at = _trace_source(args)
     if args.write_trace:

@@ -13,16 +13,8 @@ Worker model (times from the CostModel, see bench/sim_calibration.md):
 With prefill workers, the decode-first P/D decision may send the prompt to one; its KV then
 reaches the decode worker after kv_transfer_s_per_token × tokens.
 
-Mesh terms (MeshCost, measured end to end by `kvmesh sim calibrate`; all off by default):
-- request_overhead_s is added to every TTFT (HTTP, tokenizing, routing, gRPC set-up);
-- token_overhead_s is added to a decode step per running sequence (per-token RPC/SSE work);
-- hit_s_per_token: what a prompt token found in the worker's prefix cache still costs;
-- prefill_stall: while a decode worker prefills locally, its running sequences stop decoding for
-  this fraction of the prefill (1 = the engine and its RPC loop share one CPU, nothing overlaps);
-- admission_limit: at most this many requests in flight mesh-wide, the rest wait (FIFO) before
-  routing; one that waits longer than admission_timeout_s fails with 504, one that finds
-  admission_limit × admission_queue_factor already waiting fails with 429 (the scheduler's
-  admission queue and the gateway's route deadline).
+Mesh terms (MeshCost: per-request overhead and work, per-token overhead, CPU sharing, admission)
+are described in meshcost.py; all are off by default.
 """
 
 from __future__ import annotations
@@ -38,20 +30,8 @@ from ..policy import CostModel, PolicyConfig, make_policy
 from ..registry import HeartbeatInfo, Registry, Role
 from ..router import RouteDecision, RouteQuery, Router, RouterConfig
 from ..sticky import StickySessions
+from .meshcost import MeshCost
 from .trace import TraceRequest
-
-
-@dataclass(frozen=True, slots=True)
-class MeshCost:
-    """Costs of the mesh around the engine (see the module docstring); zeros = the engine alone."""
-
-    request_overhead_s: float = 0.0
-    token_overhead_s: float = 0.0
-    hit_s_per_token: float = 0.0
-    prefill_stall: float = 0.0
-    admission_limit: int = 0
-    admission_timeout_s: float = 30.0
-    admission_queue_factor: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +127,7 @@ class Cluster:
         self.results: list[RequestResult] = []
         self.window_load: dict[str, float] = {}
         self.in_flight = 0
+        self.gate_free_s = 0.0          # when the mesh-wide request server (request_busy_s) is free
         self.admission: deque[TraceRequest] = deque()
         self._pending = 0
 
@@ -166,7 +147,10 @@ class Cluster:
         self._pending = len(requests)
         while self._events and self._pending:
             self.now, _, kind, payload = heapq.heappop(self._events)
-            if kind == "arrive":
+            if kind == "arrive" and self.config.mesh.request_busy_s:
+                self.gate_free_s = max(self.now, self.gate_free_s) + self.config.mesh.request_busy_s
+                self._at(self.gate_free_s, "admit", payload)
+            elif kind in ("arrive", "admit"):
                 self._admit(payload)  # type: ignore[arg-type]
             elif kind == "first_token":
                 self._first_token(*payload)  # type: ignore[misc]
@@ -247,7 +231,8 @@ class Cluster:
         cost = self.config.cost
         # NOTE: a fully cached prompt still takes one step: the engine computes its last token for the logits.
         chunks = max(1, -(-tokens // self.config.max_num_batched_tokens))
-        return cost.prefill_s(tokens) + chunks * self._step_s(running)
+        slowdown = 1.0 + self.config.mesh.prefill_share * max(0, running - 1)
+        return cost.prefill_s(tokens) * slowdown + chunks * self._step_s(running)
 
     def _start(self, d: SimWorker, result: RequestResult, decision: RouteDecision) -> None:
         d.running += 1

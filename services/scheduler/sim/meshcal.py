@@ -1,13 +1,16 @@
 """End-to-end calibration of the simulator's cost model: fits to what a client of the running mesh
 measures through its gateway (`kvmesh sim calibrate --url GATEWAY`, shell in meshprobe.py).
 
-The model (cluster.py, `CostModel` + `MeshCost`), as a lone client sees it:
+The model (cluster.py, `CostModel` + `MeshCost`), as a client sees it:
 - TTFT of a lone request with n uncached and c cached prompt tokens
-      = request_overhead + n · prefill_s_per_token + c · hit_s_per_token + step(1)
+      = request_overhead + request_busy + n · prefill_s_per_token + c · hit_s_per_token + step(1)
 - ITL (a request's mean gap between tokens) with k streams decoding = step(k)
       step(k) = decode_s_per_step + (decode_s_per_seq + token_overhead_s) · k
-- a local prefill of n tokens stops the streams on that worker for prefill_stall · n · prefill_s_per_token
-  (their largest gap grows by that much over their ITL)
+- a burst of M short requests (n tokens, one output token) sent at once: the last first token
+  comes (M - 1) · request_busy after a lone request's TTFT (the mesh-wide request server);
+- a prefill of n tokens arriving while k streams decode takes n · prefill_s_per_token · (1 +
+  prefill_share · k) + step(k + 1), and the streams stop for prefill_stall of that time (their
+  largest gap grows by that much over their ITL);
 - admission: the number of streams that got a first token before any of a burst finished.
 `fit` inverts these formulas, so timings made by them give the parameters back exactly.
 """
@@ -28,7 +31,9 @@ class Samples:
     ttft: list[tuple[float, float]] = field(default_factory=list)        # (uncached tokens, TTFT s), lone requests
     hit: list[tuple[float, float, float]] = field(default_factory=list)  # (cached, uncached tokens, TTFT s)
     itl: list[tuple[float, float]] = field(default_factory=list)         # (streams, ITL s)
-    stall: list[tuple[float, float, float]] = field(default_factory=list)  # (prefill tokens, largest gap, ITL)
+    burst: list[tuple[float, float, float]] = field(default_factory=list)  # (requests, prompt tokens, last TTFT)
+    stall: list[tuple[float, float, float, float, float]] = field(default_factory=list)
+    # (prefill tokens, streams decoding meanwhile, their largest gap, their ITL, the prefill's TTFT)
     admitted: int | None = None                                          # streams admitted at once (None: not probed)
     probe_streams: int = 0                                               # the burst size of that probe
 
@@ -39,9 +44,11 @@ class MeshCalibration:
     decode_s_per_step: float
     decode_s_per_seq: float          # the engine's share when a lower bound is known, else all of it
     request_overhead_s: float
+    request_busy_s: float
     token_overhead_s: float
     hit_s_per_token: float
     prefill_stall: float
+    prefill_share: float
     admission_limit: int | None      # None: not probed, or more than the probe sent
 
     def sim_flags(self) -> list[str]:
@@ -49,8 +56,9 @@ class MeshCalibration:
         flags = [
             f"--prefill-s-per-token {self.prefill_s_per_token:.3g}", f"--decode-s-per-step {self.decode_s_per_step:.3g}",
             f"--decode-s-per-seq {self.decode_s_per_seq:.3g}", f"--request-overhead-s {self.request_overhead_s:.3g}",
-            f"--token-overhead-s {self.token_overhead_s:.3g}", f"--hit-s-per-token {self.hit_s_per_token:.3g}",
-            f"--prefill-stall {self.prefill_stall:.2f}",
+            f"--request-busy-s {self.request_busy_s:.3g}", f"--token-overhead-s {self.token_overhead_s:.3g}",
+            f"--hit-s-per-token {self.hit_s_per_token:.3g}", f"--prefill-stall {self.prefill_stall:.3g}",
+            f"--prefill-share {self.prefill_share:.3g}",
         ]
         if self.admission_limit:
             flags.append(f"--admission-limit {self.admission_limit}")
@@ -68,21 +76,36 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         raise ValueError("need TTFT at two prompt lengths and ITL at two stream counts at least")
     base, per_stream = fit_line(samples.itl)
     intercept, per_token = fit_line(samples.ttft)
-    step_1 = base + per_stream
+
+    def step(k: float) -> float:
+        return base + per_stream * k
+
     engine = per_stream if engine_decode_s_per_seq is None else min(per_stream, engine_decode_s_per_seq)
     hits = [(ttft - intercept - uncached * per_token) / cached for cached, uncached, ttft in samples.hit if cached > 0]
-    stalls = [(gap - itl) / (tokens * per_token) for tokens, gap, itl in samples.stall if tokens * per_token > 0]
+    busy = _median([(last - intercept - n * per_token) / (m - 1) for m, n, last in samples.burst if m > 1])
+    shares, stalls = [], []
+    for tokens, k, gap, itl, ttft in samples.stall:
+        work = tokens * per_token
+        share = (ttft - intercept - work - (step(k + 1) - step(1))) / (work * k) if work > 0 and k > 0 else 0.0
+        shares.append(share)
+        stalls.append((gap - itl) / (work * (1.0 + share * k) + step(k + 1)))
     admitted = samples.admitted if samples.admitted is not None and samples.admitted < samples.probe_streams else None
     return MeshCalibration(
         prefill_s_per_token=per_token,
         decode_s_per_step=base,
         decode_s_per_seq=engine,
-        request_overhead_s=max(0.0, intercept - step_1),
+        request_overhead_s=max(0.0, intercept - step(1) - max(0.0, busy)),
+        request_busy_s=max(0.0, busy),
         token_overhead_s=per_stream - engine,
-        hit_s_per_token=max(0.0, statistics.median(hits)) if hits else 0.0,
-        prefill_stall=min(1.0, max(0.0, statistics.median(stalls))) if stalls else 0.0,
+        hit_s_per_token=max(0.0, _median(hits)),
+        prefill_stall=min(1.0, max(0.0, _median(stalls))),
+        prefill_share=max(0.0, _median(shares)),
         admission_limit=admitted,
     )
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
 
 
 def itl_point(streams: int, itls: list[float]) -> tuple[float, float]:
@@ -91,6 +114,18 @@ def itl_point(streams: int, itls: list[float]) -> tuple[float, float]:
     if not values:
         raise ValueError(f"no stream of the {streams}-stream run produced two tokens")
     return float(streams), statistics.median(values)
+
+
+def steady_itl(token_times: list[list[float]]) -> float:
+    """Mean gap between tokens while every stream of a run was decoding (after the last first
+    token, before the first last token), the median over streams; NaN if that window is empty."""
+    start, end = max(t[0] for t in token_times), min(t[-1] for t in token_times)
+    means = []
+    for times in token_times:
+        inside = [t for t in times if start <= t <= end]
+        if len(inside) >= 3:
+            means.append((inside[-1] - inside[0]) / (len(inside) - 1))
+    return statistics.median(means) if means else math.nan
 
 
 def largest_gap(token_times: list[float], start: float, end: float) -> float:
@@ -113,9 +148,10 @@ def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list
         f"#   prefill {cal.prefill_s_per_token:.3g} s per uncached token, {cal.hit_s_per_token:.3g} s per cached token",
         f"#   decode step {cal.decode_s_per_step:.3g} s + {cal.decode_s_per_seq + cal.token_overhead_s:.3g} s per stream "
         f"(of which mesh per-token overhead {cal.token_overhead_s:.3g} s)",
-        f"#   per-request overhead {cal.request_overhead_s:.3g} s (HTTP, tokenizing, routing, gRPC set-up)",
-        f"#   a local prefill stalls the worker's streams for {cal.prefill_stall:.0%} of its time "
-        "(engine and RPC loop share the worker's CPU)",
+        f"#   per-request overhead {cal.request_overhead_s:.3g} s of latency, plus {cal.request_busy_s:.3g} s of work "
+        "requests queue for mesh-wide (HTTP, tokenizing, routing, gRPC set-up, hand-back)",
+        f"#   a prefill takes {cal.prefill_share:.3g}x longer per stream decoding beside it, and stalls those "
+        f"streams for {cal.prefill_stall:.0%} of its time (engine and RPC loop share the worker's CPU)",
         "#   admission limit: " + (f"{cal.admission_limit} requests in flight" if cal.admission_limit
                                    else "not reached by the probe (or not probed)"),
     ]

@@ -5,10 +5,13 @@ Probes, in order (prompts are random token ids with a per-run nonce, so nothing 
 a probe means it to be):
 1. TTFT of lone requests against uncached prompt length (median of `repeats` per length);
 2. prefix hits: the same long prompt twice, the second TTFT against its cached tokens;
-3. ITL against the number of concurrent streams (short prompts, `stream_tokens` each);
-4. CPU sharing: while `stall_streams` streams decode, one long uncached prompt arrives; their
-   largest gap during its prefill, over their ITL;
-5. admission (`--admission-probe N`): N streams at once; those with a first token before the
+3. ITL against the number of concurrent streams (short prompts, `stream_tokens` each): the mean
+   gap while all k streams decode, median over streams, then over `repeats` runs;
+4. CPU sharing: while `stall_streams` streams decode, one long uncached prompt arrives; its TTFT
+   against a lone one's, and the streams' largest gap during its prefill against their ITL;
+5. request work: `burst` short requests (one output token) at once; how much later than a lone
+   request's the last first token comes;
+6. admission (`--admission-probe N`): N streams at once; those with a first token before the
    first finish were admitted together.
 With `--engine-model`, the in-process engine (`calibrate.py`) is measured too, after the
 probes, and printed as a lower bound.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import random
 import statistics
@@ -25,7 +29,7 @@ import time
 from dataclasses import dataclass
 
 from .client import Target, new_client, served_model, stream_one
-from .meshcal import Samples, admitted_before_first_finish, describe, fit, itl_point, largest_gap
+from .meshcal import Samples, admitted_before_first_finish, describe, fit, itl_point, largest_gap, steady_itl
 from .replay import VOCAB
 
 
@@ -36,6 +40,7 @@ class ProbeConfig:
     streams: tuple[int, ...] = (1, 4, 8, 16)
     stream_tokens: int = 64
     stall_streams: int = 4
+    burst: int = 24
     admission_probe: int = 0          # burst size; 0 = skip the probe
 
 
@@ -73,10 +78,18 @@ async def probe(target: Target, config: ProbeConfig) -> Samples:
             again = await one(tokens, 2)
             samples.hit.append((again.cached_tokens, longest - again.cached_tokens, again.ttft_s))
         for k in config.streams:
-            outcomes = await asyncio.gather(*(one(prompt(32), config.stream_tokens) for _ in range(k)))
-            samples.itl.append(itl_point(k, [o.itl_s for o in outcomes]))
+            itls = []
+            for _ in range(config.repeats):
+                times: list[list[float]] = [[] for _ in range(k)]
+                run = await asyncio.gather(*(one(prompt(32), config.stream_tokens, t) for t in times))
+                steady = steady_itl(times)
+                itls.append(steady if not math.isnan(steady) else itl_point(k, [o.itl_s for o in run])[1])
+            samples.itl.append((k, statistics.median(itls)))
         for _ in range(config.repeats):
             samples.stall.append(await _stall(one, prompt, config.stall_streams, longest, 4 * config.stream_tokens))
+        for _ in range(config.repeats):
+            burst = await asyncio.gather(*(one(prompt(32), 1) for _ in range(config.burst)))
+            samples.burst.append((float(config.burst), 32.0, max(o.ttft_s for o in burst)))
         if config.admission_probe:
             burst = await asyncio.gather(*(one(prompt(16), 24) for _ in range(config.admission_probe)))
             samples.admitted = admitted_before_first_finish([o.first_token_s for o in burst], [o.finish_s for o in burst])
@@ -84,8 +97,8 @@ async def probe(target: Target, config: ProbeConfig) -> Samples:
     return samples
 
 
-async def _stall(one, prompt, streams: int, prefill_tokens: int, stream_tokens: int) -> tuple[float, float, float]:  # noqa: ANN001
-    """(prefill tokens, the streams' median largest gap during the prefill, their median ITL)."""
+async def _stall(one, prompt, streams: int, prefill_tokens: int, stream_tokens: int) -> tuple[float, ...]:  # noqa: ANN001
+    """(prefill tokens, streams, their median largest gap during the prefill, their median ITL, its TTFT)."""
     times: list[list[float]] = [[] for _ in range(streams)]
     tasks = [asyncio.create_task(one(prompt(16), stream_tokens, t)) for t in times]
     for _ in range(2000):  # until every stream has a few tokens (bounded: 20 s)
@@ -96,7 +109,8 @@ async def _stall(one, prompt, streams: int, prefill_tokens: int, stream_tokens: 
     long = await one(prompt(prefill_tokens), 1)
     outcomes = await asyncio.gather(*tasks)
     gaps = [largest_gap(t, start, long.first_token_s) for t in times]
-    return float(prefill_tokens), statistics.median(gaps), statistics.median(o.itl_s for o in outcomes)
+    itl = statistics.median(o.itl_s for o in outcomes)
+    return float(prefill_tokens), float(streams), statistics.median(gaps), itl, long.ttft_s
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -33,7 +33,8 @@ class RunSummary:
     errors: tuple[tuple[int, int], ...] = ()   # (HTTP status, requests), failed requests only
 
     def meets(self, slo_s: float, quantile: float = 0.99) -> bool:
-        return (self.ttft_p99_s if quantile >= 0.99 else self.ttft_p50_s) <= slo_s
+        """TTFT p99 (or p50) within `slo_s` and no request failed."""
+        return not self.errors and (self.ttft_p99_s if quantile >= 0.99 else self.ttft_p50_s) <= slo_s
 
 
 def quantile(values: list[float], q: float) -> float:
