@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import itertools
 import os
 import sys
 import tempfile
@@ -76,8 +78,9 @@ class Bench:
         return capacity(run_at, self.args.slo_ttft_s, start, steps)[0]
 
 
-def start_mesh(model: str, workers: int, policy: str, run_dir: str) -> Mesh:
-    mesh = Mesh(MeshOptions(model=model, port=free_port(), run_dir=run_dir, prefill=0, decode=workers, policy=policy))
+def start_mesh(model: str, workers: int, policy: str, run_dir: str, settings: tuple[str, ...] = ()) -> Mesh:
+    mesh = Mesh(MeshOptions(model=model, port=free_port(), run_dir=run_dir, prefill=0, decode=workers, policy=policy,
+                            settings=list(settings)))
     mesh.start(timeout_s=240)
     return mesh
 
@@ -86,7 +89,7 @@ def sim_costs(cal: MeshCalibration, workers: int) -> tuple[CostModel, MeshCost]:
     cost = CostModel(cal.prefill_s_per_token, cal.decode_s_per_step, cal.decode_s_per_seq)
     mesh = MeshCost(request_overhead_s=cal.request_overhead_s, request_busy_s=cal.request_busy_s,
                     token_overhead_s=cal.token_overhead_s, hit_s_per_token=cal.hit_s_per_token,
-                    prefill_stall=cal.prefill_stall, prefill_share=cal.prefill_share,
+                    prefill_stall=cal.prefill_stall, prefill_share=cal.prefill_share, shared_host=True, noise=cal.noise,
                     admission_limit=MAX_NUM_SEQS * workers)
     return cost, mesh
 
@@ -140,12 +143,14 @@ def run_workers(bench: Bench, workers: int, lower: CostModel | None) -> None:
 
 
 def policy_order(bench: Bench, workers: int, config: SimConfig, rate: float) -> None:
-    """TTFT at one rate for each policy, sim and real (a fresh mesh per policy)."""
+    """TTFT at one rate for each policy, sim and real (a fresh mesh per policy), sticky sessions off
+    on both sides so the policies themselves are compared (as in the README's sim tables)."""
     rows = []
+    config = dataclasses.replace(config, sticky_ttl_s=0.0)
     for policy in bench.args.policies.split(","):
         s = bench.sim(policy, config, rate)
         with tempfile.TemporaryDirectory() as run_dir:
-            mesh = start_mesh(bench.args.model, workers, policy, run_dir)
+            mesh = start_mesh(bench.args.model, workers, policy, run_dir, ("scheduler.sticky_ttl_s=0",))
             try:
                 r = bench.real(mesh.gateway_url, policy, workers, rate)
             finally:
@@ -160,6 +165,13 @@ def policy_order(bench: Bench, workers: int, config: SimConfig, rate: float) -> 
     real_order = [p for p, _, _ in sorted(rows, key=lambda x: x[2].ttft_p90_s)]
     print(f"# sim order: {' < '.join(sim_order)}; real order: {' < '.join(real_order)}; "
           f"{'same' if sim_order == real_order else 'DIFFERENT'}")
+    for (a, sa, ra), (b, sb, rb) in itertools.combinations(rows, 2):
+        if abs(sa.ttft_p90_s - sb.ttft_p90_s) > 0.1 * min(sa.ttft_p90_s, sb.ttft_p90_s):  # the sim calls it
+            agree = (sa.ttft_p90_s < sb.ttft_p90_s) == (ra.ttft_p90_s < rb.ttft_p90_s)
+            print(f"#   {a} vs {b}: sim {sa.ttft_p90_s:.3f} vs {sb.ttft_p90_s:.3f}, real {ra.ttft_p90_s:.3f} vs "
+                  f"{rb.ttft_p90_s:.3f}: {'holds' if agree else 'does NOT hold'}")
+        else:
+            print(f"#   {a} vs {b}: within 10% in the sim (a tie); real {ra.ttft_p90_s:.3f} vs {rb.ttft_p90_s:.3f}")
 
 
 def in_process_costs(model: str) -> CostModel:

@@ -35,8 +35,9 @@ def formula_samples(cal: MeshCalibration) -> Samples:
 
 def test_fit_gives_back_the_parameters_of_timings_made_by_the_model():
     got = fit(formula_samples(TRUE), engine_decode_s_per_seq=TRUE.decode_s_per_seq)
-    assert got.admission_limit is None
-    for name in MeshCalibration.__slots__[:-1]:  # every float term
+    assert got.admission_limit is None and got.noise == ()
+    for name in ("prefill_s_per_token", "decode_s_per_step", "decode_s_per_seq", "request_overhead_s", "request_busy_s",
+                 "token_overhead_s", "hit_s_per_token", "prefill_stall", "prefill_share"):
         assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-9, abs=1e-15), name
 
 
@@ -107,3 +108,25 @@ def test_the_sim_takes_the_printed_mesh_flags(tmp_path, capsys):
                      "--warmup-s", "1", "--system-prompts", "2", *flags]) == 0
     out = capsys.readouterr().out
     assert "round_robin" in out and "goodput" in out
+
+
+def test_on_a_shared_host_every_worker_steps_for_the_streams_of_all():
+    cost = CostModel(decode_s_per_step=1e-3, decode_s_per_seq=1e-3)
+    burst = [TraceRequest(0.0, f"r{j}", "", 16, 11, (j,)) for j in range(4)]
+    for shared, running in ((False, 2), (True, 4)):
+        config = SimConfig(num_workers=2, cost=cost, mesh=MeshCost(shared_host=shared))
+        itls = {round(o.itl_s, 9) for o in sim_outcomes(config, burst)}
+        assert itls == {round(cost.step_s(running), 9)}, shared
+
+
+def test_the_noise_is_the_spread_of_lone_ttfts_around_their_fit_and_the_sim_applies_it():
+    samples = formula_samples(TRUE)
+    fitted = dict(samples.ttft)
+    factors = (0.9, 1.0, 1.0, 1.1, 3.0)
+    samples.ttft_raw = [(n, fitted[n] * f) for n in fitted for f in factors]
+    assert fit(samples).noise == pytest.approx(tuple(f for f in factors for _ in range(4)), rel=1e-9)
+    cost = CostModel(prefill_s_per_token=1e-4)
+    lone = [TraceRequest(0.0, "r", "", 1000, 1, ())]
+    plain = sim_outcomes(SimConfig(num_workers=1, cost=cost, mesh=MeshCost(request_overhead_s=0.01)), lone)[0]
+    noisy = sim_outcomes(SimConfig(num_workers=1, cost=cost, mesh=MeshCost(request_overhead_s=0.01, noise=(3.0,))), lone)[0]
+    assert noisy.ttft_s == pytest.approx(3.0 * plain.ttft_s)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import zlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -157,7 +158,8 @@ class Cluster:
             elif kind == "finish":
                 self._finish(payload)  # type: ignore[arg-type]
             elif kind == "stall":
-                payload[0].stall_s += payload[1]  # type: ignore[index]
+                for w in self._host_of(payload[0]):  # type: ignore[index]
+                    w.stall_s += payload[1]  # type: ignore[index]
             elif kind == "deliver":
                 self.router.index.apply(payload)  # type: ignore[arg-type]
             elif kind == "window":
@@ -213,6 +215,21 @@ class Cluster:
         self.results.append(RequestResult(r, "", status=status, first_token_s=self.now, finish_s=self.now))
         self._pending -= 1
 
+    def _host_of(self, d: SimWorker) -> list[SimWorker]:
+        """The decode workers that share d's CPU: all of them on a shared host, else d alone."""
+        if self.config.mesh.shared_host:
+            return [w for w in self.workers.values() if w.role is Role.DECODE]
+        return [d]
+
+    def _load(self, d: SimWorker) -> int:
+        """Running sequences that d's steps pay for (those of its whole host on a shared host)."""
+        return sum(w.running for w in self._host_of(d))
+
+    def _noise(self, request_id: str) -> float:
+        """This request's factor on its prefill and overhead: one of MeshCost.noise, by request id."""
+        factors = self.config.mesh.noise
+        return factors[zlib.crc32(request_id.encode()) % len(factors)] if factors else 1.0
+
     def _step_s(self, running: int) -> float:
         return self.config.cost.step_s(running) + self.config.mesh.token_overhead_s * running
 
@@ -239,29 +256,32 @@ class Cluster:
         bs = self.config.cost.block_size
         r, hashes = result.request, result.hashes
         d_cached = d.cached_prefix(hashes)
+        noise = self._noise(r.request_id)
         if decision.prefill is None:
             result.cached_tokens = d_cached * bs
-            start = max(self.now, d.busy_until)
-            end = start + self._prefill_s(r.prompt_tokens - d_cached * bs, d.running)
-            end += d_cached * bs * self.config.mesh.hit_s_per_token
-            d.busy_until = end
+            host = self._host_of(d)
+            start = max(self.now, *(w.busy_until for w in host))
+            work = self._prefill_s(r.prompt_tokens - d_cached * bs, self._load(d))
+            end = start + (work + d_cached * bs * self.config.mesh.hit_s_per_token) * noise
+            for w in host:
+                w.busy_until = end
             if self.config.mesh.prefill_stall:
                 self._at(start, "stall", (d, self.config.mesh.prefill_stall * (end - start)))
         else:
             p = self.workers[decision.prefill.worker_id]
             cached = max(d_cached, p.cached_prefix(hashes))
             result.cached_tokens = cached * bs
-            p_end = max(self.now, p.busy_until) + self._prefill_s(r.prompt_tokens - cached * bs, 0)
+            p_end = max(self.now, p.busy_until) + self._prefill_s(r.prompt_tokens - cached * bs, 0) * noise
             p.busy_until = p_end
             self._publish(p, *p.insert(hashes))  # NOTE: published early; the scheduler sees it after the delay anyway
             end = p_end + (r.prompt_tokens - d_cached * bs) * self.config.kv_transfer_s_per_token
-            end += self._step_s(d.running)
-        self._at(end + self.config.mesh.request_overhead_s, "first_token", (d, result))
+            end += self._step_s(self._load(d))
+        self._at(end + self.config.mesh.request_overhead_s * noise, "first_token", (d, result))
 
     def _first_token(self, d: SimWorker, result: RequestResult) -> None:
         result.first_token_s = self.now
         self._publish(d, *d.insert(result.hashes))
-        decode_s = (result.request.output_tokens - 1) * self._step_s(d.running)
+        decode_s = (result.request.output_tokens - 1) * self._step_s(self._load(d))
         result.stall_mark = d.stall_s
         self._at(self.now + decode_s, "finish", (d, result))
 

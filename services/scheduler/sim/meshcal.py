@@ -28,7 +28,8 @@ from .calibrate import fit_line
 class Samples:
     """What the probes measured."""
 
-    ttft: list[tuple[float, float]] = field(default_factory=list)        # (uncached tokens, TTFT s), lone requests
+    ttft: list[tuple[float, float]] = field(default_factory=list)        # (uncached tokens, median TTFT s), lone requests
+    ttft_raw: list[tuple[float, float]] = field(default_factory=list)    # every lone request behind those medians
     hit: list[tuple[float, float, float]] = field(default_factory=list)  # (cached, uncached tokens, TTFT s)
     itl: list[tuple[float, float]] = field(default_factory=list)         # (streams, ITL s)
     burst: list[tuple[float, float, float]] = field(default_factory=list)  # (requests, prompt tokens, last TTFT)
@@ -50,6 +51,7 @@ class MeshCalibration:
     prefill_stall: float
     prefill_share: float
     admission_limit: int | None      # None: not probed, or more than the probe sent
+    noise: tuple[float, ...] = ()    # quantiles of lone TTFT / its fit (median 1): the host's noise
 
     def sim_flags(self) -> list[str]:
         """`kvmesh sim` flags that reproduce this mesh."""
@@ -62,6 +64,8 @@ class MeshCalibration:
         ]
         if self.admission_limit:
             flags.append(f"--admission-limit {self.admission_limit}")
+        if self.noise:
+            flags.append("--ttft-noise " + ",".join(f"{x:.3g}" for x in self.noise))
         return flags
 
 
@@ -101,7 +105,18 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         prefill_stall=min(1.0, max(0.0, _median(stalls))),
         prefill_share=max(0.0, _median(shares)),
         admission_limit=admitted,
+        noise=noise_quantiles([t / (intercept + n * per_token) for n, t in samples.ttft_raw]),
     )
+
+
+def noise_quantiles(ratios: list[float], count: int = 20) -> tuple[float, ...]:
+    """At most `count` evenly spaced quantiles of `ratios`, scaled so their median is 1."""
+    if not ratios:
+        return ()
+    ordered = sorted(ratios)
+    picked = [ordered[round(i * (len(ordered) - 1) / max(1, count - 1))] for i in range(min(count, len(ordered)))]
+    middle = statistics.median(ordered)
+    return tuple(x / middle for x in picked) if middle > 0 else ()
 
 
 def _median(values: list[float]) -> float:

@@ -11,6 +11,12 @@
 - hit_s_per_token: what a prompt token found in the worker's prefix cache still costs;
 - prefill_stall: while a decode worker prefills locally, its running sequences stop decoding for
   this fraction of the prefill (1 = the engine and its RPC loop share one CPU, nothing overlaps);
+- noise: factors on a request's prefill time and overhead, one per request drawn uniformly by
+  its id (deterministic): the spread of the calibration's lone TTFTs around their fit, i.e. the
+  host's own noise (other work on a shared machine), which a deterministic model has no tail for;
+- shared_host: every decode worker runs on one host and shares its CPU (as `kvmesh up` does):
+  one local prefill at a time mesh-wide, a prefill stalls every worker's streams, and steps and
+  prefill slowdown count the streams of all workers (what the calibration probes measure there);
 - admission_limit: at most this many requests in flight mesh-wide, the rest wait (FIFO) before
   routing; one that waits longer than admission_timeout_s fails with 504, one that finds
   admission_limit × admission_queue_factor already waiting fails with 429 (the scheduler's
@@ -32,6 +38,8 @@ class MeshCost:
     hit_s_per_token: float = 0.0
     prefill_stall: float = 0.0
     prefill_share: float = 0.0
+    shared_host: bool = False
+    noise: tuple[float, ...] = ()
     admission_limit: int = 0
     admission_timeout_s: float = 30.0
     admission_queue_factor: float = 1.0

@@ -70,6 +70,7 @@ async def probe(target: Target, config: ProbeConfig) -> Samples:
             await one(prompt(32), 4)  # warm-up
         for n in config.lengths:
             points = [(n - o.cached_tokens, o.ttft_s) for o in [await one(prompt(n), 2) for _ in range(config.repeats)]]
+            samples.ttft_raw += points
             samples.ttft.append((statistics.median(p[0] for p in points), statistics.median(p[1] for p in points)))
         longest = max(config.lengths)
         for _ in range(config.repeats):
