@@ -226,7 +226,7 @@ class Cluster:
         return sum(w.running for w in self._host_of(d))
 
     def _noise(self, request_id: str) -> float:
-        """This request's factor on its prefill and overhead: one of MeshCost.noise, by request id."""
+        """This request's factor on its latency to first token: one of MeshCost.noise, by request id."""
         factors = self.config.mesh.noise
         return factors[zlib.crc32(request_id.encode()) % len(factors)] if factors else 1.0
 
@@ -262,7 +262,7 @@ class Cluster:
             host = self._host_of(d)
             start = max(self.now, *(w.busy_until for w in host))
             work = self._prefill_s(r.prompt_tokens - d_cached * bs, self._load(d))
-            end = start + (work + d_cached * bs * self.config.mesh.hit_s_per_token) * noise
+            end = start + work + d_cached * bs * self.config.mesh.hit_s_per_token
             for w in host:
                 w.busy_until = end
             if self.config.mesh.prefill_stall:
@@ -271,12 +271,15 @@ class Cluster:
             p = self.workers[decision.prefill.worker_id]
             cached = max(d_cached, p.cached_prefix(hashes))
             result.cached_tokens = cached * bs
-            p_end = max(self.now, p.busy_until) + self._prefill_s(r.prompt_tokens - cached * bs, 0) * noise
+            start = max(self.now, p.busy_until)
+            p_end = start + self._prefill_s(r.prompt_tokens - cached * bs, 0)
             p.busy_until = p_end
             self._publish(p, *p.insert(hashes))  # NOTE: published early; the scheduler sees it after the delay anyway
             end = p_end + (r.prompt_tokens - d_cached * bs) * self.config.kv_transfer_s_per_token
             end += self._step_s(self._load(d))
-        self._at(end + self.config.mesh.request_overhead_s * noise, "first_token", (d, result))
+        # NOTE: the noise stretches this request's latency only, not the worker's busy time: the
+        # probes measured it on lone requests, and a stretched prefill queued behind would count it twice.
+        self._at(start + (end - start + self.config.mesh.request_overhead_s) * noise, "first_token", (d, result))
 
     def _first_token(self, d: SimWorker, result: RequestResult) -> None:
         result.first_token_s = self.now

@@ -109,14 +109,22 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
     )
 
 
-def noise_quantiles(ratios: list[float], count: int = 20) -> tuple[float, ...]:
-    """At most `count` evenly spaced quantiles of `ratios`, scaled so their median is 1."""
+def noise_quantiles(ratios: list[float], count: int = 10) -> tuple[float, ...]:
+    """The `count` quantiles of `ratios` at (i + 0.5) / count (deciles by default: each stands for a
+    tenth of the requests, so one outlier among the probes is not given to a tenth of them),
+    interpolated, scaled so the median is 1."""
     if not ratios:
         return ()
     ordered = sorted(ratios)
-    picked = [ordered[round(i * (len(ordered) - 1) / max(1, count - 1))] for i in range(min(count, len(ordered)))]
+
+    def at(q: float) -> float:
+        pos = q * (len(ordered) - 1)
+        low = int(pos)
+        high = min(low + 1, len(ordered) - 1)
+        return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
     middle = statistics.median(ordered)
-    return tuple(x / middle for x in picked) if middle > 0 else ()
+    return tuple(at((i + 0.5) / count) / middle for i in range(count)) if middle > 0 else ()
 
 
 def _median(values: list[float]) -> float:

@@ -11,9 +11,10 @@
 - hit_s_per_token: what a prompt token found in the worker's prefix cache still costs;
 - prefill_stall: while a decode worker prefills locally, its running sequences stop decoding for
   this fraction of the prefill (1 = the engine and its RPC loop share one CPU, nothing overlaps);
-- noise: factors on a request's prefill time and overhead, one per request drawn uniformly by
-  its id (deterministic): the spread of the calibration's lone TTFTs around their fit, i.e. the
-  host's own noise (other work on a shared machine), which a deterministic model has no tail for;
+- noise: factors on a request's latency from the start of its prefill to its first token (not on
+  the worker's busy time), one per request drawn uniformly by its id (deterministic): deciles of
+  the calibration's lone TTFTs over their fit, i.e. the host's own noise (other work on a shared
+  machine), which a deterministic model has no tail for;
 - shared_host: every decode worker runs on one host and shares its CPU (as `kvmesh up` does):
   one local prefill at a time mesh-wide, a prefill stalls every worker's streams, and steps and
   prefill slowdown count the streams of all workers (what the calibration probes measure there);
