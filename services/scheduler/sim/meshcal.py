@@ -51,7 +51,7 @@ class MeshCalibration:
     prefill_stall: float
     prefill_share: float
     admission_limit: int | None      # None: not probed, or more than the probe sent
-    noise: tuple[float, ...] = ()    # quantiles of lone TTFT / its fit (median 1): the host's noise
+    noise: tuple[float, ...] = ()    # deciles of lone TTFT / the median at its length: the host's noise
 
     def sim_flags(self) -> list[str]:
         """`kvmesh sim` flags that reproduce this mesh."""
@@ -105,7 +105,7 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         prefill_stall=min(1.0, max(0.0, _median(stalls))),
         prefill_share=max(0.0, _median(shares)),
         admission_limit=admitted,
-        noise=noise_quantiles([t / (intercept + n * per_token) for n, t in samples.ttft_raw]),
+        noise=noise_quantiles(_spread(samples.ttft_raw)),
     )
 
 
@@ -125,6 +125,14 @@ def noise_quantiles(ratios: list[float], count: int = 10) -> tuple[float, ...]:
 
     middle = statistics.median(ordered)
     return tuple(at((i + 0.5) / count) / middle for i in range(count)) if middle > 0 else ()
+
+
+def _spread(points: list[tuple[float, float]]) -> list[float]:
+    """Each lone TTFT over the median of those at its prompt length."""
+    by_length: dict[float, list[float]] = {}
+    for n, t in points:
+        by_length.setdefault(n, []).append(t)
+    return [t / statistics.median(by_length[n]) for n, t in points if statistics.median(by_length[n]) > 0]
 
 
 def _median(values: list[float]) -> float:

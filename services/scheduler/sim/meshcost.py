@@ -13,7 +13,7 @@
   this fraction of the prefill (1 = the engine and its RPC loop share one CPU, nothing overlaps);
 - noise: factors on a request's latency from the start of its prefill to its first token (not on
   the worker's busy time), one per request drawn uniformly by its id (deterministic): deciles of
-  the calibration's lone TTFTs over their fit, i.e. the host's own noise (other work on a shared
+  the calibration's lone TTFTs over their length's median, i.e. the host's own noise (other work on a shared
   machine), which a deterministic model has no tail for;
 - shared_host: every decode worker runs on one host and shares its CPU (as `kvmesh up` does):
   one local prefill at a time mesh-wide, a prefill stalls every worker's streams, and steps and
