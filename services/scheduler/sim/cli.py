@@ -143,6 +143,9 @@ def sim_main(argv: list[str] | None = None) -> int:
         return 0
     print(f"# cost model: prefill {args.prefill_s_per_token:.3g} s/token, decode {args.decode_s_per_step:.3g} s/step "
           f"+ {args.decode_s_per_seq:.3g} s/seq; capacity = max rate with TTFT p99 <= {args.slo_ttft_s} s")
+    mesh = _sim_config(args, 1).mesh
+    if mesh != MeshCost(admission_timeout_s=mesh.admission_timeout_s):
+        print(f"# mesh terms: {mesh}")
     print(HEADER, flush=True)
     details: list[RunSummary] = []
     for n in (int(x) for x in args.workers.split(",")):
