@@ -1,8 +1,10 @@
-"""Measures the simulator's cost model on the real engine (`kvmesh.engine.llm`).
+"""Measures the simulator's engine cost model on the in-process engine (`kvmesh.engine.llm`).
 
 `python -m kvmesh.scheduler.sim.calibrate [--model tiny] [--device cpu] [--threads 1]` prints
 prefill seconds per token (slope of prefill time over prompt length) and decode seconds per step
 (intercept and per-sequence slope of step time over batch size), ready to pass to `kvmesh sim`.
+These are a LOWER BOUND on a mesh's costs (no HTTP, gRPC, routing or RPC loop); for a running
+mesh use `kvmesh sim calibrate --url GATEWAY` (meshprobe.py), which measures it end to end.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     result = measure(args.model, args.device)
+    print("# in-process engine only: a lower bound on a mesh's costs (see `kvmesh sim calibrate --url`)")
     for name, value in result.items():
         print(f"--{name.replace('_', '-')} {value:.3g}")
     return 0
