@@ -28,6 +28,7 @@ import time
 from kvmesh.runtime.launcher import MeshOptions, free_port
 from kvmesh.runtime.supervisor import Mesh
 from kvmesh.scheduler.policy import CostModel, PolicyConfig
+from kvmesh.scheduler.sim.calibrate import lower_bound
 from kvmesh.scheduler.sim.client import Target
 from kvmesh.scheduler.sim.cluster import SimConfig
 from kvmesh.scheduler.sim.meshcost import MeshCost
@@ -175,12 +176,7 @@ def policy_order(bench: Bench, workers: int, config: SimConfig, rate: float) -> 
 
 
 def in_process_costs(model: str) -> CostModel:
-    import torch
-
-    from kvmesh.scheduler.sim.calibrate import measure
-
-    torch.set_num_threads(1)
-    m = measure(model, "cpu")
+    m = lower_bound(model)
     return CostModel(m["prefill_s_per_token"], m["decode_s_per_step"], m["decode_s_per_seq"])
 
 

@@ -57,16 +57,21 @@ def measure(model: str, device: str, repeats: int = 3) -> dict[str, float]:
     return {"prefill_s_per_token": per_token, "decode_s_per_step": base, "decode_s_per_seq": per_seq}
 
 
+def lower_bound(model: str, device: str = "cpu", threads: int = 1) -> dict[str, float]:
+    """`measure` with `threads` torch threads: the in-process engine's costs, a lower bound on a mesh's."""
+    import torch  # noqa: PLC0415
+
+    torch.set_num_threads(threads)
+    return measure(model, device)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvmesh.scheduler.sim.calibrate", description=__doc__)
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    import torch  # noqa: PLC0415
-
-    torch.set_num_threads(args.threads)
-    result = measure(args.model, args.device)
+    result = lower_bound(args.model, args.device, args.threads)
     print("# in-process engine only: a lower bound on a mesh's costs (see `kvmesh sim calibrate --url`)")
     for name, value in result.items():
         print(f"--{name.replace('_', '-')} {value:.3g}")

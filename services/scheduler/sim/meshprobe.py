@@ -28,6 +28,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from .calibrate import lower_bound
 from .client import Target, new_client, served_model, stream_one
 from .meshcal import Samples, admitted_before_first_finish, describe, fit, itl_point, largest_gap, steady_itl
 from .replay import VOCAB
@@ -141,7 +142,7 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     target = Target(args.url.rstrip("/"), args.model, args.api_key)
     t0 = time.perf_counter()
     samples = asyncio.run(probe(target, config))
-    lower = _lower_bound(args.engine_model) if args.engine_model else None
+    lower = lower_bound(args.engine_model) if args.engine_model else None
     cal = fit(samples, lower["decode_s_per_seq"] if lower else None)
     print(f"# kvmesh sim calibrate: {target.url}, probes took {time.perf_counter() - t0:.0f} s "
           f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
@@ -152,11 +153,3 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     print("kvmesh sim " + " ".join(cal.sim_flags()))
     return 0
 
-
-def _lower_bound(model: str) -> dict[str, float]:
-    import torch  # noqa: PLC0415 - only with --engine-model
-
-    from .calibrate import measure  # noqa: PLC0415
-
-    torch.set_num_threads(1)
-    return measure(model, "cpu")
