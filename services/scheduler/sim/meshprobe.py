@@ -92,9 +92,11 @@ async def probe(target: Target, config: ProbeConfig) -> Samples:
         for _ in range(config.repeats):
             burst = await asyncio.gather(*(one(prompt(32), 1) for _ in range(config.burst)))
             samples.burst.append((float(config.burst), 32.0, max(o.ttft_s for o in burst)))
-        if config.admission_probe:
-            burst = await asyncio.gather(*(one(prompt(16), 24) for _ in range(config.admission_probe)))
-            samples.admitted = admitted_before_first_finish([o.first_token_s for o in burst], [o.finish_s for o in burst])
+        if config.admission_probe:  # NOTE: more than slots + queue get 429; only the served count
+            outcomes = await asyncio.gather(*(stream_one(client, target, model, prompt(16), 24)
+                                              for _ in range(config.admission_probe)))
+            served = [o for o in outcomes if o.ok]
+            samples.admitted = admitted_before_first_finish([o.first_token_s for o in served], [o.finish_s for o in served])
             samples.probe_streams = config.admission_probe
     return samples
 
