@@ -168,7 +168,7 @@ def largest_gap(token_times: list[float], start: float, end: float) -> float:
 def admitted_before_first_finish(first_token_s: list[float], finish_s: list[float]) -> int:
     """Streams of a burst that got their first token before any stream of it finished: those the
     mesh admitted at once (the others waited for a slot)."""
-    first_finish = min(finish_s)
+    first_finish = min(finish_s, default=math.inf)
     return sum(t < first_finish for t in first_token_s if not math.isnan(t))
 
 
