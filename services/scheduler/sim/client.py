@@ -49,6 +49,13 @@ def _headers(target: Target, session_id: str) -> dict[str, str]:
     return headers
 
 
+def unreachable(exc: BaseException) -> bool:
+    """True for the errors of a gateway that is not there or not serving (for a clear exit)."""
+    import httpx  # noqa: PLC0415
+
+    return isinstance(exc, (httpx.HTTPError, OSError, KeyError, IndexError, ValueError))
+
+
 def new_client(target: Target, connections: int = 1024):  # noqa: ANN201 - httpx.AsyncClient
     import httpx  # noqa: PLC0415 - only the replay/calibrate commands need it
 

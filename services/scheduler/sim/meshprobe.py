@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 
 from .calibrate import lower_bound
-from .client import Target, new_client, served_model, stream_one
+from .client import Target, new_client, served_model, stream_one, unreachable
 from .meshcal import Samples, admitted_before_first_finish, describe, fit, itl_point, largest_gap, steady_itl
 from .replay import VOCAB
 
@@ -143,7 +143,12 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     )
     target = Target(args.url.rstrip("/"), args.model, args.api_key)
     t0 = time.perf_counter()
-    samples = asyncio.run(probe(target, config))
+    try:
+        samples = asyncio.run(probe(target, config))
+    except Exception as exc:  # noqa: BLE001 - only the gateway's failures are turned into a message
+        if not (unreachable(exc) or isinstance(exc, RuntimeError)):
+            raise
+        raise SystemExit(f"kvmesh sim calibrate: {target.url}: {exc}") from None
     lower = lower_bound(args.engine_model) if args.engine_model else None
     cal = fit(samples, lower["decode_s_per_seq"] if lower else None)
     print(f"# kvmesh sim calibrate: {target.url}, probes took {time.perf_counter() - t0:.0f} s "

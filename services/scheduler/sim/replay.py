@@ -29,7 +29,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from .client import CLIENT_ERROR, Target, new_client, served_model, stream_one
+from .client import CLIENT_ERROR, Target, new_client, served_model, stream_one, unreachable
 from .report import DETAIL_HEADER, HEADER, Outcome, RunSummary, detail_row, figures, row
 from .trace import TraceRequest, mean_rate, read_jsonl, scale_rate
 
@@ -133,7 +133,12 @@ def replay_main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         raise SystemExit(f"kvmesh sim replay: {exc}") from None
     target = Target(args.url.rstrip("/"), args.model, args.api_key, args.timeout_s)
-    outcomes = asyncio.run(replay(trace, ReplayConfig(target, args.block_tokens)))
+    try:
+        outcomes = asyncio.run(replay(trace, ReplayConfig(target, args.block_tokens)))
+    except Exception as exc:  # noqa: BLE001 - only the gateway's failures are turned into a message
+        if not unreachable(exc):
+            raise
+        raise SystemExit(f"kvmesh sim replay: {target.url}: {exc!r}") from None
     summary = replay_summary(args.label, args.workers, trace, outcomes, args.slo_ttft_s, args.warmup_s)
     print(f"# replay of {args.trace}: {len(trace)} requests at {mean_rate(trace):.2f} req/s against {target.url}; "
           f"goodput = requests/s with TTFT <= {args.slo_ttft_s} s")
