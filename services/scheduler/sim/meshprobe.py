@@ -32,6 +32,7 @@ from .calibrate import lower_bound
 from .client import Target, new_client, served_model, stream_one, unreachable
 from .meshcal import Samples, admitted_before_first_finish, describe, fit, itl_point, largest_gap, steady_itl
 from .replay import VOCAB
+from .report import Outcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,64 +58,88 @@ class _Prompts:
 
 async def probe(target: Target, config: ProbeConfig) -> Samples:
     """Runs the probes against the mesh behind `target`; returns what they measured."""
-    samples, prompt = Samples(), _Prompts()
     async with new_client(target) as client:
-        model = await served_model(client, target)
-
-        async def one(tokens: list[int], max_tokens: int, times: list[float] | None = None):  # noqa: ANN202
-            outcome = await stream_one(client, target, model, tokens, max_tokens, token_times=times)
-            if not outcome.ok:
-                raise RuntimeError(f"calibration request failed with status {outcome.status}")
-            return outcome
-
+        prober = _Prober(client, target, await served_model(client, target), config)
         for _ in range(3):
-            await one(prompt(32), 4)  # warm-up
-        for n in config.lengths:
-            points = [(n - o.cached_tokens, o.ttft_s) for o in [await one(prompt(n), 2) for _ in range(config.repeats)]]
-            samples.ttft_raw += points
-            samples.ttft.append((statistics.median(p[0] for p in points), statistics.median(p[1] for p in points)))
-        longest = max(config.lengths)
+            await prober.one(prober.prompt(32), 4)  # warm-up
+        await prober.ttft()
+        await prober.hits()
+        await prober.itl()
         for _ in range(config.repeats):
-            tokens = prompt(longest)
-            await one(tokens, 2)
-            again = await one(tokens, 2)
-            samples.hit.append((again.cached_tokens, longest - again.cached_tokens, again.ttft_s))
-        for k in config.streams:
+            prober.samples.stall.append(await prober.stall())
+            prober.samples.burst.append(await prober.burst())
+        if config.admission_probe:
+            await prober.admission()
+        return prober.samples
+
+
+class _Prober:
+    """One method per probe (see the module docstring); each appends to `samples`."""
+
+    def __init__(self, client, target: Target, model: str, config: ProbeConfig) -> None:  # noqa: ANN001
+        self.client, self.target, self.model, self.config = client, target, model, config
+        self.samples, self.prompt = Samples(), _Prompts()
+        self.longest = max(config.lengths)
+
+    async def one(self, tokens: list[int], max_tokens: int, times: list[float] | None = None) -> Outcome:
+        outcome = await stream_one(self.client, self.target, self.model, tokens, max_tokens, token_times=times)
+        if not outcome.ok:
+            raise RuntimeError(f"calibration request failed with status {outcome.status}")
+        return outcome
+
+    async def ttft(self) -> None:
+        for n in self.config.lengths:
+            points = [(n - o.cached_tokens, o.ttft_s)
+                      for o in [await self.one(self.prompt(n), 2) for _ in range(self.config.repeats)]]
+            self.samples.ttft_raw += points
+            self.samples.ttft.append((statistics.median(p[0] for p in points), statistics.median(p[1] for p in points)))
+
+    async def hits(self) -> None:
+        for _ in range(self.config.repeats):
+            tokens = self.prompt(self.longest)
+            await self.one(tokens, 2)
+            again = await self.one(tokens, 2)
+            self.samples.hit.append((again.cached_tokens, self.longest - again.cached_tokens, again.ttft_s))
+
+    async def itl(self) -> None:
+        for k in self.config.streams:
             itls = []
-            for _ in range(config.repeats):
+            for _ in range(self.config.repeats):
                 times: list[list[float]] = [[] for _ in range(k)]
-                run = await asyncio.gather(*(one(prompt(32), config.stream_tokens, t) for t in times))
+                run = await asyncio.gather(*(self.one(self.prompt(32), self.config.stream_tokens, t) for t in times))
                 steady = steady_itl(times)
                 itls.append(steady if not math.isnan(steady) else itl_point(k, [o.itl_s for o in run])[1])
-            samples.itl.append((k, statistics.median(itls)))
-        for _ in range(config.repeats):
-            samples.stall.append(await _stall(one, prompt, config.stall_streams, longest, 4 * config.stream_tokens))
-        for _ in range(config.repeats):
-            burst = await asyncio.gather(*(one(prompt(32), 1) for _ in range(config.burst)))
-            samples.burst.append((float(config.burst), 32.0, max(o.ttft_s for o in burst)))
-        if config.admission_probe:  # NOTE: more than slots + queue get 429; only the served count
-            outcomes = await asyncio.gather(*(stream_one(client, target, model, prompt(16), 24)
-                                              for _ in range(config.admission_probe)))
-            served = [o for o in outcomes if o.ok]
-            samples.admitted = admitted_before_first_finish([o.first_token_s for o in served], [o.finish_s for o in served])
-            samples.probe_streams = config.admission_probe
-    return samples
+            self.samples.itl.append((k, statistics.median(itls)))
 
+    async def stall(self) -> tuple[float, float, float, float, float]:
+        """(prefill tokens, streams, their median largest gap during the prefill, their median ITL, its TTFT)."""
+        streams = self.config.stall_streams
+        times: list[list[float]] = [[] for _ in range(streams)]
+        tasks = [asyncio.create_task(self.one(self.prompt(16), 4 * self.config.stream_tokens, t)) for t in times]
+        for _ in range(2000):  # until every stream has a few tokens (bounded: 20 s)
+            if all(len(t) >= 4 for t in times):
+                break
+            await asyncio.sleep(0.01)
+        start = time.perf_counter()
+        long = await self.one(self.prompt(self.longest), 1)
+        outcomes = await asyncio.gather(*tasks)
+        gaps = [largest_gap(t, start, long.first_token_s) for t in times]
+        itl = statistics.median(o.itl_s for o in outcomes)
+        return float(self.longest), float(streams), statistics.median(gaps), itl, long.ttft_s
 
-async def _stall(one, prompt, streams: int, prefill_tokens: int, stream_tokens: int) -> tuple[float, ...]:  # noqa: ANN001
-    """(prefill tokens, streams, their median largest gap during the prefill, their median ITL, its TTFT)."""
-    times: list[list[float]] = [[] for _ in range(streams)]
-    tasks = [asyncio.create_task(one(prompt(16), stream_tokens, t)) for t in times]
-    for _ in range(2000):  # until every stream has a few tokens (bounded: 20 s)
-        if all(len(t) >= 4 for t in times):
-            break
-        await asyncio.sleep(0.01)
-    start = time.perf_counter()
-    long = await one(prompt(prefill_tokens), 1)
-    outcomes = await asyncio.gather(*tasks)
-    gaps = [largest_gap(t, start, long.first_token_s) for t in times]
-    itl = statistics.median(o.itl_s for o in outcomes)
-    return float(prefill_tokens), float(streams), statistics.median(gaps), itl, long.ttft_s
+    async def burst(self) -> tuple[float, float, float]:
+        """(requests, prompt tokens, the last one's TTFT) for one-token requests sent at once."""
+        outcomes = await asyncio.gather(*(self.one(self.prompt(32), 1) for _ in range(self.config.burst)))
+        return float(self.config.burst), 32.0, max(o.ttft_s for o in outcomes)
+
+    async def admission(self) -> None:
+        # NOTE: beyond slots + queue a request gets 429; only the served ones count
+        n = self.config.admission_probe
+        outcomes = await asyncio.gather(*(stream_one(self.client, self.target, self.model, self.prompt(16), 24)
+                                          for _ in range(n)))
+        served = [o for o in outcomes if o.ok]
+        self.samples.admitted = admitted_before_first_finish([o.first_token_s for o in served], [o.finish_s for o in served])
+        self.samples.probe_streams = n
 
 
 def build_parser() -> argparse.ArgumentParser:
