@@ -22,6 +22,8 @@ USAGE = """usage: kvmesh COMMAND [ARGS]
   sim               replay a trace against simulated workers with the real routing policies
   conform ROLE ENDPOINT
                     check a running implementation of a role against docs/contracts.md
+  sim calibrate     measure a running mesh through its gateway: the cost flags for `kvmesh sim`
+  sim replay TRACE  send a trace to a running mesh at its arrival times; the same table as `kvmesh sim`
 """
 
 
