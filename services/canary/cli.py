@@ -34,7 +34,7 @@ def describe(status: dict[str, Any]) -> str:
     for i, step in enumerate(status.get("steps", ()), 1):
         lines.append(f"  {i}. {step['weight']:>6g}  {step['state']:<8} samples {step['samples']:>4}  "
                      f"served {step['served']:>4}  {step['reason']}")
-        lines.extend(f"       {'ok  ' if c['passed'] else 'FAIL' if c['comparable'] else 'n/c '} {c['detail']}"
+        lines.extend(f"       {'n/c ' if not c['comparable'] else 'ok  ' if c['passed'] else 'FAIL'} {c['detail']}"
                      for c in step["checks"])
     return "\n".join(lines)
 
