@@ -105,14 +105,16 @@ class RolloutDriver:
                 raise FailedPrecondition(
                     f"pool {self._state.pools.production!r} is production after a whole promote: roll back first"
                 )
-            previous, self.rollout = self.rollout, Rollout.start(plan, self._clock(), self._latency_comparable)
+            rollout = self.rollout = Rollout.start(plan, self._clock(), self._latency_comparable)
+            self._store.save(rollout)  # NOTE: before the switch, so a crash in between is resumed, not lost
             try:
-                await self._apply(self.rollout)
-            except MeshError:
-                self.rollout = previous
+                await self._apply(rollout)
+            except MeshError as exc:
+                rollout.abort(f"the first step was refused: {exc}", self._clock(), RolloutState.ROLLED_BACK)
+                self._store.save(rollout)
                 raise
             log.info("rollout: started, steps %s", list(plan.steps))
-            return rollout_to_json(self.rollout)
+            return rollout_to_json(rollout)
 
     async def abort(self, reason: str = "aborted by the operator") -> dict[str, Any]:
         """Stops the running rollout and rolls back; FailedPrecondition when none is running."""

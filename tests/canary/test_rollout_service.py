@@ -40,7 +40,7 @@ async def test_identical_candidate_rolls_out_step_by_step_to_the_whole_promote(s
     started = await h.http.post("/rollout", json=ROLLOUT)
     assert started.status_code == 200, started.text
     assert (started.json()["state"], started.json()["weight"]) == ("running", 0.25)
-    body = await feed_until(h, lambda r: r["state"] != "running")
+    body = await feed_until(h, lambda r: r["state"] != "running" and r["applied"])
     assert (body["state"], body["weight"], body["reason"]) == ("completed", 1.0, "every step passed; promoted to 1.0")
     assert [s["state"] for s in body["steps"]] == ["passed"] * 3
     first = body["steps"][0]
@@ -63,7 +63,7 @@ async def test_identical_candidate_rolls_out_step_by_step_to_the_whole_promote(s
 async def test_different_candidate_is_rolled_back_at_the_first_step_with_the_agreement_figure(start_canary):
     h = await start_canary(candidate_script=lambda prompt: [prompt[0] + 1, 0, 0], **FAST)
     await h.http.post("/rollout", json=ROLLOUT)
-    body = await feed_until(h, lambda r: r["state"] != "running")
+    body = await feed_until(h, lambda r: r["state"] != "running" and r["applied"])
     assert (body["state"], body["step"], body["weight"]) == ("rolled_back", 1, 0.0)
     assert body["reason"].startswith("step 1 (0.25) failed: token agreement 0.333 < 0.980")
     assert h.fakes.scheduler.splits == [("production", "candidate", 0.25), ("production", "", 0.0)]
@@ -82,11 +82,12 @@ async def restarted(h: Harness, **overrides) -> CanaryService:
 async def test_a_restarted_canary_resumes_the_running_step(start_canary):
     h = await start_canary(**FAST)
     await h.http.post("/rollout", json={"steps": [0.25, 1.0], "min_samples": 2})
-    await restarted(h)
+    canary = await restarted(h)
+    await eventually(lambda: canary.rollout.rollout.applied, what="the step asserted again")
     body = await rollout(h)
     assert (body["state"], body["step"], body["resumed"], body["applied"]) == ("running", 1, 1, True)
     assert h.fakes.scheduler.splits == [("production", "candidate", 0.25)] * 2  # asserted again
-    body = await feed_until(h, lambda r: r["state"] != "running")
+    body = await feed_until(h, lambda r: r["state"] != "running" and r["applied"])
     assert body["state"] == "completed"
 
 
@@ -141,3 +142,16 @@ async def test_bad_rollout_requests_are_refused_and_change_nothing(start_canary,
     assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (await rollout(h))["state"] == "idle"
     assert h.fakes.scheduler.splits == []
+
+
+async def test_a_first_step_the_scheduler_refuses_is_reported_and_rolled_back(start_canary):
+    h = await start_canary(**FAST)
+    h.fakes.scheduler.refuse_set_pool = True
+    reply = await h.http.post("/rollout", json=ROLLOUT)
+    assert reply.status_code == 409 and "no workers in pool 'production'" in reply.json()["error"]
+    body = await rollout(h)
+    assert (body["state"], body["applied"]) == ("rolled_back", False)
+    assert body["reason"].startswith("the first step was refused: scheduler")
+    h.fakes.scheduler.refuse_set_pool = False  # the rollback is retried until the scheduler takes it
+    await eventually(lambda: h.canary.rollout.rollout.applied, what="the rollback")
+    assert h.fakes.scheduler.splits == [("production", "", 0.0)]

@@ -79,7 +79,7 @@ def test_identical_candidate_rolls_out_to_1_across_a_canary_killed_and_restarted
     assert (body["state"], body["step"], body["resumed"]) == ("running", 2, 1)
     assert body["steps"][0]["state"] == "passed"
 
-    body = drive(mesh, lambda r: r["state"] != "running", "the end")
+    body = drive(mesh, lambda r: r["state"] != "running" and r["applied"], "the end")
     assert (body["state"], body["weight"]) == ("completed", 1.0), body
     assert [s["state"] for s in body["steps"]] == ["passed"] * 3
     assert production_split(mesh) == ("candidate", "", 0.0)
@@ -98,7 +98,7 @@ def test_different_weights_are_rolled_back_at_the_first_step_on_agreement(start_
     reply = httpx.post(f"{canary_url(mesh)}/rollout", json={"steps": [0.2, 0.5, 1.0], "min_samples": 3},
                        headers=ADMIN, timeout=10)
     assert reply.status_code == 200, reply.text
-    body = drive(mesh, lambda r: r["state"] != "running", "a verdict")
+    body = drive(mesh, lambda r: r["state"] != "running" and r["applied"], "a verdict")
     assert (body["state"], body["step"], body["weight"]) == ("rolled_back", 1, 0.0), body
     assert body["reason"].startswith("step 1 (0.2) failed: token agreement "), body["reason"]
     [agreement] = [c for c in body["steps"][0]["checks"] if c["name"] == "token_agreement"]
@@ -112,7 +112,7 @@ def test_an_erroring_candidate_is_rolled_back(start_mesh):
     mesh = start_mesh(canary=True, kvstore=False, prefill=0, candidate_decode=1, settings=BASE,
                       candidate_settings=["decode.max_model_len=8"])
     httpx.post(f"{canary_url(mesh)}/rollout", json={"steps": [0.2, 1.0], "min_samples": 3}, headers=ADMIN, timeout=10)
-    body = drive(mesh, lambda r: r["state"] != "running", "a verdict")
+    body = drive(mesh, lambda r: r["state"] != "running" and r["applied"], "a verdict")
     assert (body["state"], body["step"]) == ("rolled_back", 1), body
     assert "error rate 1.000 vs production 0.000" in body["reason"], body["reason"]
     assert production_split(mesh) == ("production", "", 0.0)
