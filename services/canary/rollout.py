@@ -35,7 +35,7 @@ class RolloutState(enum.Enum):
     @property
     def metric_value(self) -> int:
         """The `kvmesh_canary_rollout_state` gauge: 0 idle, 1 running, 2 completed, 3 rolled back, 4 aborted."""
-        return list(RolloutState).index(self)
+        return _position(self)
 
 
 class StepState(enum.Enum):
@@ -47,7 +47,11 @@ class StepState(enum.Enum):
     @property
     def metric_value(self) -> int:
         """The `kvmesh_canary_rollout_step_verdict` gauge: 0 pending, 1 holding, 2 passed, 3 failed."""
-        return list(StepState).index(self)
+        return _position(self)
+
+
+def _position(member: enum.Enum) -> int:
+    return list(type(member)).index(member)
 
 
 @dataclass(frozen=True, slots=True)
