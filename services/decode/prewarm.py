@@ -24,7 +24,8 @@ from kvmesh.runtime import kvwire
 from kvmesh.runtime.bus import KV_PREWARM_SUBJECT, Bus
 from kvmesh.runtime.grpcutil import ChannelPool
 from kvmesh.runtime.pb import common_pb2, events_pb2, kvstore_pb2, kvstore_pb2_grpc
-from kvmesh.runtime.worker import EngineLoop
+from kvmesh.worker import kvtensor
+from kvmesh.worker.worker import EngineLoop
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ class Prewarm:
             if (len(blocks) >= len(wanted) or block.header.block_hash != wanted[len(blocks)]
                     or block.header.num_tokens != self._spec.block_size):
                 raise ValueError(f"the store sent an unexpected block at position {skip + len(blocks)}")
-            blocks.append(kvwire.decode_block(block, self._spec))  # validates every header field first
+            blocks.append(kvtensor.decode_block(block, self._spec))  # validates every header field first
         return blocks
 
     async def close(self) -> None:
