@@ -15,6 +15,7 @@ from ..pd import PdConfig
 from ..policy import POLICY_NAMES, CostModel, PolicyConfig
 from .cluster import SimConfig
 from .meshcost import MeshCost
+from .scaleup import scale_up_main
 from .report import DETAIL_HEADER, HEADER, RunSummary, capacity, detail_row, row, simulate
 from .trace import (
     SyntheticConfig, TraceRequest, mean_rate, read_jsonl, scale_rate, synthetic, without_output_blocks, write_jsonl,
@@ -80,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-temperature", type=float, default=pol.kv_temperature)
     p.add_argument("--kv-queue-weight", type=float, default=pol.kv_queue_weight)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scale-up", type=int, default=0,
+                   help="N decode workers join mid-trace; compares KV pre-warming off and on (see sim/scaleup.py)")
+    p.add_argument("--join-at-s", type=float, default=0.0, help="scale-up: when they join (0 = at --warmup-s)")
+    p.add_argument("--window-s", type=float, default=10.0, help="scale-up: mesh TTFT is measured this long after the join")
+    p.add_argument("--prewarm-budget-blocks", type=int, default=256, help="scale-up: blocks each joiner is pre-warmed with")
     return p
 
 
@@ -141,6 +147,8 @@ def sim_main(argv: list[str] | None = None) -> int:
         write_jsonl(trace_at(args.rate or 1.0)[0], args.write_trace)
         print(f"wrote {args.write_trace}")
         return 0
+    if args.scale_up:
+        return scale_up_main(args, lambda n: _sim_config(args, n), trace_at)
     print(f"# cost model: prefill {args.prefill_s_per_token:.3g} s/token, decode {args.decode_s_per_step:.3g} s/step "
           f"+ {args.decode_s_per_seq:.3g} s/seq; capacity = max rate with TTFT p99 <= {args.slo_ttft_s} s")
     mesh = _sim_config(args, 1).mesh
