@@ -19,7 +19,7 @@ import grpc
 from opentelemetry import trace
 
 from kvmesh.engine.outputs import RequestOutput
-from kvmesh.runtime.errors import MeshError, status_for
+from kvmesh.runtime.errors import InvalidArgument, MeshError, status_for
 from kvmesh.runtime.pb import common_pb2, decode_pb2
 from kvmesh.runtime.telemetry import extract_context, tracer
 
@@ -108,7 +108,7 @@ class StreamSession:
         ctx = extract_context(dict(request.trace_context))
         span = tracer.start_span("decode.generate", context=ctx, attributes={"request_id": job.request_id})
         if not job.request_id or job.request_id in self._runs:
-            self._fail(_Run(job, span), MeshError("request_id must be set and unique on the stream"))
+            self._fail(_Run(job, span), InvalidArgument("request_id must be set and unique on the stream"))
             return
         run = self._runs[job.request_id] = _Run(job, span)
         task = asyncio.create_task(self._open(run), name=f"decode-open-{job.request_id}")
