@@ -1,7 +1,7 @@
 """Handing finished turns to the KV store: best effort, in the background, bounded.
 
 The KV of a whole turn (prompt + completion, full blocks only) goes out with a two-phase
-`KvStore.Put` (open, blocks, commit). A full queue drops the turn; a failed put is logged.
+`KvStore.Put` (open, blocks, commit), one per owner shard (`runtime/kvshardclient.py`). A full queue drops the turn; a failed put is logged.
 Neither ever delays or fails a response.
 """
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from kvmesh.runtime import kvwire
-from kvmesh.runtime.grpcutil import ChannelPool
-from kvmesh.runtime.pb import common_pb2, kvstore_pb2, kvstore_pb2_grpc
-from kvmesh.runtime.telemetry import inject_metadata, tracer
+from kvmesh.runtime.kvshardclient import ShardedStore
+from kvmesh.runtime.pb import common_pb2
+from kvmesh.runtime.telemetry import tracer
 
 from . import metrics
 
@@ -32,17 +32,11 @@ class Turn:
 class Handback:
     """`offer(turn)` from anywhere on the event loop; one task puts turns to the store."""
 
-    def __init__(
-        self, endpoint: str, channels: ChannelPool, spec: common_pb2.ModelSpec, producer_id: str,
-        max_queue: int = 16, timeout_s: float = 10.0,
-    ) -> None:
-        self.endpoint = endpoint
-        self.spec = spec
+    def __init__(self, store: ShardedStore, producer_id: str, max_queue: int = 16) -> None:
+        self.store = store
         self.producer_id = producer_id
-        self.timeout_s = timeout_s
         self.dropped = 0
         self.blocks_stored = 0
-        self._channels = channels
         self._queue: asyncio.Queue[Turn] = asyncio.Queue(maxsize=max_queue)
         self._task: asyncio.Task | None = None
 
@@ -69,22 +63,17 @@ class Handback:
             try:
                 await self._put(turn)
             except Exception as exc:  # noqa: BLE001 - best effort
-                log.warning("KV handback to %s failed: %s", self.endpoint, exc)
+                log.warning("KV handback failed: %s", exc)
 
     async def _put(self, turn: Turn) -> None:
-        messages = await asyncio.to_thread(self._encode, turn)
-        stub = kvstore_pb2_grpc.KvStoreStub(self._channels.get(self.endpoint))
+        blocks = await asyncio.to_thread(self._encode, turn)
         with tracer.start_as_current_span("kvstore.put", attributes={"blocks": len(turn.blocks)}) as span:
-            reply = await stub.Put(iter(messages), timeout=self.timeout_s, metadata=inject_metadata())
-            span.set_attribute("stored", reply.stored)
-            span.set_attribute("duplicates", reply.duplicates)
+            stored, duplicates = await self.store.put(self.producer_id, blocks)
+            span.set_attribute("stored", stored)
+            span.set_attribute("duplicates", duplicates)
         self.blocks_stored += len(turn.blocks)
         metrics.HANDBACK_BLOCKS.inc(len(turn.blocks))
 
-    def _encode(self, turn: Turn) -> list[kvstore_pb2.PutMessage]:
-        out = [kvstore_pb2.PutMessage(open=kvstore_pb2.PutOpen(spec=self.spec, producer_id=self.producer_id))]
-        for i, (block_hash, kv) in enumerate(zip(turn.hashes, turn.blocks)):
-            block = kvwire.encode_block(kv, encoding=kvwire.RAW, block_hash=block_hash, block_index=i)
-            out.append(kvstore_pb2.PutMessage(block=block))
-        out.append(kvstore_pb2.PutMessage(commit=kvstore_pb2.PutCommit(num_blocks=len(turn.blocks))))
-        return out
+    def _encode(self, turn: Turn) -> list[common_pb2.KvBlock]:
+        return [kvwire.encode_block(kv, encoding=kvwire.RAW, block_hash=block_hash, block_index=i)
+                for i, (block_hash, kv) in enumerate(zip(turn.hashes, turn.blocks))]

@@ -72,22 +72,31 @@ class Mesh:
         self.log_dir = self.run_dir / "logs"
         self.procs: list[Running] = []
         self.nats_port = opts.nats_port or free_port(opts.host)
-        self.nats_url = f"nats://{opts.host}:{self.nats_port}"
+        # NOTE: with --nats N > 1, node i listens on nats_ports[i] and routes on cluster_ports[i].
+        self.nats_ports = [self.nats_port, *(free_port(opts.host) for _ in range(opts.nats - 1))]
+        self.cluster_ports = [free_port(opts.host) for _ in range(opts.nats)] if opts.nats > 1 else []
+        self.nats_url = ",".join(f"nats://{opts.host}:{p}" for p in self.nats_ports)
         self.nats_auth = NatsAuth.generate()
         self.specs = plan_mesh(
-            opts, lambda service: self.nats_auth.url(service, opts.host, self.nats_port), taken=[self.nats_port]
+            opts, lambda service: self.nats_auth.url(service, opts.host, self.nats_ports),
+            taken=[*self.nats_ports, *self.cluster_ports],
         )
+        self._argv: dict[str, list[str]] = {}
         self.tls = TlsConfig.from_settings(MeshSettings(**_tls_overrides(opts.env)))
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, timeout_s: float = 120.0) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        conf = self.run_dir / "nats.conf"
-        conf.write_text(self.nats_auth.server_config(self.opts.host, self.nats_port))
-        conf.chmod(0o600)
-        self._nats_argv = [sys.executable, "-m", "kvmesh", "exec-child", nats_server_binary(), "-c", str(conf)]
-        self._spawn(ProcessSpec("nats", "nats", (), {}), self._nats_argv)
-        _wait_tcp(self.opts.host, self.nats_port, timeout_s=10)
+        for i, port in enumerate(self.nats_ports):
+            name = "nats" if len(self.nats_ports) == 1 else f"nats-{i}"
+            conf = self.run_dir / f"{name}.conf"
+            cluster_port = self.cluster_ports[i] if self.cluster_ports else 0
+            conf.write_text(self.nats_auth.server_config(self.opts.host, port, cluster_port, self.cluster_ports, name))
+            conf.chmod(0o600)
+            argv = [sys.executable, "-m", "kvmesh", "exec-child", nats_server_binary(), "-c", str(conf)]
+            self._spawn(ProcessSpec(name, "nats", (), {}), argv)
+        for port in self.nats_ports:
+            _wait_tcp(self.opts.host, port, timeout_s=10)
         deadline = time.monotonic() + timeout_s
         try:
             for spec in self.specs:
@@ -103,6 +112,7 @@ class Mesh:
         self._write_run_files()
 
     def _spawn(self, spec: ProcessSpec, argv: list[str]) -> None:
+        self._argv[spec.name] = argv
         out = (self.log_dir / f"{spec.name}.log").open("ab")
         env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1", PARENT_PID_ENV: str(os.getpid())}
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -111,14 +121,27 @@ class Mesh:
 
     def restart_nats(self, down_s: float = 1.0) -> None:
         """Stops NATS, waits `down_s`, starts it again on the same port (an outage, for chaos tests)."""
-        running = next(r for r in self.procs if r.spec.service == "nats")
-        running.proc.terminate()
-        running.proc.wait(timeout=10)
-        self.procs.remove(running)
+        name = next(r.spec.name for r in self.procs if r.spec.service == "nats")
+        self.kill(name, signal.SIGTERM)
         time.sleep(down_s)
-        self._spawn(running.spec, self._nats_argv)
-        self.procs.insert(0, self.procs.pop())  # NOTE: keep NATS first so stop() ends it last
+        self.restart(name)
         _wait_tcp(self.opts.host, self.nats_port, timeout_s=10)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Sends `sig` to one process (SIGKILL: `kill -9`, for chaos tests) and waits for it to end."""
+        running = next(r for r in self.procs if r.spec.name == name)
+        running.proc.send_signal(sig)
+        running.proc.wait(timeout=15)
+
+    def restart(self, name: str) -> None:
+        """Starts an ended process again with its original command line, ports and environment."""
+        running = next(r for r in self.procs if r.spec.name == name)
+        if running.proc.poll() is None:
+            raise RuntimeError(f"{name} is still running")
+        index = self.procs.index(running)
+        self.procs.remove(running)
+        self._spawn(running.spec, self._argv[name])
+        self.procs.insert(index, self.procs.pop())  # NOTE: keep start order, so stop() ends NATS last
 
     def reap(self) -> list[tuple[str, int]]:
         """Processes that exited since the last call, as (name, exit code); they are forgotten."""
@@ -144,15 +167,17 @@ class Mesh:
         """Waits until the scheduler lists every worker the plan started."""
         from .registry_client import list_workers  # noqa: PLC0415 - needs grpc; keep import local
 
-        scheduler = next(s.grpc_endpoint for s in self.specs if s.service == "scheduler")
         wanted = {s.name for s in self.specs if s.service in ("prefill", "decode")}
-        while time.monotonic() < deadline:
-            self._check_alive()
-            seen = set(list_workers(scheduler, tls=self.tls))
-            if wanted <= seen:
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"workers never registered with the scheduler: missing {sorted(wanted - seen)}")
+        for scheduler in [s.grpc_endpoint for s in self.specs if s.service == "scheduler"]:
+            seen: set[str] = set()
+            while time.monotonic() < deadline:
+                self._check_alive()
+                seen = set(list_workers(scheduler, tls=self.tls))
+                if wanted <= seen:
+                    break
+                time.sleep(0.2)
+            else:
+                raise TimeoutError(f"workers never registered with scheduler {scheduler}: missing {sorted(wanted - seen)}")
 
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM in reverse start order (gateway first, NATS last), then SIGKILL stragglers."""

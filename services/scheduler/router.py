@@ -146,7 +146,7 @@ class Router:
         else:
             decode_id = self.policy.choose(RoutingState(request, decode_views, self.config.cost)).worker_id
         decode_view = next(v for v in decode_views if v.worker_id == decode_id)
-        store_blocks = max((overlap[w.worker_id] for w in stores), default=0)
+        store_blocks = self.index.union_overlap([w.worker_id for w in stores], query.block_hashes)
         pd = decide(request, decode_view, [self._view(w, overlap, now) for w in prefills], self.config.cost, self.config.pd, store_blocks)
         self._commit(query, decode_view, pd, now)
         prefill = None if pd.local else self.registry.get(pd.prefill_id)  # type: ignore[arg-type]

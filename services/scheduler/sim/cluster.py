@@ -12,6 +12,10 @@ Worker model (times from the CostModel, see bench/sim_calibration.md):
   `event_delay_s` later; heartbeats every `heartbeat_interval_s`.
 With prefill workers, the decode-first P/D decision may send the prompt to one; its KV then
 reaches the decode worker after kv_transfer_s_per_token × tokens.
+With `routers` K > 1, K scheduler replicas (each its own Router: registry, index, sticky) take
+arrivals in turn; replica j sees each KV event after event_delay_s × (1 + j / (K - 1)) (its own
+lag, up to twice the first's), and the predictions of its peers after event_delay_s, as the
+replicas share them over NATS (docs/replicas.md).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class SimConfig:
     kv_transfer_s_per_token: float = 2.0e-6
     sticky_ttl_s: float = 0.0
     prediction_ttl_s: float = 2.0
+    routers: int = 1                # scheduler replicas, each with its own view
     cost: CostModel = field(default_factory=CostModel)
     pd: PdConfig = field(default_factory=PdConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -52,6 +57,7 @@ class RequestResult:
     request: TraceRequest
     decode_id: str
     hashes: tuple[bytes, ...] = ()
+    router: int = 0                 # the replica that routed it (gets its completion)
     cached_tokens: int = 0
     first_token_s: float = 0.0
     finish_s: float = 0.0
@@ -107,10 +113,15 @@ class Cluster:
     def __init__(self, policy_name: str, config: SimConfig) -> None:
         self.config = config
         self.now = 0.0
-        self.registry = Registry(heartbeat_timeout_s=3600.0, clock=lambda: self.now)
-        policy = make_policy(policy_name, config.policy)
-        sticky = StickySessions(config.sticky_ttl_s)
-        self.router = Router(self.registry, BlockIndex(), policy, sticky, RouterConfig(config.cost, config.pd, config.prediction_ttl_s))
+        self.routers = [
+            Router(Registry(heartbeat_timeout_s=3600.0, clock=lambda: self.now), BlockIndex(),
+                   make_policy(policy_name, config.policy), StickySessions(config.sticky_ttl_s),
+                   RouterConfig(config.cost, config.pd, config.prediction_ttl_s))
+            for _ in range(max(1, config.routers))
+        ]
+        self.router = self.routers[0]
+        self.registry = self.router.registry
+        self._arrivals = 0
         decodes = [SimWorker(f"d{i:03d}", Role.DECODE, config.kv_blocks, config.max_num_seqs) for i in range(config.num_workers)]
         prefills = [SimWorker(f"p{i:03d}", Role.PREFILL, config.kv_blocks, config.max_num_seqs) for i in range(config.num_prefill_workers)]
         self.workers = {w.worker_id: w for w in (*decodes, *prefills)}
@@ -143,7 +154,12 @@ class Cluster:
                 self._finish(payload)  # type: ignore[arg-type]
                 pending -= 1
             elif kind == "deliver":
-                self.router.index.apply(payload)  # type: ignore[arg-type]
+                j, batch = payload  # type: ignore[misc]
+                self.routers[j].index.apply(batch)
+            elif kind == "predict":
+                j, worker_ids, hashes = payload  # type: ignore[misc]
+                for worker_id in worker_ids:
+                    self.routers[j].index.predict(worker_id, hashes, self.now + self.config.prediction_ttl_s)
             elif kind == "window":
                 for w in self.workers.values():
                     w.mark_load(self.now)
@@ -156,29 +172,43 @@ class Cluster:
         return self.results
 
     def _heartbeats(self) -> None:
-        for w in self.workers.values():
-            self.router.observe_heartbeat(HeartbeatInfo(
-                worker_id=w.worker_id, role=w.role, endpoint=w.worker_id, num_running=w.running,
-                num_waiting=len(w.slot_queue), kv_blocks_total=w.kv_blocks, kv_blocks_free=w.kv_blocks - len(w.cache),
-                max_num_seqs=w.max_num_seqs,
-            ))
-        self.router.sweep()
+        for router in self.routers:
+            for w in self.workers.values():
+                router.observe_heartbeat(HeartbeatInfo(
+                    worker_id=w.worker_id, role=w.role, endpoint=w.worker_id, num_running=w.running,
+                    num_waiting=len(w.slot_queue), kv_blocks_total=w.kv_blocks, kv_blocks_free=w.kv_blocks - len(w.cache),
+                    max_num_seqs=w.max_num_seqs,
+                ))
+            router.sweep()
+
+    def _event_delay_s(self, j: int) -> float:
+        k = len(self.routers)
+        return self.config.event_delay_s * (1 + (j / (k - 1) if k > 1 else 0))
 
     def _publish(self, w: SimWorker, stored: list[bytes], removed: list[bytes]) -> None:
         if not stored and not removed:
             return
         w.seq += 1
         events = ((Stored(tuple(stored)),) if stored else ()) + ((Removed(tuple(removed)),) if removed else ())
-        self._at(self.now + self.config.event_delay_s, "deliver", EventBatch(w.worker_id, w.seq, events))
+        batch = EventBatch(w.worker_id, w.seq, events)
+        for j in range(len(self.routers)):
+            self._at(self.now + self._event_delay_s(j), "deliver", (j, batch))
 
     # --- request lifecycle ---
 
     def _arrive(self, r: TraceRequest) -> None:
         hashes = r.block_hashes()[: r.prompt_tokens // self.config.cost.block_size]
-        decision = self.router.route(RouteQuery(r.request_id, r.prompt_tokens, hashes, r.session_id, r.output_tokens))
+        j, self._arrivals = self._arrivals % len(self.routers), self._arrivals + 1
+        router = self.routers[j]
+        decision = router.route(RouteQuery(r.request_id, r.prompt_tokens, hashes, r.session_id, r.output_tokens))
+        if len(self.routers) > 1 and router.policy.predicts and hashes:
+            targets = (decision.decode.worker_id,) + (() if decision.prefill is None else (decision.prefill.worker_id,))
+            for peer in range(len(self.routers)):
+                if peer != j:
+                    self._at(self.now + self.config.event_delay_s, "predict", (peer, targets, hashes))
         d = self.workers[decision.decode.worker_id]
         d.mark_load(self.now)
-        result = RequestResult(r, d.worker_id, hashes)
+        result = RequestResult(r, d.worker_id, hashes, router=j)
         if d.running < d.max_num_seqs:
             self._start(d, result, decision)
         else:
@@ -224,7 +254,7 @@ class Cluster:
         self._publish(d, *d.insert(result.hashes + output))
         d.mark_load(self.now)
         d.running -= 1
-        self.router.complete(r.request_id)
+        self.routers[result.router].complete(r.request_id)
         if d.slot_queue:
             nxt, decision = d.slot_queue.popleft()
             self._start(d, nxt, decision)

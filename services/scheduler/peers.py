@@ -1,0 +1,127 @@
+"""NATS shell for scheduler replicas: replica heartbeats and shared routing-time predictions.
+
+Subjects (docs/replicas.md):
+- `kvmesh.schedulers.<replica_id>.heartbeat` (SchedulerHeartbeat): tells peers this replica is
+  alive, so each knows its admission share (`replicas.ReplicaSet`).
+- `kvmesh.schedulers.predictions` (RoutePredictions): the blocks a routed request is about to
+  create on its decode (and prefill) worker. Peers enter them into their own index as predictions
+  with the same TTL, so two replicas routing the same cold prefix at once see each other's choice
+  instead of both herding one worker (or both missing the warm one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from kvmesh.runtime.bus import Bus
+from kvmesh.runtime.pb import events_pb2
+
+from .replicas import ReplicaSet
+from .router import MAX_HASH_BYTES, RouteDecision, RouteQuery, Router
+
+log = logging.getLogger(__name__)
+
+REPLICA_HEARTBEAT_SUBJECT = "kvmesh.schedulers.{replica_id}.heartbeat"
+REPLICA_HEARTBEAT_WILDCARD = "kvmesh.schedulers.*.heartbeat"
+PREDICTIONS_SUBJECT = "kvmesh.schedulers.predictions"
+MAX_PREDICTED_BLOCKS = 1 << 16  # a prompt of a million tokens at block size 16
+
+
+def predictions_of(replica_id: str, query: RouteQuery, decision: RouteDecision, ttl_s: float) -> events_pb2.RoutePredictions:
+    targets = [decision.decode.worker_id] + ([] if decision.prefill is None else [decision.prefill.worker_id])
+    return events_pb2.RoutePredictions(
+        replica_id=replica_id, request_id=query.request_id, ttl_s=ttl_s,
+        predictions=[events_pb2.WorkerPrediction(worker_id=w, block_hashes=query.block_hashes) for w in targets],
+    )
+
+
+class Peers:
+    """Heartbeats this replica, tracks its peers, and shares predictions with them.
+
+    `on_change()` runs when the set of live replicas changes (admission shares move)."""
+
+    def __init__(
+        self, router: Router, bus: Bus, replicas: ReplicaSet, endpoint: str, on_change: Callable[[], None],
+        interval_s: float = 0.5,
+    ) -> None:
+        self.router = router
+        self.bus = bus
+        self.replicas = replicas
+        self.endpoint = endpoint
+        self.on_change = on_change
+        self.interval_s = interval_s
+        self.started_at = time.time()
+        self.predictions_received = 0
+        self._task: asyncio.Task[None] | None = None
+        self._pending: set[asyncio.Task[None]] = set()
+
+    @property
+    def replica_id(self) -> str:
+        return self.replicas.self_id
+
+    async def start(self) -> None:
+        await self.bus.subscribe(REPLICA_HEARTBEAT_WILDCARD, events_pb2.SchedulerHeartbeat, self._on_heartbeat)
+        await self.bus.subscribe(PREDICTIONS_SUBJECT, events_pb2.RoutePredictions, self._on_predictions)
+        self.bus.on_reconnect(self._beat)
+        self._task = asyncio.create_task(self._loop(), name="scheduler-replica-heartbeat")
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._task, *self._pending) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def routed(self, query: RouteQuery, decision: RouteDecision) -> None:
+        """Shares a decision's predictions (fire-and-forget; a lost one only costs accuracy)."""
+        if not self.router.policy.predicts or not query.block_hashes or self.replicas.count < 2:
+            return
+        message = predictions_of(self.replica_id, query, decision, self.router.config.prediction_ttl_s)
+        task = asyncio.create_task(self._publish(PREDICTIONS_SUBJECT, message))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _publish(self, subject: str, message) -> None:  # noqa: ANN001 - a protobuf message
+        try:
+            await self.bus.publish(subject, message)
+        except Exception as exc:  # noqa: BLE001 - NATS away: peers route without it
+            log.debug("not published on %s: %s", subject, exc)
+
+    async def _beat(self) -> None:
+        hb = events_pb2.SchedulerHeartbeat(
+            replica_id=self.replica_id, endpoint=self.endpoint, started_at=self.started_at, timestamp=time.time(),
+        )
+        await self._publish(REPLICA_HEARTBEAT_SUBJECT.format(replica_id=self.replica_id), hb)
+
+    async def _loop(self) -> None:
+        while True:
+            await self._beat()
+            if self.bus.connected and self.replicas.expire():
+                # NOTE: only while connected: silence during a NATS blip is not a dead peer.
+                self.on_change()
+            await asyncio.sleep(self.interval_s)
+
+    async def _on_heartbeat(self, hb: events_pb2.SchedulerHeartbeat, _msg) -> None:  # noqa: ANN001
+        if not hb.replica_id:
+            return
+        count = self.replicas.count
+        if self.replicas.observe(hb.replica_id, hb.endpoint, hb.started_at):
+            log.info("scheduler replica %s at %s joined", hb.replica_id, hb.endpoint)
+        if self.replicas.count != count:
+            self.on_change()
+
+    async def _on_predictions(self, message: events_pb2.RoutePredictions, _msg) -> None:  # noqa: ANN001
+        if message.replica_id == self.replica_id or not self.router.policy.predicts:
+            return
+        ttl_s = min(max(message.ttl_s, 0.0), 60.0)
+        expires = self.router.registry.clock() + ttl_s
+        for prediction in message.predictions:
+            hashes = prediction.block_hashes
+            if len(hashes) > MAX_PREDICTED_BLOCKS or any(not h or len(h) > MAX_HASH_BYTES for h in hashes):
+                self.bus.malformed += 1
+                return
+            if self.router.registry.get(prediction.worker_id) is not None and hashes:
+                self.router.index.predict(prediction.worker_id, list(prediction.block_hashes), expires)
+        self.predictions_received += 1
