@@ -16,6 +16,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from google.protobuf.message import Message
+
 from kvmesh.runtime.bus import Bus
 from kvmesh.runtime.pb import events_pb2
 
@@ -83,7 +85,7 @@ class Peers:
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def _publish(self, subject: str, message) -> None:  # noqa: ANN001 - a protobuf message
+    async def _publish(self, subject: str, message: Message) -> None:
         try:
             await self.bus.publish(subject, message)
         except Exception as exc:  # noqa: BLE001 - NATS away: peers route without it
