@@ -172,7 +172,7 @@ def plan_mesh(
     workers("decode", opts.candidate_decode, "candidate")
     if opts.canary:
         port, http_port = port_of(), port_of()
-        # NOTE: the canary's SetProductionPool reaches one scheduler replica only (see docs/replicas.md).
+        # NOTE: the canary's SetProductionPool goes to one replica; replicas pass the split on (docs/replicas.md).
         add("canary", "canary", ["--host", host, "--port", str(port), "--http-port", str(http_port),
                                  "--scheduler", schedulers[0]],
             grpc_port=port, metrics_port=http_port, http_health=f"http://{host}:{http_port}/health",

@@ -2,7 +2,9 @@
 
 Subjects (docs/replicas.md):
 - `kvmesh.schedulers.<replica_id>.heartbeat` (SchedulerHeartbeat): tells peers this replica is
-  alive, so each knows its admission share (`replicas.ReplicaSet`).
+  alive, so each knows its admission share (`replicas.ReplicaSet`), and carries the pool split
+  it routes by: a replica adopts a newer split than its own (a promote made on one replica
+  reaches all of them within a heartbeat; a replica that joins late learns it the same way).
 - `kvmesh.schedulers.predictions` (RoutePredictions): the blocks a routed request is about to
   create on its decode (and prefill) worker. Peers enter them into their own index as predictions
   with the same TTL, so two replicas routing the same cold prefix at once see each other's choice
@@ -22,6 +24,7 @@ from kvmesh.runtime.bus import Bus
 from kvmesh.runtime.pb import events_pb2
 
 from .replicas import ReplicaSet
+from .split import PoolSplit
 from .router import MAX_HASH_BYTES, RouteDecision, RouteQuery, Router
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,7 @@ class Peers:
         self.on_change = on_change
         self.interval_s = interval_s
         self.started_at = time.time()
+        self.split_set_at = 0.0  # when registry.split was last set (here or by a peer)
         self.predictions_received = 0
         self._task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[None]] = set()
@@ -91,9 +95,19 @@ class Peers:
         except Exception as exc:  # noqa: BLE001 - NATS away: peers route without it
             log.debug("not published on %s: %s", subject, exc)
 
+    def split_changed(self) -> None:
+        """SetProductionPool changed the split here: tell the peers now."""
+        self.split_set_at = time.time()
+        task = asyncio.create_task(self._beat())
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
     async def _beat(self) -> None:
+        split = self.router.registry.split
         hb = events_pb2.SchedulerHeartbeat(
             replica_id=self.replica_id, endpoint=self.endpoint, started_at=self.started_at, timestamp=time.time(),
+            production_pool=split.production, canary_pool=split.canary, canary_weight=split.canary_weight,
+            split_set_at=self.split_set_at,
         )
         await self._publish(REPLICA_HEARTBEAT_SUBJECT.format(replica_id=self.replica_id), hb)
 
@@ -113,6 +127,18 @@ class Peers:
             log.info("scheduler replica %s at %s joined", hb.replica_id, hb.endpoint)
         if self.replicas.count != count:
             self.on_change()
+        if hb.replica_id != self.replica_id and hb.split_set_at > self.split_set_at:
+            self._adopt_split(hb)
+
+    def _adopt_split(self, hb: events_pb2.SchedulerHeartbeat) -> None:
+        try:
+            split = PoolSplit(hb.production_pool, hb.canary_pool, hb.canary_weight)
+        except ValueError as exc:
+            log.warning("ignored an invalid pool split from replica %s: %s", hb.replica_id, exc)
+            return
+        self.router.registry.split, self.split_set_at = split, hb.split_set_at
+        log.info("production pool %r, canary pool %r at %.0f%% (set on replica %s)",
+                 split.production, split.canary, 100 * split.canary_weight, hb.replica_id)
 
     async def _on_predictions(self, message: events_pb2.RoutePredictions, _msg) -> None:  # noqa: ANN001
         if message.replica_id == self.replica_id or not self.router.policy.predicts:

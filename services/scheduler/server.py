@@ -89,6 +89,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.router = router
         self.gate = gate
         self.on_routed: Callable[[RouteQuery, RouteDecision], None] | None = None  # shares predictions with peers
+        self.on_split: Callable[[], None] | None = None  # tells peers about a new pool split
 
     async def Route(self, request: scheduler_pb2.RouteRequest, context) -> scheduler_pb2.RouteResponse:  # noqa: ANN001, N802
         query = query_from_pb(request)
@@ -162,6 +163,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             raise InvalidArgument(str(exc)) from None
         registry = self.router.registry
         previous, registry.split = registry.production_pool, split
+        if self.on_split is not None:
+            self.on_split()
         log.info("production pool %r; canary pool %r takes %.0f%%", split.production, split.canary, 100 * split.canary_weight)
         return scheduler_pb2.SetProductionPoolResponse(previous_pool=previous)
 

@@ -33,6 +33,10 @@ async def test_replicas_split_admission_share_predictions_and_a_late_one_catches
                 assert second.decode.worker_id == first.decode.worker_id
                 for stub, rid in ((stub_a, "r1"), (stub_b, "r2")):
                     await stub.Complete(scheduler_pb2.CompleteRequest(request_id=rid, status="ok"), timeout=DEADLINE_S)
+                # a stepwise promote made on one replica reaches the other
+                split = scheduler_pb2.SetProductionPoolRequest(pool="production", canary_pool="candidate", canary_weight=0.25)
+                await stub_b.SetProductionPool(split, timeout=DEADLINE_S)
+                await eventually(lambda: _async(a.router.registry.split.canary_weight == 0.25), timeout_s=2.0)
             # b is gone: a admits the whole limit again
             await eventually(lambda: _async(a.gate.queue.slots == 9), timeout_s=3.0)
             # a late replica learns what d2 held before it started from a (chunked) dump, then replays on
@@ -45,6 +49,7 @@ async def test_replicas_split_admission_share_predictions_and_a_late_one_catches
                 reply_c = await stub_c.Route(route_request("r4", WARM), timeout=DEADLINE_S)
                 assert reply_a.decode.worker_id == reply_c.decode.worker_id == "d2"
                 assert reply_c.decode_cached_blocks == 4 and c.router.index.stats.full_dumps == 1
+                assert c.router.registry.split.canary == "candidate"  # a late replica learns the split too
     await publisher.close()
     await bus.close()
     await asyncio.sleep(0)

@@ -137,20 +137,28 @@ class MirrorRecord(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., ttft_s: _Optional[float] = ..., tpot_s: _Optional[float] = ..., error: _Optional[str] = ..., timestamp: _Optional[float] = ..., session_id: _Optional[str] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class SchedulerHeartbeat(_message.Message):
-    __slots__ = ("replica_id", "endpoint", "started_at", "timestamp", "slots", "active")
+    __slots__ = ("replica_id", "endpoint", "started_at", "timestamp", "slots", "active", "production_pool", "canary_pool", "canary_weight", "split_set_at")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCTION_POOL_FIELD_NUMBER: _ClassVar[int]
+    CANARY_POOL_FIELD_NUMBER: _ClassVar[int]
+    CANARY_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_SET_AT_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     endpoint: str
     started_at: float
     timestamp: float
     slots: int
     active: int
-    def __init__(self, replica_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., started_at: _Optional[float] = ..., timestamp: _Optional[float] = ..., slots: _Optional[int] = ..., active: _Optional[int] = ...) -> None: ...
+    production_pool: str
+    canary_pool: str
+    canary_weight: float
+    split_set_at: float
+    def __init__(self, replica_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., started_at: _Optional[float] = ..., timestamp: _Optional[float] = ..., slots: _Optional[int] = ..., active: _Optional[int] = ..., production_pool: _Optional[str] = ..., canary_pool: _Optional[str] = ..., canary_weight: _Optional[float] = ..., split_set_at: _Optional[float] = ...) -> None: ...
 
 class WorkerPrediction(_message.Message):
     __slots__ = ("worker_id", "block_hashes")
