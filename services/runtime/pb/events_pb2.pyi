@@ -177,13 +177,19 @@ class WorkerPrediction(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class RoutePredictions(_message.Message):
-    __slots__ = ("replica_id", "request_id", "ttl_s", "predictions")
+    __slots__ = ("replica_id", "request_id", "ttl_s", "predictions", "decode_worker", "prefill_worker", "prefill_s")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TTL_S_FIELD_NUMBER: _ClassVar[int]
     PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_WORKER_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_WORKER_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_S_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     request_id: str
     ttl_s: float
     predictions: _containers.RepeatedCompositeFieldContainer[WorkerPrediction]
-    def __init__(self, replica_id: _Optional[str] = ..., request_id: _Optional[str] = ..., ttl_s: _Optional[float] = ..., predictions: _Optional[_Iterable[_Union[WorkerPrediction, _Mapping]]] = ...) -> None: ...
+    decode_worker: str
+    prefill_worker: str
+    prefill_s: float
+    def __init__(self, replica_id: _Optional[str] = ..., request_id: _Optional[str] = ..., ttl_s: _Optional[float] = ..., predictions: _Optional[_Iterable[_Union[WorkerPrediction, _Mapping]]] = ..., decode_worker: _Optional[str] = ..., prefill_worker: _Optional[str] = ..., prefill_s: _Optional[float] = ...) -> None: ...

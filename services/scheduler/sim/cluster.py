@@ -14,8 +14,8 @@ With prefill workers, the decode-first P/D decision may send the prompt to one; 
 reaches the decode worker after kv_transfer_s_per_token × tokens.
 With `routers` K > 1, K scheduler replicas (each its own Router: registry, index, sticky) take
 arrivals in turn; replica j sees each KV event after event_delay_s × (1 + j / (K - 1)) (its own
-lag, up to twice the first's), and the predictions of its peers after event_delay_s, as the
-replicas share them over NATS (docs/replicas.md).
+lag, up to twice the first's), and its peers' routing decisions (load and predicted blocks)
+after event_delay_s, as the replicas share them over NATS (docs/replicas.md).
 """
 
 from __future__ import annotations
@@ -156,10 +156,10 @@ class Cluster:
             elif kind == "deliver":
                 j, batch = payload  # type: ignore[misc]
                 self.routers[j].index.apply(batch)
-            elif kind == "predict":
-                j, worker_ids, hashes = payload  # type: ignore[misc]
-                for worker_id in worker_ids:
-                    self.routers[j].index.predict(worker_id, hashes, self.now + self.config.prediction_ttl_s)
+            elif kind == "peer_route":
+                j, decision, hashes = payload  # type: ignore[misc]
+                prefill_id = None if decision.prefill is None else decision.prefill.worker_id
+                self.routers[j].observe_peer_route(decision.decode.worker_id, prefill_id, hashes, decision.prefill_s)
             elif kind == "window":
                 for w in self.workers.values():
                     w.mark_load(self.now)
@@ -201,11 +201,9 @@ class Cluster:
         j, self._arrivals = self._arrivals % len(self.routers), self._arrivals + 1
         router = self.routers[j]
         decision = router.route(RouteQuery(r.request_id, r.prompt_tokens, hashes, r.session_id, r.output_tokens))
-        if len(self.routers) > 1 and router.policy.predicts and hashes:
-            targets = (decision.decode.worker_id,) + (() if decision.prefill is None else (decision.prefill.worker_id,))
-            for peer in range(len(self.routers)):
-                if peer != j:
-                    self._at(self.now + self.config.event_delay_s, "predict", (peer, targets, hashes))
+        for peer in range(len(self.routers)):
+            if peer != j:  # replicas share each decision's load and predicted blocks over NATS
+                self._at(self.now + self.config.event_delay_s, "peer_route", (peer, decision, hashes))
         d = self.workers[decision.decode.worker_id]
         d.mark_load(self.now)
         result = RequestResult(r, d.worker_id, hashes, router=j)
