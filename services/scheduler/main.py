@@ -83,6 +83,7 @@ class SchedulerApp:
         peers = Peers(router, bus, replicas, endpoint, on_change, settings.replica_heartbeat_s)
         servicer.on_routed = peers.routed
         servicer.on_split = peers.split_changed
+        servicer.on_completed = peers.completed
         await peers.start()
         log.info("scheduler %s serving on %s:%d (policy %s)", replica_id, settings.host, server.port, settings.policy)
         return cls(router, gate, server, bus, feeds, peers)

@@ -9,6 +9,8 @@ Subjects (docs/replicas.md):
   work and the blocks it is about to create there. Peers count it in those workers' load until
   their next heartbeat, and enter the blocks into their own index as predictions with the same
   TTL, so replicas routing at once see each other's choices instead of all herding one worker.
+- `kvmesh.schedulers.completions` (RouteCompleted): a routed request completed; peers stop
+  counting it in its decode worker's load (until the next heartbeat, as for their own).
   NOTE: without the load part, 4 replicas in `kvmesh sim --routers 4` (32 workers) kept 13% of
   one replica's capacity: each saw only its own quarter of the requests it sent a warm worker.
 """
@@ -25,6 +27,7 @@ from google.protobuf.message import Message
 from kvmesh.runtime.bus import Bus
 from kvmesh.runtime.pb import events_pb2
 
+from .registry import Assignment
 from .replicas import ReplicaSet
 from .split import PoolSplit
 from .router import MAX_HASH_BYTES, RouteDecision, RouteQuery, Router
@@ -34,6 +37,7 @@ log = logging.getLogger(__name__)
 REPLICA_HEARTBEAT_SUBJECT = "kvmesh.schedulers.{replica_id}.heartbeat"
 REPLICA_HEARTBEAT_WILDCARD = "kvmesh.schedulers.*.heartbeat"
 PREDICTIONS_SUBJECT = "kvmesh.schedulers.predictions"
+COMPLETIONS_SUBJECT = "kvmesh.schedulers.completions"
 MAX_PREDICTED_BLOCKS = 1 << 16  # a prompt of a million tokens at block size 16
 
 
@@ -75,6 +79,7 @@ class Peers:
     async def start(self) -> None:
         await self.bus.subscribe(REPLICA_HEARTBEAT_WILDCARD, events_pb2.SchedulerHeartbeat, self._on_heartbeat)
         await self.bus.subscribe(PREDICTIONS_SUBJECT, events_pb2.RoutePredictions, self._on_predictions)
+        await self.bus.subscribe(COMPLETIONS_SUBJECT, events_pb2.RouteCompleted, self._on_completed)
         self.bus.on_reconnect(self._beat)
         self._task = asyncio.create_task(self._loop(), name="scheduler-replica-heartbeat")
 
@@ -88,8 +93,16 @@ class Peers:
         """Shares a decision's predictions (fire-and-forget; a lost one only costs accuracy)."""
         if self.replicas.count < 2:
             return
-        message = predictions_of(self.replica_id, query, decision, self.router.config.prediction_ttl_s)
-        task = asyncio.create_task(self._publish(PREDICTIONS_SUBJECT, message))
+        self._send(PREDICTIONS_SUBJECT, predictions_of(self.replica_id, query, decision, self.router.config.prediction_ttl_s))
+
+    def completed(self, assignment: Assignment) -> None:
+        """A request this replica routed completed: peers stop counting its load."""
+        if self.replicas.count >= 2:
+            self._send(COMPLETIONS_SUBJECT, events_pb2.RouteCompleted(
+                replica_id=self.replica_id, request_id=assignment.request_id, decode_worker=assignment.decode_id))
+
+    def _send(self, subject: str, message: Message) -> None:
+        task = asyncio.create_task(self._publish(subject, message))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
@@ -102,18 +115,18 @@ class Peers:
     def split_changed(self) -> None:
         """SetProductionPool changed the split here: tell the peers now."""
         self.split_set_at = time.time()
-        task = asyncio.create_task(self._beat())
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        self._send(REPLICA_HEARTBEAT_SUBJECT.format(replica_id=self.replica_id), self._heartbeat())
 
-    async def _beat(self) -> None:
+    def _heartbeat(self) -> events_pb2.SchedulerHeartbeat:
         split = self.router.registry.split
-        hb = events_pb2.SchedulerHeartbeat(
+        return events_pb2.SchedulerHeartbeat(
             replica_id=self.replica_id, endpoint=self.endpoint, started_at=self.started_at, timestamp=time.time(),
             production_pool=split.production, canary_pool=split.canary, canary_weight=split.canary_weight,
             split_set_at=self.split_set_at,
         )
-        await self._publish(REPLICA_HEARTBEAT_SUBJECT.format(replica_id=self.replica_id), hb)
+
+    async def _beat(self) -> None:
+        await self._publish(REPLICA_HEARTBEAT_SUBJECT.format(replica_id=self.replica_id), self._heartbeat())
 
     async def _loop(self) -> None:
         while True:
@@ -154,3 +167,7 @@ class Peers:
         prefill_s = min(max(message.prefill_s, 0.0), 600.0)
         self.router.observe_peer_route(message.decode_worker, message.prefill_worker or None, list(hashes), prefill_s)
         self.predictions_received += 1
+
+    async def _on_completed(self, message: events_pb2.RouteCompleted, _msg) -> None:  # noqa: ANN001
+        if message.replica_id != self.replica_id and message.decode_worker:
+            self.router.registry.observe_peer_complete(message.decode_worker)

@@ -202,6 +202,12 @@ class Registry:
             target.routed_since_heartbeat += 1
         target.backlog_s, target.backlog_at = target.backlog(now) + max(0.0, prefill_s), now
 
+    def observe_peer_complete(self, decode_id: str) -> None:
+        """A request a peer replica routed to `decode_id` completed (until its next heartbeat)."""
+        worker = self._workers.get(decode_id)
+        if worker is not None:
+            worker.completed_since_heartbeat += 1
+
     def complete(self, request_id: str) -> Assignment | None:
         """Releases a routed request; None when unknown (already completed or worker gone)."""
         assignment = self._assignments.pop(request_id, None)

@@ -12,7 +12,7 @@ from kvmesh.runtime.telemetry import tracer
 
 from . import metrics
 from .admission import AdmissionQueue, QueueFull
-from .registry import Role
+from .registry import Assignment, Role
 from .replicas import ReplicaSet
 from .router import NoWorkerAvailable, RouteDecision, RouteQuery, Router, validate
 from .split import PoolSplit
@@ -90,6 +90,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.gate = gate
         self.on_routed: Callable[[RouteQuery, RouteDecision], None] | None = None  # shares predictions with peers
         self.on_split: Callable[[], None] | None = None  # tells peers about a new pool split
+        self.on_completed: Callable[[Assignment], None] | None = None  # tells peers a routed request ended
 
     async def Route(self, request: scheduler_pb2.RouteRequest, context) -> scheduler_pb2.RouteResponse:  # noqa: ANN001, N802
         query = query_from_pb(request)
@@ -127,8 +128,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def Complete(self, request: scheduler_pb2.CompleteRequest, context) -> scheduler_pb2.CompleteResponse:  # noqa: ANN001, N802
         if not request.request_id:
             raise InvalidArgument("request_id is required")
-        self.router.complete(request.request_id)
+        assignment = self.router.complete(request.request_id)
         self.gate.release(request.request_id)
+        if assignment is not None and self.on_completed is not None:
+            self.on_completed(assignment)
         return scheduler_pb2.CompleteResponse()
 
     async def ListWorkers(self, request: scheduler_pb2.ListWorkersRequest, context) -> scheduler_pb2.ListWorkersResponse:  # noqa: ANN001, N802

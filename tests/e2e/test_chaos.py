@@ -156,7 +156,9 @@ def _converge(handle, restarted: str, prompts: list[list[int]], hasher) -> float
         for k, prompt in enumerate(prompts):
             hashes = hasher.hashes(prompt)
             ours = route_probe(mine, f"probe-{attempt}-{k}-a", len(prompt), hashes)
+            time.sleep(0.05)  # the probe's own route and completion reach the peer (net zero load there)
             theirs = route_probe(peer, f"probe-{attempt}-{k}-b", len(prompt), hashes)
+            time.sleep(0.05)
             if ours is None or ours != theirs:
                 same = False
                 break

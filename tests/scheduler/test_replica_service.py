@@ -26,11 +26,14 @@ async def test_replicas_split_admission_share_predictions_and_a_late_one_catches
                 await eventually(lambda: _has(stub_a, "d1", "d2"))
                 await eventually(lambda: _has(stub_b, "d1", "d2"))
                 await eventually(lambda: _async(a.gate.queue.slots == 5 and b.gate.queue.slots == 4))
-                # a routes a cold prompt: b learns the prediction and routes the same prompt to the same worker
+                # a routes a cold prompt: b counts it on the same worker, its blocks as predicted there
                 first = await stub_a.Route(route_request("r1", COLD), timeout=DEADLINE_S)
+                chosen = first.decode.worker_id
                 await eventually(lambda: _async(b.peers.predictions_received == 1))
-                second = await stub_b.Route(route_request("r2", COLD), timeout=DEADLINE_S)
-                assert second.decode.worker_id == first.decode.worker_id
+                now = b.router.registry.clock()
+                assert b.router.index.overlap([chosen], COLD, now)[chosen] == 4
+                assert b.router.index.overlap([chosen], COLD)[chosen] == 0  # predicted, not confirmed
+                await stub_b.Route(route_request("r2", COLD), timeout=DEADLINE_S)
                 for stub, rid in ((stub_a, "r1"), (stub_b, "r2")):
                     await stub.Complete(scheduler_pb2.CompleteRequest(request_id=rid, status="ok"), timeout=DEADLINE_S)
                 # a stepwise promote made on one replica reaches the other

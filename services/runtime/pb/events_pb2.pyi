@@ -193,3 +193,13 @@ class RoutePredictions(_message.Message):
     prefill_worker: str
     prefill_s: float
     def __init__(self, replica_id: _Optional[str] = ..., request_id: _Optional[str] = ..., ttl_s: _Optional[float] = ..., predictions: _Optional[_Iterable[_Union[WorkerPrediction, _Mapping]]] = ..., decode_worker: _Optional[str] = ..., prefill_worker: _Optional[str] = ..., prefill_s: _Optional[float] = ...) -> None: ...
+
+class RouteCompleted(_message.Message):
+    __slots__ = ("replica_id", "request_id", "decode_worker")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DECODE_WORKER_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    request_id: str
+    decode_worker: str
+    def __init__(self, replica_id: _Optional[str] = ..., request_id: _Optional[str] = ..., decode_worker: _Optional[str] = ...) -> None: ...

@@ -14,8 +14,8 @@ With prefill workers, the decode-first P/D decision may send the prompt to one; 
 reaches the decode worker after kv_transfer_s_per_token × tokens.
 With `routers` K > 1, K scheduler replicas (each its own Router: registry, index, sticky) take
 arrivals in turn; replica j sees each KV event after event_delay_s × (1 + j / (K - 1)) (its own
-lag, up to twice the first's), and its peers' routing decisions (load and predicted blocks)
-after event_delay_s, as the replicas share them over NATS (docs/replicas.md).
+lag, up to twice the first's), and its peers' routing decisions (load and predicted blocks) and
+completions after event_delay_s, as the replicas share them over NATS (docs/replicas.md).
 """
 
 from __future__ import annotations
@@ -160,6 +160,9 @@ class Cluster:
                 j, decision, hashes = payload  # type: ignore[misc]
                 prefill_id = None if decision.prefill is None else decision.prefill.worker_id
                 self.routers[j].observe_peer_route(decision.decode.worker_id, prefill_id, hashes, decision.prefill_s)
+            elif kind == "peer_complete":
+                j, decode_id = payload  # type: ignore[misc]
+                self.routers[j].registry.observe_peer_complete(decode_id)
             elif kind == "window":
                 for w in self.workers.values():
                     w.mark_load(self.now)
@@ -253,6 +256,9 @@ class Cluster:
         d.mark_load(self.now)
         d.running -= 1
         self.routers[result.router].complete(r.request_id)
+        for peer in range(len(self.routers)):
+            if peer != result.router:
+                self._at(self.now + self.config.event_delay_s, "peer_complete", (peer, d.worker_id))
         if d.slot_queue:
             nxt, decision = d.slot_queue.popleft()
             self._start(d, nxt, decision)
