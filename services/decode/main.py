@@ -14,8 +14,8 @@ from kvmesh.runtime.kvshards import ShardDirectory
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import decode_pb2_grpc
 from kvmesh.runtime.telemetry import TracingServerInterceptor
-from kvmesh.runtime.workerapp import WorkerApp, announce, serve_worker, start_engine, worker_main
-from kvmesh.runtime.worker import EngineLoop
+from kvmesh.worker.app import WorkerApp, announce, serve_worker, start_engine, worker_main
+from kvmesh.worker.worker import EngineLoop
 
 from . import metrics
 from .config import DecodeSettings
@@ -35,7 +35,7 @@ async def start(settings: DecodeSettings, bus: Bus | None = None) -> WorkerApp:
     if shards is not None:
         await shards.start(bus)
         store = ShardedStore(shards, channels, spec, settings.kvstore_timeout_s, settings.kvstore_put_timeout_s)
-        handback = Handback(store, worker_id, settings.handback_queue)
+        handback = Handback(store, spec, worker_id, loop, parts.engine.hasher, settings.handback_queue)
         handback.start()
     worker = DecodeWorker(
         loop, spec, worker_id, "", channels, settings.prefill_timeout_s, handback,
@@ -44,7 +44,7 @@ async def start(settings: DecodeSettings, bus: Bus | None = None) -> WorkerApp:
     server = await start_server(
         settings.host,
         settings.port,
-        [(decode_pb2_grpc.add_DecodeWorkerServicer_to_server, DecodeServicer(worker), "kvmesh.v1.DecodeWorker")],
+        [(decode_pb2_grpc.add_DecodeWorkerServicer_to_server, DecodeServicer(worker, settings.stream_interval), "kvmesh.v1.DecodeWorker")],
         [TracingServerInterceptor()],
         tls=tls,
     )

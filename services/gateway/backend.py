@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -17,6 +18,7 @@ from kvmesh.runtime.pb import decode_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from .config import GatewaySettings
 from .errors import ApiError
 from .failover import EndpointRing, parse_endpoints
+from .decodestream import DecodeStreams
 from .generation import SIDE_CALL_TIMEOUT_S, Generation, GenerationJob
 
 log = logging.getLogger(__name__)
@@ -36,14 +38,17 @@ class Backend:
         settings: GatewaySettings,
         hasher: BlockHasher,
         eos_token_ids: frozenset[int] = frozenset(),
-        detokenize: Callable[[list[int]], str] | None = None,
+        tokenizer: Any = None,
     ) -> None:
+        """`tokenizer` (kvmesh.engine.tokenizer.Tokenizer) makes the text of the token stream;
+        without it deltas carry token ids only."""
         self.settings = settings
         self.hasher = hasher
         self.eos_token_ids = eos_token_ids
-        self.detokenize = detokenize
+        self.tokenizer = tokenizer
         self.channels = ChannelPool(tls=TlsConfig.from_settings(settings))
         self.schedulers = EndpointRing(parse_endpoints(settings.scheduler))
+        self.streams = DecodeStreams(self.decode)
 
     def scheduler(self, endpoint: str = "") -> scheduler_pb2_grpc.SchedulerStub:
         """The stub of one scheduler replica (the first one when `endpoint` is empty)."""
@@ -101,4 +106,5 @@ class Backend:
         return Generation(self, job, span or trace.INVALID_SPAN)
 
     async def close(self) -> None:
+        await self.streams.close()
         await self.channels.close()

@@ -194,9 +194,9 @@ class RequestRun:
         delta = first
         while delta is not None:
             self.observe(delta)
-            chunk = self.builder.chunk(delta)
+            chunk = self.builder.chunk_bytes(delta)
             if chunk is not None:
-                yield sse(chunk)
+                yield chunk
             try:
                 delta = await self.generation.next()
             except ApiError as exc:

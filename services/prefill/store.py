@@ -12,6 +12,7 @@ import grpc
 import torch
 
 from kvmesh.runtime import kvwire
+from kvmesh.worker import kvtensor
 from kvmesh.runtime.errors import MeshError
 from kvmesh.runtime.kvshardclient import ShardedStore
 from kvmesh.runtime.pb import common_pb2
@@ -55,5 +56,5 @@ class StoreReader:
             for i, block in enumerate(await self.store.get(hashes, skip, found, kvwire.RAW)):
                 if block.header.num_tokens != self.spec.block_size:
                     raise ValueError(f"store sent a partial block at position {skip + i}")
-                blocks.append(kvwire.decode_block(block, self.spec))
+                blocks.append(kvtensor.decode_block(block, self.spec))
         return blocks
