@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--event-delay-s", type=float, default=0.05)
     p.add_argument("--routers", default="1",
                    help="scheduler replicas, comma-separated (e.g. 1,2,4): each sees KV events with its own delay")
+    p.add_argument("--peer-delay-s", type=float, default=0.005, help="replicas: a routing decision reaching the peers")
     p.add_argument("--sticky-ttl-s", type=float, default=0.0, help="sticky sessions (0 = off, to compare policies)")
     p.add_argument("--prefill-s-per-token", type=float, default=cost.prefill_s_per_token)
     p.add_argument("--decode-s-per-step", type=float, default=cost.decode_s_per_step)
@@ -57,6 +58,7 @@ def _sim_config(args: argparse.Namespace, n: int, routers: int = 1) -> SimConfig
     return SimConfig(
         num_workers=n,
         routers=routers,
+        peer_delay_s=args.peer_delay_s,
         num_prefill_workers=round(n * args.prefill_workers),
         max_num_seqs=args.max_num_seqs,
         kv_blocks=args.kv_blocks,

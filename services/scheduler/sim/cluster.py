@@ -15,7 +15,8 @@ reaches the decode worker after kv_transfer_s_per_token × tokens.
 With `routers` K > 1, K scheduler replicas (each its own Router: registry, index, sticky) take
 arrivals in turn; replica j sees each KV event after event_delay_s × (1 + j / (K - 1)) (its own
 lag, up to twice the first's), and its peers' routing decisions (load and predicted blocks) and
-completions after event_delay_s, as the replicas share them over NATS (docs/replicas.md).
+completions after peer_delay_s, as the replicas publish them over NATS when they happen
+(docs/replicas.md); KV events come later because workers publish them after engine steps.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class SimConfig:
     sticky_ttl_s: float = 0.0
     prediction_ttl_s: float = 2.0
     routers: int = 1                # scheduler replicas, each with its own view
+    peer_delay_s: float = 0.005     # a replica's routing decision reaching its peers (one NATS hop)
     cost: CostModel = field(default_factory=CostModel)
     pd: PdConfig = field(default_factory=PdConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -206,7 +208,7 @@ class Cluster:
         decision = router.route(RouteQuery(r.request_id, r.prompt_tokens, hashes, r.session_id, r.output_tokens))
         for peer in range(len(self.routers)):
             if peer != j:  # replicas share each decision's load and predicted blocks over NATS
-                self._at(self.now + self.config.event_delay_s, "peer_route", (peer, decision, hashes))
+                self._at(self.now + self.config.peer_delay_s, "peer_route", (peer, decision, hashes))
         d = self.workers[decision.decode.worker_id]
         d.mark_load(self.now)
         result = RequestResult(r, d.worker_id, hashes, router=j)
@@ -258,7 +260,7 @@ class Cluster:
         self.routers[result.router].complete(r.request_id)
         for peer in range(len(self.routers)):
             if peer != result.router:
-                self._at(self.now + self.config.event_delay_s, "peer_complete", (peer, d.worker_id))
+                self._at(self.now + self.config.peer_delay_s, "peer_complete", (peer, d.worker_id))
         if d.slot_queue:
             nxt, decision = d.slot_queue.popleft()
             self._start(d, nxt, decision)
