@@ -124,7 +124,7 @@ class Mesh:
         name = next(r.spec.name for r in self.procs if r.spec.service == "nats")
         self.kill(name, signal.SIGTERM)
         time.sleep(down_s)
-        self.restart(name)
+        self.respawn(name)
         _wait_tcp(self.opts.host, self.nats_port, timeout_s=10)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
@@ -133,7 +133,7 @@ class Mesh:
         running.proc.send_signal(sig)
         running.proc.wait(timeout=15)
 
-    def restart(self, name: str) -> None:
+    def respawn(self, name: str) -> None:
         """Starts an ended process again with its original command line, ports and environment."""
         running = next(r for r in self.procs if r.spec.name == name)
         if running.proc.poll() is None:

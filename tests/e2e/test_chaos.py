@@ -104,7 +104,7 @@ def test_killing_any_one_process_under_load_loses_nothing(start_mesh, reference)
             began = time.monotonic()
             handle.mesh.kill(name)  # kill -9
             time.sleep(DOWN_S)
-            handle.mesh.restart(name)
+            handle.mesh.respawn(name)
             if name.startswith("nats"):
                 port = handle.mesh.nats_ports[int(name.rsplit("-", 1)[1])]
                 assert eventually(lambda port=port: _listening(port), timeout_s=30), f"{name} never came back"
