@@ -78,8 +78,9 @@ async def test_a_three_node_cluster_routes_messages_and_clients_get_every_node(t
             _wait_tcp("127.0.0.1", port, 10)
         url = auth.url("decode", "127.0.0.1", ports)
         assert url.count("nats://decode:") == 3
-        decode = await Bus.connect(url, "decode")
-        scheduler = await Bus.connect(auth.url("scheduler", "127.0.0.1", ports[2]), "scheduler")
+        decode = await Bus.connect(url, "decode", dont_randomize=True)  # on node 0, then 1, then 2
+        scheduler = await Bus.connect(auth.url("scheduler", "127.0.0.1", ports[::-1]), "scheduler", dont_randomize=True)
+        assert (decode.client.connected_url.port, scheduler.client.connected_url.port) == (ports[0], ports[2])
         got = asyncio.Queue()
 
         async def on_beat(message, _msg):
