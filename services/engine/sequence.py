@@ -32,6 +32,7 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     finish_reason: str | None = None
     admitted_once: bool = False
+    arrival: int = 0  # order of arrival at the scheduler (ties within one priority)
 
     @property
     def num_tokens(self) -> int:

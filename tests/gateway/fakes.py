@@ -66,6 +66,12 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         self.completed.set()
         return scheduler_pb2.CompleteResponse()
 
+    async def ListWorkers(self, request, context):
+        reply = scheduler_pb2.ListWorkersResponse(production_pool="production")
+        for w in self.workers:
+            reply.workers.add(worker_id=w.worker_id, endpoint=w.endpoint, role=common_pb2.WORKER_ROLE_DECODE, pool="production")
+        return reply
+
     def statuses(self) -> list[str]:
         return [c.status for c in self.completes]
 
