@@ -25,6 +25,9 @@ class GatewaySettings(MeshSettings):
     max_stop_sequences: int = Field(4, description="most stop sequences per request")
     max_stop_length: int = Field(256, description="longest stop sequence in characters")
     max_concurrent_streams_per_key: int = Field(0, description="in-flight generations per API key (0 = unlimited)")
+    session_from_user: bool = Field(
+        False, description="use the OpenAI `user` field as the sticky session id when no X-Session-Id is sent"
+    )
     max_migrations: int = Field(2, description="re-routes of a request whose decode worker failed mid-stream")
     mirror_sample: float = Field(0.0, description="fraction of requests mirrored to the canary (0 = off)")
     mirror_buffer: int = Field(1024, description="mirror records buffered before drops")

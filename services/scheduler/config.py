@@ -40,6 +40,9 @@ class SchedulerSettings(MeshSettings):
     aging_quota: int = Field(8, description="short_first: a waiting request is passed over at most this many times")
     # sticky sessions (0 = off)
     sticky_ttl_s: float = Field(300.0, description="session stickiness idle TTL in seconds (0 = off)")
+    sticky_overload_factor: float = Field(
+        2.0, description="a session's sticky worker yields when full or at this many times its fair share of load (0 = only when full)"
+    )
     # kv_aware
     kv_prefill_weight: float = Field(1.0, description="kv_aware: weight of blocks still to prefill")
     kv_decode_weight: float = Field(2.0, description="kv_aware: weight of the worker's decode load")
@@ -86,7 +89,7 @@ class SchedulerSettings(MeshSettings):
     def router_config(self) -> RouterConfig:
         cost = CostModel(self.prefill_s_per_token, self.decode_s_per_step, self.decode_s_per_seq, self.block_size)
         pd = PdConfig(self.local_prefill_max_tokens, self.prefill_queue_max_s, self.store_fetch_factor)
-        return RouterConfig(cost, pd, self.prediction_ttl_s)
+        return RouterConfig(cost, pd, self.prediction_ttl_s, self.sticky_overload_factor)
 
     def admission_config(self) -> AdmissionConfig:
         return AdmissionConfig(
