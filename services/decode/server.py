@@ -48,16 +48,16 @@ def job_from_pb(request: decode_pb2.GenerateRequest) -> GenerateJob:
     )
 
 
+def logprob_pb(lp) -> common_pb2.TokenLogprob:  # noqa: ANN001 - engine TokenLogprob
+    return common_pb2.TokenLogprob(
+        token_id=lp.token_id, logprob=lp.logprob, top=[common_pb2.TopLogprob(token_id=t, logprob=v) for t, v in lp.top_logprobs]
+    )
+
+
 def delta_to_pb(delta: Delta) -> decode_pb2.GenerateResponse:
     reply = decode_pb2.GenerateResponse(token_ids=delta.token_ids, text=delta.text)
-    for lp in delta.logprobs:
-        reply.logprobs.append(
-            common_pb2.TokenLogprob(
-                token_id=lp.token_id,
-                logprob=lp.logprob,
-                top=[common_pb2.TopLogprob(token_id=t, logprob=v) for t, v in lp.top_logprobs],
-            )
-        )
+    reply.logprobs.extend(logprob_pb(lp) for lp in delta.logprobs)
+    reply.prompt_logprobs.extend(logprob_pb(lp) for lp in delta.prompt_logprobs or ())
     if delta.finish_reason is not None:
         reply.finish_reason = delta.finish_reason
         reply.usage.CopyFrom(

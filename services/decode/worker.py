@@ -51,6 +51,7 @@ class Delta:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)
@@ -159,7 +160,7 @@ class DecodeWorker:
                     if finished:
                         span.set_attribute("tokens", delta.completion_tokens)
                         span.set_attribute("finish_reason", delta.finish_reason)
-                    if delta.token_ids or finished:
+                    if delta.token_ids or finished or delta.prompt_logprobs is not None:
                         yield delta
             finally:
                 if first_step:
@@ -228,6 +229,8 @@ class DecodeWorker:
             delta.token_ids.extend(out.new_token_ids)
             delta.text += out.new_text
             delta.logprobs.extend(out.logprobs or [])
+            if out.prompt_logprobs is not None:
+                delta.prompt_logprobs = out.prompt_logprobs
             if out.finished:
                 delta.finish_reason = out.finish_reason
                 delta.prompt_tokens = out.num_prompt_tokens

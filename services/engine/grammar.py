@@ -65,7 +65,7 @@ class GrammarCompiler:
         try:
             if kind == "json":
                 json.loads(spec)
-                return self._compiler.compile_json_schema(spec, any_whitespace=False, strict_mode=True)
+                return self._compiler.compile_grammar(json_schema_grammar(spec))
             if kind == "regex":
                 return self._compiler.compile_regex(spec)
             if kind == "grammar":
@@ -77,6 +77,22 @@ class GrammarCompiler:
     def matcher(self, kind: str, spec: str) -> Any:
         """A fresh matcher (one request's grammar state)."""
         return xgr.GrammarMatcher(self.compile(kind, spec))
+
+
+# NOTE: xgrammar 0.2.8 writes strings with maxLength/pattern as `[^"\\\r\n]{0,n}`, which lets raw
+# control characters into a JSON string (invalid JSON), and its string classes accept UTF-8
+# encoded surrogates (not UTF-8 at all). A random-weight model finds both at once. We narrow
+# every string character class to JSON's: no U+0000-U+001F, quote, backslash or surrogate.
+_LOOSE_STRING_CHARS = ('[^\\"\\\\\\r\\n]', '[^\\0-\\x1f\\"\\\\\\r\\n]')
+_JSON_STRING_CHAR = '[^\\0-\\x1f\\"\\\\\\uD800-\\uDFFF]'
+
+
+def json_schema_grammar(schema: str) -> Any:
+    """xgrammar's grammar for a JSON schema: compact separators, no free whitespace, strict."""
+    text = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True))
+    for loose in _LOOSE_STRING_CHARS:
+        text = text.replace(loose, _JSON_STRING_CHAR)
+    return xgr.Grammar.from_ebnf(text)
 
 
 def apply_grammar_masks(logits: torch.Tensor, matchers: Seq[Any | None]) -> None:

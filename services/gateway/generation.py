@@ -54,6 +54,7 @@ class GenerationJob:
     block_hashes: list[bytes]
     sampling: SamplingSpec
     max_tokens: int
+    priority: int = 0  # lower runs first
 
 
 class Generation:
@@ -139,6 +140,7 @@ class Generation:
             max_tokens=self.remaining_tokens,
             pool=backend.settings.pool,
             exclude_workers=self._exclude,
+            priority=job.priority,
         )
         timeout = min(backend.settings.route_timeout_s, self._time_left())
         with trace.use_span(self.span, end_on_exit=False):
@@ -159,7 +161,7 @@ class Generation:
             gen_req = decode_pb2.GenerateRequest(
                 request_id=job.request_id,
                 prompt_token_ids=prompt,
-                sampling=sampling_pb(job.sampling, self.remaining_tokens),
+                sampling=sampling_pb(job.sampling, self.remaining_tokens, job.priority),
                 session_id=job.session_id,
             )
             if not route.local_prefill and route.HasField("prefill"):
@@ -226,7 +228,8 @@ class Generation:
         if isinstance(msg, Delta):  # a finish synthesized after a worker failure
             delta = msg
         else:
-            delta = Delta(list(msg.token_ids), msg.text, logprobs_from_pb(msg), msg.finish_reason or None)
+            delta = Delta(list(msg.token_ids), msg.text, logprobs_from_pb(msg.logprobs), msg.finish_reason or None,
+                          logprobs_from_pb(msg.prompt_logprobs))
             if msg.HasField("usage"):
                 if self._cached_tokens is None:
                     self._cached_tokens = msg.usage.cached_tokens

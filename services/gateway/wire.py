@@ -67,7 +67,7 @@ def sampling_pb(spec: SamplingSpec, max_tokens: int, priority: int = 0) -> commo
     return pb
 
 
-def logprobs_from_pb(msg: decode_pb2.GenerateResponse) -> list[TokenLogprob] | None:
-    if not msg.logprobs:
+def logprobs_from_pb(entries) -> list[TokenLogprob] | None:  # noqa: ANN001 - repeated common_pb2.TokenLogprob
+    if not entries:
         return None
-    return [TokenLogprob(e.token_id, e.logprob, tuple((t.token_id, t.logprob) for t in e.top)) for e in msg.logprobs]
+    return [TokenLogprob(e.token_id, e.logprob, tuple((t.token_id, t.logprob) for t in e.top)) for e in entries]
