@@ -146,8 +146,11 @@ def parse_tool_choice(choice: str | dict[str, Any] | None, tools: tuple[ToolSpec
     return ToolChoice.NAMED, name
 
 
-def tool_call_schema(tools: tuple[ToolSpec, ...], choice: ToolChoice, name: str | None) -> StructuredSpec | None:
-    """The JSON schema that enforces `required` or a named function; None for none/auto."""
+def tool_call_schema(
+    tools: tuple[ToolSpec, ...], choice: ToolChoice, name: str | None, parallel: bool = True
+) -> StructuredSpec | None:
+    """The JSON schema that enforces `required` (one call unless `parallel`) or a named function;
+    None for none/auto."""
     if choice is ToolChoice.NAMED:
         tool = next(t for t in tools if t.name == name)
         return StructuredSpec(GuideKind.JSON, json.dumps(tool.parameters))
@@ -162,4 +165,7 @@ def tool_call_schema(tools: tuple[ToolSpec, ...], choice: ToolChoice, name: str 
         }
         for t in tools
     ]
-    return StructuredSpec(GuideKind.JSON, json.dumps({"type": "array", "minItems": 1, "items": {"anyOf": calls}}))
+    array: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if not parallel:
+        array["maxItems"] = 1
+    return StructuredSpec(GuideKind.JSON, json.dumps(array))

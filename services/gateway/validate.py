@@ -85,7 +85,7 @@ def parse_chat(data: dict[str, Any], limits: Limits) -> GenerationRequest:
     tools = parse_tools(body.tools)
     tool_choice, tool_name = parse_tool_choice(body.tool_choice, tools)
     structured = structured_spec(body)
-    forced = tool_call_schema(tools, tool_choice, tool_name)
+    forced = tool_call_schema(tools, tool_choice, tool_name, body.parallel_tool_calls is not False)
     if forced is not None and structured is not None:
         raise invalid("tool_choice 'required' or a named function cannot be combined with a structured output.", "tool_choice")
     logprobs = None

@@ -168,6 +168,9 @@ def test_tools_and_tool_choice() -> None:
     assert json.loads(named.sampling.structured.spec) == TOOL["function"]["parameters"]
     required = json.loads(chat(tools=[TOOL], tool_choice="required").sampling.structured.spec)
     assert required["type"] == "array" and required["items"]["anyOf"][0]["properties"]["name"] == {"type": "string", "enum": ["get_weather"]}
+    assert "maxItems" not in required
+    one = json.loads(chat(tools=[TOOL], tool_choice="required", parallel_tool_calls=False).sampling.structured.spec)
+    assert one["maxItems"] == 1
 
 
 def test_tool_round_trip_messages() -> None:
