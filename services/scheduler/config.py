@@ -29,6 +29,9 @@ class SchedulerSettings(MeshSettings):
     metrics_port: int = Field(9101, description="Prometheus /metrics port")
     policy: str = Field("kv_aware", description="routing policy: round_robin, least_loaded, prefix_affinity, kv_aware, dualmap")
     heartbeat_timeout_s: float = Field(3.0, description="a worker silent this long is dropped (with its index entries)")
+    reconcile_grace_s: float = Field(
+        5.0, description="a routed request its decode worker's heartbeat still does not list after this is reclaimed (lost Complete)"
+    )
     # P/D
     local_prefill_max_tokens: int = Field(64, description="uncached prompt tokens up to which the decode worker prefills itself")
     prefill_queue_max_s: float = Field(2.0, description="prefill workers queued longer than this → prefill locally on the decode worker")

@@ -26,6 +26,7 @@ def heartbeat_from_pb(hb: events_pb2.Heartbeat) -> HeartbeatInfo:
         started_at=hb.started_at,
         draining=hb.draining,
         kv_event_seq=hb.kv_event_seq,
+        live_request_ids=frozenset(hb.live_requests.request_ids) if hb.HasField("live_requests") else None,
     )
 
 
