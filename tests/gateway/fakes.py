@@ -93,12 +93,21 @@ class FakeDecode(decode_pb2_grpc.DecodeWorkerServicer):
         self.error: tuple[grpc.StatusCode, str] | None = None
         self.server: GrpcServer | None = None
         self.aborted = asyncio.Event()
+        self.script: list[str] | None = None  # text deltas to send instead of generated tokens, then "stop"
 
     async def Generate(self, request, context):
         self.requests.append(request)
         self.metadata.append({k: v for k, v in context.invocation_metadata()})
         if self.error is not None:
             await context.abort(*self.error)
+        if self.script is not None:
+            for i, text in enumerate(self.script):
+                msg = decode_pb2.GenerateResponse(token_ids=[100 + i], text=text)
+                if i == len(self.script) - 1:
+                    msg.finish_reason = "stop"
+                    msg.usage.CopyFrom(common_pb2.Usage(prompt_tokens=len(request.prompt_token_ids), completion_tokens=i + 1))
+                yield msg
+            return
         ids = list(request.prompt_token_ids)
         n = request.sampling.max_tokens
         try:
