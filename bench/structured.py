@@ -1,7 +1,7 @@
 """Structured-output cost: engine throughput with `json_schema` on, divided by the same requests
 without it, on the ~22M-param random Llama (byte-level vocabulary), measured in one run.
 
-    .venv/bin/python bench/structured.py [--batch 16] [--rounds 3]
+    .venv/bin/python bench/structured.py [--batch 8] [--max-tokens 128] [--rounds 3]
 
 Each round runs the batch twice: once with a JSON schema (the grammar masks every step and
 advances per token) and once unconstrained with each request's max_tokens set to the length its
@@ -51,7 +51,8 @@ def run(engine: LLMEngine, batch: list[list[int]], params: list[SamplingParams])
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=128, help="cap per request (a random model's JSON strings run long)")
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="kvmesh-bench-structured-"))
@@ -60,7 +61,7 @@ def main() -> None:
         engine = LLMEngine(EngineConfig(model=str(path), max_num_seqs=args.batch))
         batch = prompts(args.batch)
         spec = ("json", json.dumps(SCHEMA))
-        constrained = [SamplingParams(temperature=1.0, seed=i, max_tokens=400, structured=spec) for i in range(args.batch)]
+        constrained = [SamplingParams(temperature=1.0, seed=i, max_tokens=args.max_tokens, structured=spec) for i in range(args.batch)]
         run(engine, batch[:2], constrained[:2])  # warm-up (compiles the grammar once; the cache keeps it)
         best_on = best_off = float("inf")
         tokens = 0

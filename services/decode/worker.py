@@ -125,6 +125,8 @@ class DecodeWorker:
         t0 = time.monotonic()
         job.request_id = job.request_id or uuid.uuid4().hex
         self.validate(job)
+        if job.params.structured is not None:
+            await self._compile_grammar(*job.params.structured)
         if job.request_id in self._inflight:
             raise InvalidArgument(f"request id {job.request_id!r} is already running on this worker")
         state = self._inflight[job.request_id] = _Inflight()
@@ -170,6 +172,13 @@ class DecodeWorker:
         finally:
             span.end()
             del self._inflight[job.request_id]
+
+    async def _compile_grammar(self, kind: str, spec: str) -> None:
+        """A bad grammar is refused before any prefill; a good one is cached for the engine."""
+        try:
+            await asyncio.to_thread(self.loop.engine.constraints.precompile, kind, spec)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from exc
 
     def abort(self, request_id: str) -> bool:
         state = self._inflight.get(request_id)

@@ -11,10 +11,12 @@ the worker answers INVALID_ARGUMENT before any work is queued.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence as Seq
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 
 from kvmesh.engine.grammar import GrammarCompiler, advance, apply_grammar_masks
 from kvmesh.engine.logits import apply_logits_processors
@@ -30,6 +32,7 @@ class StepConstraints:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self._compiler: GrammarCompiler | None = None
+        self._lock = threading.Lock()
         self._seqs: Seq[Sequence] = ()
 
     def start(self, seq: Sequence) -> None:
@@ -38,15 +41,21 @@ class StepConstraints:
             kind, spec = seq.params.structured
             seq.grammar = self.compiler().matcher(kind, spec)
 
+    def precompile(self, kind: str, spec: str) -> None:
+        """Compile ahead, from any thread: raises GrammarError now, and `start` finds it cached."""
+        self.compiler().compile(kind, spec)
+
     def compiler(self) -> GrammarCompiler:
         # NOTE: built on the first structured request: a 150k vocabulary takes a moment to index.
-        if self._compiler is None:
-            from tokenizers import Tokenizer
+        with self._lock:
+            if self._compiler is None:
+                self._compiler = self._build_compiler()
+            return self._compiler
 
-            text = (self.model_dir / "tokenizer.json").read_text(encoding="utf-8")
-            vocab = Tokenizer.from_str(text).get_vocab(with_added_tokens=True)
-            self._compiler = GrammarCompiler(text, vocab, self.vocab_size, sorted(self.eos_token_ids))
-        return self._compiler
+    def _build_compiler(self) -> GrammarCompiler:
+        text = (self.model_dir / "tokenizer.json").read_text(encoding="utf-8")
+        vocab = Tokenizer.from_str(text).get_vocab(with_added_tokens=True)
+        return GrammarCompiler(text, vocab, self.vocab_size, sorted(self.eos_token_ids))
 
     def bind(self, seqs: Seq[Sequence]) -> None:
         """The sequences whose rows the next call processes, in row order."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
 from typing import Any
@@ -29,7 +30,8 @@ class GrammarError(ValueError):
 
 
 class GrammarCompiler:
-    """Compiles (kind, spec) pairs against one vocabulary; keeps the last `cache_size` compiled."""
+    """Compiles (kind, spec) pairs against one vocabulary; keeps the last `cache_size` compiled.
+    Thread-safe: a worker may compile ahead (validation, cache warm-up) off the engine's thread."""
 
     def __init__(self, tokenizer_json: str, vocab: dict[str, int], vocab_size: int, stop_token_ids: Seq[int], cache_size: int = 64) -> None:
         encoded = [""] * vocab_size  # [V]: ids the tokenizer does not define (padding) stay empty
@@ -48,18 +50,20 @@ class GrammarCompiler:
         self._compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._cache_size = cache_size
+        self._lock = threading.Lock()
 
     def compile(self, kind: str, spec: str) -> Any:
         """A compiled grammar for `kind` ("json" schema text, "regex", "grammar" EBNF)."""
         key = (kind, spec)
-        compiled = self._cache.get(key)
-        if compiled is None:
-            compiled = self._compile(kind, spec)
-            self._cache[key] = compiled
-            if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        self._cache.move_to_end(key)
-        return compiled
+        with self._lock:
+            compiled = self._cache.get(key)
+            if compiled is None:
+                compiled = self._compile(kind, spec)
+                self._cache[key] = compiled
+                if len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+            self._cache.move_to_end(key)
+            return compiled
 
     def _compile(self, kind: str, spec: str) -> Any:
         try:
