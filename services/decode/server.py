@@ -11,6 +11,7 @@ from kvmesh.runtime.errors import status_for
 from kvmesh.runtime.pb import common_pb2, decode_pb2, decode_pb2_grpc
 
 from . import metrics
+from .stream import StreamSession, logprobs_pb
 from .worker import Delta, DecodeWorker, GenerateJob
 
 
@@ -48,16 +49,10 @@ def job_from_pb(request: decode_pb2.GenerateRequest) -> GenerateJob:
     )
 
 
-def logprob_pb(lp) -> common_pb2.TokenLogprob:  # noqa: ANN001 - engine TokenLogprob
-    return common_pb2.TokenLogprob(
-        token_id=lp.token_id, logprob=lp.logprob, top=[common_pb2.TopLogprob(token_id=t, logprob=v) for t, v in lp.top_logprobs]
-    )
-
-
 def delta_to_pb(delta: Delta) -> decode_pb2.GenerateResponse:
     reply = decode_pb2.GenerateResponse(token_ids=delta.token_ids, text=delta.text)
-    reply.logprobs.extend(logprob_pb(lp) for lp in delta.logprobs)
-    reply.prompt_logprobs.extend(logprob_pb(lp) for lp in delta.prompt_logprobs or ())
+    reply.logprobs.extend(logprobs_pb(delta.logprobs))
+    reply.prompt_logprobs.extend(logprobs_pb(delta.prompt_logprobs or ()))
     if delta.finish_reason is not None:
         reply.finish_reason = delta.finish_reason
         reply.usage.CopyFrom(
@@ -71,8 +66,16 @@ def delta_to_pb(delta: Delta) -> decode_pb2.GenerateResponse:
 
 
 class DecodeServicer(decode_pb2_grpc.DecodeWorkerServicer):
-    def __init__(self, worker: DecodeWorker) -> None:
+    def __init__(self, worker: DecodeWorker, stream_interval: int = 1) -> None:
         self.worker = worker
+        self.stream_interval = stream_interval
+
+    async def Stream(
+        self, request_iterator: AsyncIterator[decode_pb2.StreamRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[decode_pb2.StepOutput]:
+        """The multiplexed token stream (docs/token-stream.md)."""
+        async for out in StreamSession(self.worker, self.stream_interval).serve(request_iterator):
+            yield out
 
     async def Generate(
         self, request: decode_pb2.GenerateRequest, context: grpc.aio.ServicerContext

@@ -9,16 +9,13 @@ order and with its definitions:
    - repetition `r` over prompt + output tokens: a seen token's logit `l` becomes `l / r` when
      `l > 0`, else `l * r` (r > 1 discourages repeats; 1 = off);
    - frequency `f` and presence `p` over output tokens: `l -= f * count + p * (count > 0)`.
-4. `min_p`: tokens whose probability is below `min_p` times the top token's are dropped. With
-   temperature `T` that is `l < l_max + T * log(min_p)`, so it can run before temperature scaling.
 
-A row every token of which ends up at -inf (say min_tokens hides the only token a grammar
+(`min_p`, temperature, top-k and top-p are the sampler's.) A row every token of which ends up at -inf (say min_tokens hides the only token a grammar
 allows) gets its input logits back, so sampling never sees NaNs.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence as Seq
 
 import torch
@@ -33,7 +30,6 @@ def needs_processing(params: SamplingParams) -> bool:
         or params.presence_penalty
         or params.frequency_penalty
         or params.repetition_penalty != 1.0
-        or (params.min_p > 0.0 and not params.greedy)
     )
 
 
@@ -58,7 +54,6 @@ def apply_logits_processors(
     _min_tokens(logits, params, outputs, eos_token_ids, vocab)
     _logit_bias(logits, params, vocab)
     _penalties(logits, params, token_ids, outputs, vocab)
-    _min_p(logits, params)
     dead = torch.isneginf(logits.max(dim=-1).values)  # [S]
     return torch.where(dead[:, None], original, logits)
 
@@ -104,14 +99,6 @@ def _penalties(
         counts = _token_counts([outputs[i] if freq[i] or pres[i] else () for i in range(s)], vocab, dev)  # [S, V]
         logits -= torch.tensor(freq, device=dev)[:, None] * counts
         logits -= torch.tensor(pres, device=dev)[:, None] * (counts > 0).float()
-
-
-def _min_p(logits: torch.Tensor, params: Seq[SamplingParams]) -> None:
-    cut = [p.temperature * math.log(p.min_p) if p.min_p > 0.0 and not p.greedy else float("-inf") for p in params]
-    if all(c == float("-inf") for c in cut):
-        return
-    threshold = logits.max(dim=-1, keepdim=True).values + torch.tensor(cut, device=logits.device)[:, None]  # [S, 1]
-    logits.masked_fill_(logits < threshold, float("-inf"))
 
 
 def _token_counts(rows: list[Seq[int]], vocab: int, device: torch.device) -> torch.Tensor:

@@ -14,6 +14,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # drop tokens below min_p x the top token's probability; 0 = off
     seed: int | None = None
     max_tokens: int = 16
     stop: tuple[str, ...] = ()
@@ -25,7 +26,6 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # 1 = off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens are out
-    min_p: float = 0.0  # 0 = off
     structured: tuple[str, str] | None = None  # (kind "json" | "regex" | "grammar", spec) for the grammar
     prompt_logprobs: int | None = None  # top-N per prompt token (after the first); None = off
     priority: int = 0  # lower runs first; preempts higher values when blocks run out
@@ -36,6 +36,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if self.max_tokens < (0 if self.prompt_logprobs is not None else 1):
@@ -53,8 +55,6 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if not 0.0 < self.repetition_penalty <= 100.0:
             raise ValueError(f"repetition_penalty must be in (0, 100], got {self.repetition_penalty}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.min_tokens < 0:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
         if any(not -100.0 <= b <= 100.0 or t < 0 for t, b in self.logit_bias):

@@ -15,7 +15,7 @@ from typing import Any
 
 from .outputs import Delta, TokenLogprob, Usage
 from .protocol import Endpoint, GenerationRequest, ToolChoice
-from .responses import ResponseBuilder
+from .responses import ResponseBuilder, sse
 from .toolparsers import ToolCall
 from .toolstream import ToolCallStream
 
@@ -44,6 +44,13 @@ class ChoiceShaper:
     # -- streaming -----------------------------------------------------------------------
     def role_chunk(self) -> dict[str, Any] | None:
         return self._indexed(self.builder.role_chunk())
+
+    def events(self, delta: Delta) -> list[bytes]:
+        """The SSE events for one delta (the builder's fast path for a plain single choice)."""
+        if self.index == 0 and self.tools is None and not self.request.echo:
+            event = self.builder.chunk_bytes(delta)
+            return [event] if event is not None else []
+        return [sse(chunk) for chunk in self.chunks(delta)]
 
     def chunks(self, delta: Delta) -> list[dict[str, Any]]:
         """The chunks for one delta, in order (possibly none)."""

@@ -158,8 +158,8 @@ class RequestRun:
                     yield SSE_DONE
                     return
                 self.observe(item)
-                for chunk in self.choices[i].shaper.chunks(item):
-                    yield sse(chunk)
+                for event in self.choices[i].shaper.events(item):
+                    yield event
         finally:
             for p in pumps:
                 p.cancel()

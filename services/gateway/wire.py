@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 
-from kvmesh.runtime.pb import common_pb2, decode_pb2
+from kvmesh.runtime.pb import common_pb2
 
 from .errors import ApiError
 from .outputs import TokenLogprob
@@ -67,7 +67,7 @@ def sampling_pb(spec: SamplingSpec, max_tokens: int, priority: int = 0) -> commo
     return pb
 
 
-def logprobs_from_pb(entries) -> list[TokenLogprob] | None:  # noqa: ANN001 - repeated common_pb2.TokenLogprob
+def logprobs_from_pb(entries: list[common_pb2.TokenLogprob]) -> list[TokenLogprob] | None:
     if not entries:
         return None
     return [TokenLogprob(e.token_id, e.logprob, tuple((t.token_id, t.logprob) for t in e.top)) for e in entries]

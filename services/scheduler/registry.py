@@ -46,6 +46,7 @@ class HeartbeatInfo:
     draining: bool = False
     kv_event_seq: int = 0
     live_request_ids: frozenset[str] | None = None  # decode workers that report what they hold
+    max_model_len: int = 0  # the worker engine's context length (0 = not reported)
 
 
 @dataclass(slots=True)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -42,16 +40,6 @@ def test_logit_bias_adds_and_min_tokens_masks_stops_until_reached() -> None:
     assert out == [[100.0, 0.0, -2.0, INF, INF], [0.0] * 5]
 
 
-def test_min_p_drops_tokens_below_the_share_of_the_top_one() -> None:
-    # temperature 1: p_i / p_max = exp(l_i - l_max); min_p 0.2 keeps exp(-1)=0.37, drops exp(-2)=0.14.
-    out = run([[3.0, 2.0, 1.0, 3.0, 0.0]], [SamplingParams(min_p=0.2)], [[0]], [1])
-    assert out == [[3.0, 2.0, INF, 3.0, INF]]
-    # temperature 0.5 sharpens: exp(-1 / 0.5) = 0.135 < 0.2, so 2.0 goes too.
-    out = run([[3.0, 2.0, 1.0, 3.0, 0.0]], [SamplingParams(min_p=0.2, temperature=0.5)], [[0]], [1])
-    assert out == [[3.0, INF, INF, 3.0, INF]]
-    assert math.isclose(math.exp(-1 / 0.5), 0.1353, rel_tol=1e-3)
-
-
 def test_a_row_left_without_tokens_keeps_its_input() -> None:
     # min_tokens hides the only token the row had: fall back to the logits as given.
     out = run([[INF, INF, INF, INF, 1.0]], [SamplingParams(min_tokens=3)], [[0]], [1])
@@ -67,7 +55,7 @@ def test_rows_are_independent_in_one_batch() -> None:
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_same_result_on_cuda() -> None:
-    params = [SamplingParams(presence_penalty=0.5, repetition_penalty=1.3, logit_bias=((2, 1.0),), min_p=0.1)]
+    params = [SamplingParams(presence_penalty=0.5, repetition_penalty=1.3, logit_bias=((2, 1.0),))]
     logits = torch.randn(1, 50)
     cpu = apply_logits_processors(logits, params, [[1, 2, 3, 2]], [2], frozenset({0}))
     gpu = apply_logits_processors(logits.cuda(), params, [[1, 2, 3, 2]], [2], frozenset({0}))

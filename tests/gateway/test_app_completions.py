@@ -113,7 +113,8 @@ async def test_stream_framing_ends_with_done(gateway: RunningGateway) -> None:
     assert payloads[-1] == "[DONE]"
     chunks = [json.loads(p) for p in payloads[:-1]]
     assert "".join(c["choices"][0]["text"] for c in chunks) == expected_text(3, 3)
-    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, "length"]
+    reasons = [c["choices"][0]["finish_reason"] for c in chunks]  # tokens may coalesce into fewer chunks
+    assert reasons[-1] == "length" and set(reasons[:-1]) <= {None}
     assert all("usage" not in c for c in chunks)
 
 
