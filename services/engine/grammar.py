@@ -105,12 +105,13 @@ def apply_grammar_masks(logits: torch.Tensor, matchers: Seq[Any | None]) -> None
     if not rows:
         return
     vocab = logits.shape[1]
-    bitmask = xgr.allocate_token_bitmask(len(matchers), vocab)  # [S, ceil(V/32)] int32, CPU
+    bitmask = xgr.allocate_token_bitmask(len(matchers), vocab)  # [S, ceil(V/32)] int32, CPU, all allowed
     for i in rows:
         matchers[i].fill_next_token_bitmask(bitmask, i)
-    if logits.device.type != "cpu":
+    if logits.device.type == "cuda":
         bitmask = bitmask.pin_memory().to(logits.device, non_blocking=True)
-    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=rows)
+    # NOTE: unconstrained rows keep an all-ones mask, so no row index list has to reach the device.
+    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab)
 
 
 def advance(matcher: Any | None, token: int) -> bool:

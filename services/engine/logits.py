@@ -67,7 +67,7 @@ def _min_tokens(logits: torch.Tensor, params: Seq[SamplingParams], outputs: list
             rows.extend([i] * len(ids))
             cols.extend(ids)
     if rows:
-        logits[_index(rows, logits.device), _index(cols, logits.device)] = float("-inf")
+        logits[_to(rows, torch.long, logits.device), _to(cols, torch.long, logits.device)] = float("-inf")
 
 
 def _logit_bias(logits: torch.Tensor, params: Seq[SamplingParams], vocab: int) -> None:
@@ -80,7 +80,8 @@ def _logit_bias(logits: torch.Tensor, params: Seq[SamplingParams], vocab: int) -
                 values.append(bias)
     if rows:
         dev = logits.device
-        logits.index_put_((_index(rows, dev), _index(cols, dev)), torch.tensor(values, device=dev), accumulate=True)
+        index = (_to(rows, torch.long, dev), _to(cols, torch.long, dev))
+        logits.index_put_(index, _to(values, torch.float32, dev), accumulate=True)
 
 
 def _penalties(
@@ -92,13 +93,13 @@ def _penalties(
     pres = [p.presence_penalty for p in params]
     if any(r != 1.0 for r in rep):
         seen = _token_counts([token_ids[i] if rep[i] != 1.0 else () for i in range(s)], vocab, dev) > 0  # [S, V]
-        r = torch.tensor(rep, device=dev)[:, None]  # [S, 1]
+        r = _to(rep, torch.float32, dev)[:, None]  # [S, 1]
         penalized = torch.where(logits > 0, logits / r, logits * r)
         logits.copy_(torch.where(seen, penalized, logits))
     if any(freq) or any(pres):
         counts = _token_counts([outputs[i] if freq[i] or pres[i] else () for i in range(s)], vocab, dev)  # [S, V]
-        logits -= torch.tensor(freq, device=dev)[:, None] * counts
-        logits -= torch.tensor(pres, device=dev)[:, None] * (counts > 0).float()
+        logits -= _to(freq, torch.float32, dev)[:, None] * counts
+        logits -= _to(pres, torch.float32, dev)[:, None] * (counts > 0).float()
 
 
 def _token_counts(rows: list[Seq[int]], vocab: int, device: torch.device) -> torch.Tensor:
@@ -107,11 +108,12 @@ def _token_counts(rows: list[Seq[int]], vocab: int, device: torch.device) -> tor
     counts = torch.zeros((len(rows), vocab + 1), dtype=torch.float32, device=device)  # [S, V+1]; column V = padding
     if width == 0:
         return counts[:, :vocab]
-    padded = torch.tensor([list(r) + [vocab] * (width - len(r)) for r in rows], dtype=torch.long)  # [S, W]
-    padded = padded.clamp_(max=vocab).to(device, non_blocking=True)
+    padded = _to([[min(t, vocab) for t in r] + [vocab] * (width - len(r)) for r in rows], torch.long, device)  # [S, W]
     counts.scatter_add_(1, padded, torch.ones(padded.shape, dtype=torch.float32, device=device))
     return counts[:, :vocab]
 
 
-def _index(values: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+def _to(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list as a tensor on `device`; on CUDA through pinned memory, so the copy does not sync."""
+    t = torch.tensor(values, dtype=dtype)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
