@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # itself accepts any recent torch.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: up test install system-deps proto proto-check bench clean
+.PHONY: up test install system-deps proto proto-check proto-compat bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ proto: install
 
 proto-check: install
 	$(PY) -m kvmesh.runtime.protogen --check
+
+# buf lint + buf breaking against main (buf from tools/buf/package.json, via npm; also run by make test)
+proto-compat: install
+	$(PY) tools/proto_compat.py
 
 bench: install
 	$(PY) bench/engine.py

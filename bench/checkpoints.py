@@ -30,9 +30,14 @@ def build_llama(root: Path, name: str = "bench-llama", **overrides):
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**{**SMALL_LLAMA, **overrides})).eval()
+    return model, save_checkpoint(model, root, name)
+
+
+def save_checkpoint(model, root: Path, name: str) -> Path:
+    """save_pretrained (safetensors) under root/name plus the tiny model's tokenizer files."""
     path = root / name
     model.save_pretrained(str(path))
     tiny = ensure_tiny_model(root / "cache")
     for file in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tiny / file, path / file)
-    return model, path
+    return path

@@ -5,7 +5,9 @@
 Builds a ~20M-parameter random Llama with transformers, saves it as safetensors in a temp dir,
 loads it with our loader, and reports decode tokens/s at batch 1 and 16 for both (greedy, same
 prompt and output lengths). Decode rate = batch * (N - 1) / (time(N new tokens) - time(1 new token)),
-so prefill is excluded on both sides; best of interleaved rounds.
+so prefill is excluded on both sides; best of interleaved rounds. `--cpu-time` times with the
+process's CPU time instead of the wall clock: on a loaded machine that moves far less, so runs of
+two versions can be compared (use it with `--threads 1`).
 """
 
 from __future__ import annotations
@@ -22,25 +24,25 @@ from checkpoints import SMALL_LLAMA, build_llama
 from kvmesh.engine.llm import EngineConfig, LLMEngine
 from kvmesh.engine.sampling import SamplingParams
 
-def time_ours(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -> float:
+def time_ours(engine: LLMEngine, prompts: list[list[int]], new_tokens: int, clock=time.perf_counter) -> float:
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-    t0 = time.perf_counter()
+    t0 = clock()
     out = engine.generate(prompts, params)
-    elapsed = time.perf_counter() - t0
+    elapsed = clock() - t0
     if any(len(c.token_ids) != new_tokens for c in out):
         raise RuntimeError("engine produced the wrong number of tokens")
     return elapsed
 
 
 @torch.inference_mode()
-def time_hf(model, prompts: list[list[int]], new_tokens: int) -> float:
+def time_hf(model, prompts: list[list[int]], new_tokens: int, clock=time.perf_counter) -> float:
     ids = torch.tensor(prompts)
-    t0 = time.perf_counter()
+    t0 = clock()
     out = model.generate(
         ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
         do_sample=False, eos_token_id=None, pad_token_id=0,
     )
-    elapsed = time.perf_counter() - t0
+    elapsed = clock() - t0
     if out.shape[1] != ids.shape[1] + new_tokens:
         raise RuntimeError("generate produced the wrong number of tokens")
     return elapsed
@@ -68,7 +70,9 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    ap.add_argument("--cpu-time", action="store_true", help="time with process CPU time, not the wall clock")
     args = ap.parse_args()
+    clock = time.process_time if args.cpu_time else time.perf_counter
     if args.threads:
         torch.set_num_threads(args.threads)
     root = Path(tempfile.mkdtemp(prefix="kvmesh-bench-"))
@@ -83,7 +87,7 @@ def main() -> None:
         g = torch.Generator().manual_seed(1)
         for batch in args.batches:
             prompts = torch.randint(0, SMALL_LLAMA["vocab_size"], (batch, args.prompt_len), generator=g).tolist()
-            timers = {"ours": lambda n: time_ours(engine, prompts, n), "hf": lambda n: time_hf(model, prompts, n)}
+            timers = {"ours": lambda n: time_ours(engine, prompts, n, clock), "hf": lambda n: time_hf(model, prompts, n, clock)}
             rates = decode_rates(timers, batch, args.new_tokens, args.rounds)
             ours, hf = rates["ours"], rates["hf"]
             print(f"{batch:>5} {ours:>11.1f} {hf:>9.1f} {ours / hf:>5.2f}x", flush=True)

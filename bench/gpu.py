@@ -68,9 +68,8 @@ def copy_bandwidth(torch, device, nbytes: int) -> float:
 
 def build_checkpoint(torch, shape: str, root: Path, device, dtype, max_len: int):
     """Random HF model on `device` (kept for `generate`) and its safetensors dir for the engine."""
+    from checkpoints import save_checkpoint  # noqa: PLC0415 - after import_kvmesh
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: PLC0415
-
-    from kvmesh.engine.tiny import ensure_tiny_model  # noqa: PLC0415
 
     spec = dict(SHAPES[shape])
     arch = spec.pop("arch")
@@ -84,12 +83,7 @@ def build_checkpoint(torch, shape: str, root: Path, device, dtype, max_len: int)
             model = model_cls(config).eval()
     finally:
         torch.set_default_dtype(default)
-    path = root / shape
-    model.save_pretrained(str(path))
-    tiny = ensure_tiny_model(root / "cache")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tiny / name, path / name)
-    return model, path
+    return model, save_checkpoint(model, root, shape)
 
 
 def time_hf(torch, model, prompts, new_tokens: int) -> float:

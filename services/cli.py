@@ -17,9 +17,15 @@ USAGE = """usage: kvmesh COMMAND [ARGS]
   up                run a whole mesh on this machine (NATS + every service), Ctrl-C stops it
   gateway|scheduler|prefill|decode|kvstore|canary
                     run one service (flags: `kvmesh SERVICE --help`)
+  canary rollout start|status|abort
+                    drive a running canary's automatic rollout (`kvmesh canary rollout --help`)
   health ENDPOINT   exit 0 when a gRPC host:port or an http(s) URL is healthy (for healthchecks)
   trace [ID]        list recent requests, or draw one request's trace waterfall
   sim               replay a trace against simulated workers with the real routing policies
+  conform ROLE ENDPOINT
+                    check a running implementation of a role against docs/contracts.md
+  sim calibrate     measure a running mesh through its gateway: the cost flags for `kvmesh sim`
+  sim replay TRACE  send a trace to a running mesh at its arrival times; the same table as `kvmesh sim`
 """
 
 
@@ -47,9 +53,20 @@ def up_main(argv: Sequence[str]) -> int:
                    help="a service setting, e.g. --set decode.kv_encoding=int8 (repeatable)")
     p.add_argument("--candidate-set", dest="candidate_settings", action="append", default=[],
                    metavar="SERVICE.FIELD=VALUE", help="a setting for candidate-pool workers only")
+    p.add_argument("--external", action="append", default=[], metavar="ROLE=HOST:PORT",
+                   help="a role another process plays (repeatable): workers join beside the built-in ones "
+                        "(--decode 0 --external decode=... swaps them); a kvstore/scheduler/gateway/canary is not started")
     args = p.parse_args(argv)
     opts = MeshOptions(**vars(args))
-    mesh = Mesh(opts)
+    try:
+        mesh = Mesh(opts)
+    except ValueError as exc:
+        print(f"kvmesh: {exc}", file=sys.stderr)
+        return 2
+    for role, endpoints in mesh.external.items():
+        for endpoint in endpoints:
+            print(f"kvmesh: {role} at {endpoint} is external: start it with NATS {mesh.external_nats_url(role)}"
+                  f"{'' if role == 'scheduler' else f' and scheduler {mesh.scheduler_endpoint}'}", flush=True)
     stop = False
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -120,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return health_main(rest)
     if command == "trace":
         return importlib.import_module("kvmesh.runtime.tracecli").trace_main(rest)
+    if command == "conform":
+        return importlib.import_module("kvmesh.conform.runner").conform_main(rest)
     if command == "sim":
         return importlib.import_module("kvmesh.scheduler.sim").sim_main(rest)
     if command in SERVICE_COMMANDS:

@@ -19,7 +19,7 @@ import grpc
 from opentelemetry import trace
 
 from kvmesh.engine.outputs import RequestOutput
-from kvmesh.runtime.errors import MeshError, status_for
+from kvmesh.runtime.errors import InvalidArgument, MeshError, status_for
 from kvmesh.runtime.pb import common_pb2, decode_pb2
 from kvmesh.runtime.telemetry import extract_context, tracer
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 class _Run:
     """One request on the stream: its pending delta, span and timings."""
 
-    __slots__ = ("job", "span", "t0", "delta", "unsent", "sent_any", "done")
+    __slots__ = ("job", "span", "t0", "delta", "unsent", "sent_any", "done", "abort_asked")
 
     def __init__(self, job: GenerateJob, span: trace.Span) -> None:
         self.job = job
@@ -42,6 +42,7 @@ class _Run:
         self.unsent = 0  # tokens in `delta`
         self.sent_any = False
         self.done = False
+        self.abort_asked = False  # an abort came before the request reached the worker
 
     def pending(self) -> decode_pb2.RequestDelta:
         if self.delta is None:
@@ -90,6 +91,9 @@ class StreamSession:
                 if kind == "generate":
                     self._start(msg.generate)
                 elif kind == "abort":
+                    run = self._runs.get(msg.abort.request_id)
+                    if run is not None:
+                        run.abort_asked = True
                     self.worker.abort(msg.abort.request_id)
         finally:
             self._reading = False
@@ -104,7 +108,7 @@ class StreamSession:
         ctx = extract_context(dict(request.trace_context))
         span = tracer.start_span("decode.generate", context=ctx, attributes={"request_id": job.request_id})
         if not job.request_id or job.request_id in self._runs:
-            self._fail(_Run(job, span), MeshError("request_id must be set and unique on the stream"))
+            self._fail(_Run(job, span), InvalidArgument("request_id must be set and unique on the stream"))
             return
         run = self._runs[job.request_id] = _Run(job, span)
         task = asyncio.create_task(self._open(run), name=f"decode-open-{job.request_id}")
@@ -115,6 +119,8 @@ class StreamSession:
         try:
             if not await self.worker.start(run.job, lambda out: self._on_output(run, out), run.span):
                 self._finish(run, None, "abort")
+            elif run.abort_asked:  # NOTE: the abort overtook the request on its way in
+                self.worker.abort(run.job.request_id)
         except MeshError as exc:
             self._fail(run, exc)
         except Exception as exc:  # noqa: BLE001 - this request fails, the stream goes on
@@ -127,10 +133,11 @@ class StreamSession:
         if isinstance(out, BaseException):
             self._fail(run, out)
             return
-        self.worker.record(run.job, out)
-        if out.new_token_ids:
+        new = out.new_token_ids
+        if new:
+            self.worker.record(run.job, new)
             delta = run.pending()
-            delta.token_ids.extend(out.new_token_ids)
+            delta.token_ids.extend(new)
             if out.logprobs:
                 delta.logprobs.extend(logprobs_pb(out.logprobs))
             if not run.sent_any and run.unsent == 0:
@@ -138,8 +145,8 @@ class StreamSession:
                 ttft = time.monotonic() - run.t0
                 metrics.TTFT.observe(ttft)
                 run.span.set_attribute("ttft_s", ttft)
-            run.unsent += len(out.new_token_ids)
-            metrics.GENERATED_TOKENS.inc(len(out.new_token_ids))
+            run.unsent += len(new)
+            metrics.GENERATED_TOKENS.inc(len(new))
         if out.prompt_logprobs is not None:  # on the request's first output (with a token or its end)
             run.pending().prompt_logprobs.extend(logprobs_pb(out.prompt_logprobs))
         if out.finished:
@@ -191,6 +198,7 @@ class StreamSession:
 
 
 def logprobs_pb(entries) -> list[common_pb2.TokenLogprob]:
+    """Engine TokenLogprobs as protobuf."""
     return [
         common_pb2.TokenLogprob(
             token_id=lp.token_id, logprob=lp.logprob,

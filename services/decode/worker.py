@@ -162,6 +162,8 @@ class DecodeWorker:
             self._inflight.pop(job.request_id, None)
             raise
         state.in_engine = True
+        if state.aborted:  # NOTE: aborted while it was being added
+            self.loop.call_nowait(lambda engine: engine.abort_request(job.request_id))
         return True
 
     def finished(self, job: GenerateJob, out: RequestOutput | None) -> None:
@@ -176,11 +178,12 @@ class DecodeWorker:
         elif self.handback is not None and out.finish_reason not in ("abort", None):
             self.handback.offer(state.tokens)
 
-    def record(self, job: GenerateJob, out: RequestOutput) -> None:
-        """Keeps the request's tokens for the KV hand-back at its end."""
-        state = self._inflight.get(job.request_id)
-        if state is not None and state.job is job and self.handback is not None:
-            state.tokens.extend(out.new_token_ids)
+    def record(self, job: GenerateJob, token_ids: list[int]) -> None:
+        """Keeps the request's new tokens for the KV hand-back at its end."""
+        if self.handback is not None:
+            state = self._inflight.get(job.request_id)
+            if state is not None and state.job is job:
+                state.tokens.extend(token_ids)
 
     async def generate(self, job: GenerateJob) -> AsyncIterator[Delta]:
         """Validate, prefill (remote or local), then yield token deltas until the request finishes."""
@@ -204,7 +207,7 @@ class DecodeWorker:
                         queue_span.end()
                         metrics.QUEUE_WAIT.observe(time.monotonic() - t0)
                     for out in outs:
-                        self.record(job, out)
+                        self.record(job, out.new_token_ids)
                     delta = _merge(outs)
                     if outs[-1].finished:
                         last = outs[-1]

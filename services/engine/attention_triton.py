@@ -27,6 +27,10 @@ def num_splits_for(batch: int, num_kv_heads: int) -> int:
     return max(1, min(MAX_SPLITS, -(-TARGET_PROGRAMS // (batch * num_kv_heads))))
 
 
+def _precision(q: torch.Tensor) -> str:
+    return "ieee" if q.dtype == torch.float32 else "tf32"
+
+
 @dataclass(slots=True)
 class ExtendMeta:
     """Prefill/extend rows: new tokens of row i are flat tokens q_starts[i] ... q_starts[i]+q_lens[i]-1."""
@@ -77,6 +81,7 @@ def decode_attention(
         K.LOG2E / math.sqrt(d),
         GROUP=group, HEAD_DIM=d, BLOCK_SIZE=block_size, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, BLOCK_D=block_d, UPCAST=INTERPRETED and q.dtype != torch.float32,
+        PRECISION=_precision(q),
     )
     K._decode_merge_kernel[(b, hq)](
         o_part, lse_part, out, out.stride(0), num_splits,
@@ -97,6 +102,7 @@ def extend_attention(
         K.LOG2E / math.sqrt(d),
         GROUP=hq // hkv, HEAD_DIM=d, BLOCK_SIZE=block_size, BLOCK_M=meta.block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(d), UPCAST=INTERPRETED and q.dtype != torch.float32,
+        PRECISION=_precision(q),
     )
 
 

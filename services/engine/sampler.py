@@ -52,6 +52,8 @@ class Sampler:
         self, logits: torch.Tensor, params: Sequence[SamplingParams], seeds: Sequence[int], steps: Sequence[int]
     ) -> tuple[list[int], list[TokenLogprob | None]]:
         """logits [S, V] fp32 on any device; seeds/steps per row. Returns token ids and optional logprobs."""
+        if not params:
+            return [], []
         raw = logits
         for fn in self.processors:
             logits = fn(logits, params)

@@ -13,7 +13,8 @@ a row's block table maps its token position p to block `block_table[p // block_s
   causally over their whole context in the cache (their own K/V written there first).
 
 All kernels run under `TRITON_INTERPRET=1` on CPU tensors, which is how tests check them.
-`UPCAST` computes the dot products in fp32: the interpreter multiplies bf16/fp16 operands as raw
+`PRECISION` is "ieee" for fp32 inputs (an fp32 model gets fp32 attention, not TF32). `UPCAST`
+computes the dot products in fp32: the interpreter multiplies bf16/fp16 operands as raw
 bits, so under it half-precision inputs are upcast after loading (on a GPU they stay as they are).
 """
 
@@ -45,11 +46,44 @@ def _write_kv_kernel(
 
 
 @triton.jit
+def _attend_tile(
+    q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_ptr, n0, end, q_pos, kvh, d, dm,
+    stride_cs, stride_ch, qk_scale_log2,
+    CAUSAL: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One online-softmax step over context tokens n0 .. n0+BLOCK_N-1 (those before `end`), read
+    through the row's block table. q [R, BD]; causal: query r sees key p only if p <= q_pos[r]."""
+    pos = n0 + tl.arange(0, BLOCK_N)  # [BN]
+    pm = pos < end
+    page = tl.load(table_ptr + pos // BLOCK_SIZE, mask=pm, other=0).to(tl.int64)
+    slot = page * BLOCK_SIZE + pos % BLOCK_SIZE
+    kv_off = slot[:, None] * stride_cs + kvh * stride_ch + d[None, :]  # [BN, BD]
+    kv_mask = pm[:, None] & dm[None, :]
+    k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale_log2  # [R, BN], log2 units
+    seen = pm[None, :]
+    if CAUSAL:
+        seen = seen & (pos[None, :] <= q_pos[:, None])
+    s = tl.where(seen, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+    if UPCAST:
+        v = v.to(tl.float32)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_ptr, o_part_ptr, lse_part_ptr,
     stride_qb, stride_qh, stride_cs, stride_ch, stride_bt, num_splits, qk_scale_log2,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -72,26 +106,11 @@ def _decode_split_kernel(
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)  # [BN]
-        pm = pos < end
-        page = tl.load(block_table_ptr + b * stride_bt + pos // BLOCK_SIZE, mask=pm, other=0).to(tl.int64)
-        slot = page * BLOCK_SIZE + pos % BLOCK_SIZE
-        kv_off = slot[:, None] * stride_cs + kvh * stride_ch + d[None, :]  # [BN, BD]
-        kv_mask = pm[:, None] & dm[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k)) * qk_scale_log2  # [BG, BN], log2 units
-        s = tl.where(pm[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = _attend_tile(
+            q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_ptr + b * stride_bt, n0, end, g, kvh, d, dm,
+            stride_cs, stride_ch, qk_scale_log2, CAUSAL=False, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N, UPCAST=UPCAST,
+            PRECISION=PRECISION,
+        )
 
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -129,7 +148,7 @@ def _extend_kernel(
     prog_seq_ptr, prog_m_ptr, q_starts_ptr, q_lens_ptr, ctx_lens_ptr,
     stride_qt, stride_qh, stride_ot, stride_cs, stride_ch, stride_bt, qk_scale_log2,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     h = tl.program_id(1)
@@ -156,26 +175,11 @@ def _extend_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     end = tl.minimum(ctx, prefix + m0 + BLOCK_M)  # causal: no key after the block's last query
     for n0 in range(0, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)  # [BN]
-        pm = pos < end
-        page = tl.load(block_table_ptr + seq * stride_bt + pos // BLOCK_SIZE, mask=pm, other=0).to(tl.int64)
-        slot = page * BLOCK_SIZE + pos % BLOCK_SIZE
-        kv_off = slot[:, None] * stride_cs + kvh * stride_ch + d[None, :]
-        kv_mask = pm[:, None] & dm[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k)) * qk_scale_log2  # [BM, BN]
-        s = tl.where(pm[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = _attend_tile(
+            q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_ptr + seq * stride_bt, n0, end, q_pos, kvh, d, dm,
+            stride_cs, stride_ch, qk_scale_log2, CAUSAL=True, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N, UPCAST=UPCAST,
+            PRECISION=PRECISION,
+        )
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     dst = out_ptr + rows[:, None] * stride_ot + h * HEAD_DIM + d[None, :]

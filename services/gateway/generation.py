@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import grpc
 from opentelemetry import trace
 
-from kvmesh.runtime.pb import common_pb2, decode_pb2, scheduler_pb2
+from kvmesh.runtime.pb import decode_pb2, scheduler_pb2
 from kvmesh.runtime.telemetry import inject_metadata
 
 from .decodestream import DecodeStream, RequestFeed, StreamFailed

@@ -102,7 +102,10 @@ def create_app(
         await mirror.close()
         await backend.close()
 
-    app = FastAPI(title="kvmesh gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # NOTE: FastAPI's own HTTP spans and metrics are off: `gateway.request` is the request's span and
+    # /metrics has the request metrics; FastAPI's would double both and wrap every SSE chunk's send.
+    app = FastAPI(title="kvmesh gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.service = service
     app.state.metrics = metrics
     app.state.mirror = mirror

@@ -45,6 +45,7 @@ class MeshOptions:
     settings: list[str] = field(default_factory=list)            # "service.field=value"
     candidate_settings: list[str] = field(default_factory=list)  # same, candidate workers only
     env: dict[str, str] = field(default_factory=dict)            # mesh-wide extra env
+    external: list[str] = field(default_factory=list)            # "role=host:port": run by someone else
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -75,6 +76,23 @@ def setting_env(assignments: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
+def parse_external(items: list[str]) -> dict[str, list[str]]:
+    """["decode=10.0.0.5:50099"] → {"decode": ["10.0.0.5:50099"]}: roles another process plays.
+
+    Workers named here join the mesh beside the ones `kvmesh up` starts; a kvstore, scheduler,
+    gateway or canary named here is not started (the mesh uses the one at that endpoint)."""
+    out: dict[str, list[str]] = {}
+    for item in items:
+        role, sep, endpoint = item.partition("=")
+        host, colon, port = endpoint.rpartition(":")
+        if not sep or role not in SERVICES or not colon or not host or not port.isdigit():
+            raise ValueError(f"bad --external {item!r}: expected ROLE=HOST:PORT with ROLE in {', '.join(SERVICES)}")
+        if role not in ("prefill", "decode") and role in out:
+            raise ValueError(f"--external names more than one {role}")
+        out.setdefault(role, []).append(endpoint)
+    return out
+
+
 def distinct_ports(port_of: Callable[[], int], taken: Iterable[int] = ()) -> Callable[[], int]:
     """`port_of`, but never a port it already gave (or one in `taken`): a free port is only free
     until someone binds it, and the OS may offer a just-released one again."""
@@ -99,6 +117,7 @@ def plan_mesh(
     `nats_url(service)` is the URL (with that service's credentials) each service connects to;
     ports come from `port_of`, each once, none of `taken` or the gateway's."""
     port_of = distinct_ports(port_of, [*taken, opts.port])
+    external = parse_external(opts.external)
     overrides = setting_env(opts.settings)
     candidate_overrides = setting_env(opts.candidate_settings)
     base_env = {
@@ -125,18 +144,21 @@ def plan_mesh(
             pool=pool,
         ))
 
-    kvstore_endpoint = ""
-    if opts.kvstore:
+    kvstore_endpoint = external["kvstore"][0] if "kvstore" in external else ""
+    if opts.kvstore and not kvstore_endpoint:
         port, mport = port_of(), port_of()
         kvstore_endpoint = f"{host}:{port}"
         add("kvstore", "kvstore", ["--host", host, "--port", str(port), "--metrics-port", str(mport),
                                    "--store-id", "kvstore-0"], grpc_port=port, metrics_port=mport)
-    sched_port, sched_mport = port_of(), port_of()
-    scheduler = f"{host}:{sched_port}"
-    sched_args = ["--host", host, "--port", str(sched_port), "--metrics-port", str(sched_mport)]
-    if opts.policy:
-        sched_args += ["--policy", opts.policy]
-    add("scheduler", "scheduler", sched_args, grpc_port=sched_port, metrics_port=sched_mport)
+    if "scheduler" in external:
+        scheduler = external["scheduler"][0]
+    else:
+        sched_port, sched_mport = port_of(), port_of()
+        scheduler = f"{host}:{sched_port}"
+        sched_args = ["--host", host, "--port", str(sched_port), "--metrics-port", str(sched_mport)]
+        if opts.policy:
+            sched_args += ["--policy", opts.policy]
+        add("scheduler", "scheduler", sched_args, grpc_port=sched_port, metrics_port=sched_mport)
 
     def workers(role: str, count: int, pool: str) -> None:
         env = {}
@@ -157,12 +179,15 @@ def plan_mesh(
     workers("decode", opts.decode, "production")
     workers("prefill", opts.candidate_prefill, "candidate")
     workers("decode", opts.candidate_decode, "candidate")
-    if opts.canary:
+    if opts.canary and "canary" not in external:
         port, http_port = port_of(), port_of()
         add("canary", "canary", ["--host", host, "--port", str(port), "--http-port", str(http_port),
                                  "--scheduler", scheduler],
             grpc_port=port, metrics_port=http_port, http_health=f"http://{host}:{http_port}/health",
-            env={"KVMESH_CPU_PRIORITY": opts.candidate_cpu_priority})
-    add("gateway", "gateway", ["--host", host, "--port", str(opts.port), "--scheduler", scheduler],
-        http_health=f"http://{host}:{opts.port}/health", metrics_port=opts.port)
+            env={"KVMESH_CPU_PRIORITY": opts.candidate_cpu_priority,
+                 "KVMESH_CANARY_CANDIDATE_CPU_PRIORITY": opts.candidate_cpu_priority,
+                 "KVMESH_CANARY_STATE_FILE": f"{opts.run_dir}/canary-rollout.json"})
+    if "gateway" not in external:
+        add("gateway", "gateway", ["--host", host, "--port", str(opts.port), "--scheduler", scheduler],
+            http_health=f"http://{host}:{opts.port}/health", metrics_port=opts.port)
     return specs

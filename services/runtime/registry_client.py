@@ -35,6 +35,15 @@ def grpc_healthy(endpoint: str, timeout_s: float = 1.0, tls: TlsConfig | None = 
 
 def list_workers(scheduler: str, timeout_s: float = 1.0, tls: TlsConfig | None = None) -> list[str]:
     """Worker ids the scheduler currently knows; [] when it cannot be reached."""
+    return [w.worker_id for w in _workers(scheduler, timeout_s, tls)]
+
+
+def worker_endpoints(scheduler: str, timeout_s: float = 1.0, tls: TlsConfig | None = None) -> list[str]:
+    """Endpoints of the workers the scheduler currently knows; [] when it cannot be reached."""
+    return [w.endpoint for w in _workers(scheduler, timeout_s, tls)]
+
+
+def _workers(scheduler: str, timeout_s: float, tls: TlsConfig | None) -> list[scheduler_pb2.WorkerStatus]:
     with _channel(scheduler, tls) as channel:
         try:
             reply = scheduler_pb2_grpc.SchedulerStub(channel).ListWorkers(
@@ -42,4 +51,4 @@ def list_workers(scheduler: str, timeout_s: float = 1.0, tls: TlsConfig | None =
             )
         except grpc.RpcError:
             return []
-    return [w.worker_id for w in reply.workers]
+    return list(reply.workers)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .config import MeshSettings
 from .grpcutil import TlsConfig
-from .launcher import MeshOptions, ProcessSpec, free_port, plan_mesh
+from .launcher import MeshOptions, ProcessSpec, free_port, parse_external, plan_mesh
 from .natsauth import NatsAuth
 
 log = logging.getLogger("kvmesh.up")
@@ -78,6 +78,13 @@ class Mesh:
             opts, lambda service: self.nats_auth.url(service, opts.host, self.nats_port), taken=[self.nats_port]
         )
         self.tls = TlsConfig.from_settings(MeshSettings(**_tls_overrides(opts.env)))
+        self.external = parse_external(opts.external)
+        self.scheduler_endpoint = next((s.grpc_endpoint for s in self.specs if s.service == "scheduler"), "") or \
+            self.external.get("scheduler", [""])[0]
+
+    def external_nats_url(self, role: str) -> str:
+        """The NATS URL (with `role`'s credentials) an outside process playing `role` connects to."""
+        return self.nats_auth.url(role, self.opts.host, self.nats_port)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, timeout_s: float = 120.0) -> None:
@@ -90,6 +97,9 @@ class Mesh:
         _wait_tcp(self.opts.host, self.nats_port, timeout_s=10)
         deadline = time.monotonic() + timeout_s
         try:
+            for role in ("kvstore", "scheduler"):
+                for endpoint in self.external.get(role, []):
+                    self._wait_healthy(ProcessSpec(f"external {role}", role, (), {}, grpc_endpoint=endpoint), deadline)
             for spec in self.specs:
                 self._spawn(spec, [sys.executable, "-m", "kvmesh", spec.service, *spec.args])
                 if spec.service in ("kvstore", "scheduler"):
@@ -120,6 +130,23 @@ class Mesh:
         self.procs.insert(0, self.procs.pop())  # NOTE: keep NATS first so stop() ends it last
         _wait_tcp(self.opts.host, self.nats_port, timeout_s=10)
 
+    def add(self, spec: ProcessSpec, timeout_s: float = 120.0) -> None:
+        """Starts one more service in the running mesh (e.g. a worker for a scale-up) and waits
+        until it is healthy; `stop()` stops it with the rest."""
+        self.specs.append(spec)
+        self._spawn(spec, [sys.executable, "-m", "kvmesh", spec.service, *spec.args])
+        self._wait_healthy(spec, time.monotonic() + timeout_s)
+
+    def restart(self, name: str, sig: int = signal.SIGKILL, timeout_s: float = 60.0) -> None:
+        """Kills one service with `sig` (a crash, by default), starts it again with the same
+        flags and waits until it is healthy (for restart tests)."""
+        running = next(r for r in self.procs if r.spec.name == name)
+        running.proc.send_signal(sig)
+        running.proc.wait(timeout=timeout_s)
+        self.procs.remove(running)
+        self._spawn(running.spec, [sys.executable, "-m", "kvmesh", running.spec.service, *running.spec.args])
+        self._wait_healthy(running.spec, time.monotonic() + timeout_s)
+
     def reap(self) -> list[tuple[str, int]]:
         """Processes that exited since the last call, as (name, exit code); they are forgotten."""
         gone = [(r.spec.name, r.proc.returncode) for r in self.procs if r.proc.poll() is not None]
@@ -141,18 +168,20 @@ class Mesh:
         raise TimeoutError(f"{spec.name} not healthy in time:\n{self.log_tail(spec.name)}")
 
     def _wait_registered(self, deadline: float) -> None:
-        """Waits until the scheduler lists every worker the plan started."""
-        from .registry_client import list_workers  # noqa: PLC0415 - needs grpc; keep import local
+        """Waits until the scheduler lists every worker the plan started and every external one."""
+        from .registry_client import list_workers, worker_endpoints  # noqa: PLC0415 - needs grpc; keep import local
 
-        scheduler = next(s.grpc_endpoint for s in self.specs if s.service == "scheduler")
         wanted = {s.name for s in self.specs if s.service in ("prefill", "decode")}
+        outside = {e for role in ("prefill", "decode") for e in self.external.get(role, [])}
+        missing = wanted | outside
         while time.monotonic() < deadline:
             self._check_alive()
-            seen = set(list_workers(scheduler, tls=self.tls))
-            if wanted <= seen:
+            missing = wanted - set(list_workers(self.scheduler_endpoint, tls=self.tls))
+            missing |= outside - set(worker_endpoints(self.scheduler_endpoint, tls=self.tls))
+            if not missing:
                 return
             time.sleep(0.2)
-        raise TimeoutError(f"workers never registered with the scheduler: missing {sorted(wanted - seen)}")
+        raise TimeoutError(f"workers never registered with the scheduler: missing {sorted(missing)}")
 
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM in reverse start order (gateway first, NATS last), then SIGKILL stragglers."""
@@ -169,6 +198,8 @@ class Mesh:
     # -- information -------------------------------------------------------------------------
     @property
     def gateway_url(self) -> str:
+        if "gateway" in self.external:
+            return f"http://{self.external['gateway'][0]}"
         return f"http://{self.opts.host}:{self.opts.port}"
 
     def log_tail(self, name: str, lines: int = 40) -> str:
@@ -184,6 +215,7 @@ class Mesh:
         return {
             "gateway": self.gateway_url,
             "nats": self.nats_url,
+            "external": self.external,
             "processes": [{**asdict(r.spec), "pid": r.proc.pid} for r in self.procs],
         }
 

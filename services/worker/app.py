@@ -18,7 +18,8 @@ from kvmesh.runtime.grpcutil import ChannelPool, GrpcServer, TlsConfig
 from kvmesh.runtime.process import init_process
 from kvmesh.runtime.shutdown import GracefulShutdown
 from kvmesh.runtime.telemetry import Telemetry
-from .worker import EngineLoop, HeartbeatInfo, Heartbeater, WorkerSettings, engine_config
+from .heartbeat import HeartbeatInfo, Heartbeater
+from .worker import EngineLoop, WorkerSettings, engine_config
 
 log = logging.getLogger(__name__)
 S = TypeVar("S", bound=WorkerSettings)

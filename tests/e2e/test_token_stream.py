@@ -118,6 +118,23 @@ def test_a_paused_client_does_not_hold_up_the_others(two_decode_mesh, engine):
     assert texts == [expected(engine, prompt[:10] + [60 + i], 32)[0] for i in range(8)]
 
 
+def test_seeded_sampling_and_logprobs_come_through_the_stream(two_decode_mesh, engine):
+    from kvmesh.engine.sampling import SamplingParams  # noqa: PLC0415
+
+    client = two_decode_mesh.openai_client()
+    prompt = [70 + j % 20 for j in range(9)]
+    chunks = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=1.0, seed=7, logprobs=2,
+                                       stream=True, extra_body={"ignore_eos": True})
+    text, logprobs = [], []
+    for c in chunks:
+        if c.choices:
+            text.append(c.choices[0].text)
+            logprobs += (c.choices[0].logprobs.token_logprobs if c.choices[0].logprobs else [])
+    [want] = engine.generate([prompt], SamplingParams(temperature=1.0, seed=7, max_tokens=12, ignore_eos=True, logprobs=2))
+    assert "".join(text) == want.text
+    assert logprobs == pytest.approx([lp.logprob for lp in want.logprobs], abs=1e-4)
+
+
 def test_a_decode_worker_killed_mid_step_migrates_every_request_of_its_stream(two_decode_mesh, engine):
     client = two_decode_mesh.openai_client(timeout=120)
     prompts = [[33 + (i * 5 + j) % 90 for j in range(12)] for i in range(12)]

@@ -6,12 +6,13 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from kvmesh.engine.tiny import ensure_tiny_model
 
 # NOTE: without a GPU, Triton kernels run in Triton's interpreter on CPU tensors. Triton reads this
 # when a kernel is defined, so it is set before any test module imports the kernels.
-if not os.environ.get("CUDA_VISIBLE_DEVICES") and not os.path.exists("/dev/nvidia0"):
+if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
@@ -21,8 +22,6 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    import torch
-
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

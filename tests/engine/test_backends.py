@@ -19,6 +19,8 @@ pytest.importorskip("triton")
 from kvmesh.engine.cuda_graphs import bucket_for, graph_buckets  # noqa: E402
 
 CPU = torch.device("cpu")
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # Triton interpreted on CPU tensors
+CAPTURE = DEVICE.type == "cuda"  # without a GPU the graph buffers run eagerly
 
 
 def test_auto_backend_follows_the_device_and_can_be_forced() -> None:
@@ -39,7 +41,7 @@ def test_graph_buckets_cover_every_batch_size_up_to_max_num_seqs() -> None:
 
 
 def runner(path: Path, backend: str, num_blocks: int = 32) -> ModelRunner:
-    return ModelRunner(path, ModelArgs.from_dir(path), torch.float32, CPU, num_blocks, 16, 256, backend)
+    return ModelRunner(path, ModelArgs.from_dir(path), torch.float32, DEVICE, num_blocks, 16, 256, backend)
 
 
 def seq(tokens: list[int], table: list[int]) -> Sequence:
@@ -79,7 +81,7 @@ def test_decode_graph_buffers_pad_to_the_bucket_and_match_eager(tiny_dir: Path) 
     want = eager.execute(step, [True, False, True])  # [2, V]
     graphed = runner(tiny_dir, "triton")
     step, rows = decode_rows(graphed)
-    graphed.capture_graphs(max_num_seqs=6, max_model_len=256, capture=False)
+    graphed.capture_graphs(max_num_seqs=6, max_model_len=256, capture=CAPTURE)
     g = graphed.graphs
     g.seq_lens.fill_(99)  # stale values from an earlier, larger step
     g.slot_mapping.fill_(5)
@@ -95,7 +97,7 @@ def test_decode_graph_buffers_pad_to_the_bucket_and_match_eager(tiny_dir: Path) 
 
 def test_prefill_steps_do_not_use_the_graphs(tiny_dir: Path) -> None:
     r = runner(tiny_dir, "triton")
-    r.capture_graphs(max_num_seqs=4, max_model_len=256, capture=False)
+    r.capture_graphs(max_num_seqs=4, max_model_len=256, capture=CAPTURE)
     s = seq(list(range(1, 20)), [0, 1])
     assert not r.graphs.supports(r._prepare([ScheduledSeq(s, 0, 19)], [True]))
     too_many = [ScheduledSeq(seq([i + 1, i + 2], [i]), 1, 1) for i in range(5)]

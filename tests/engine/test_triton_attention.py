@@ -17,7 +17,7 @@ from kvmesh.engine.attention_triton import (  # noqa: E402
 from kvmesh.engine.staging import Staging  # noqa: E402
 
 BS = 16
-CPU = torch.device("cpu")
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the interpreter runs on CPU tensors
 SHAPES = [(4, 4, 64), (8, 2, 128), (8, 1, 64)]  # (Hq, Hkv, D): GQA ratios 1, 4, 8; head_dim 64 and 128
 IDS = ["gqa1-d64", "gqa4-d128", "gqa8-d64"]
 
@@ -58,6 +58,10 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref).norm() / ref.norm())
 
 
+def on_device(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [t.to(DEVICE) for t in tensors]
+
+
 def padded(tables: list[list[int]]) -> torch.Tensor:
     w = max(len(t) for t in tables)
     return torch.tensor([t + [0] * (w - len(t)) for t in tables])
@@ -71,8 +75,9 @@ def test_decode_matches_reference(hq: int, hkv: int, d: int, splits: int) -> Non
     k_cache, v_cache = make_cache(24, hkv, d, gen, torch.float32)
     tables = shuffled_tables(lengths, 24, gen)
     q = torch.randn(len(lengths), hq, d, generator=gen)
-    out = torch.full((len(lengths), hq * d), float("nan"))
-    decode_attention(q, k_cache, v_cache, padded(tables), torch.tensor(lengths), out, splits, BS, block_n=32)
+    out = torch.full((len(lengths), hq * d), float("nan"), device=DEVICE)
+    decode_attention(*on_device(q, k_cache, v_cache, padded(tables), torch.tensor(lengths)), out, splits, BS, block_n=32)
+    out = out.cpu()
     for i, n in enumerate(lengths):
         ref = reference(q[i : i + 1], gather(k_cache, tables[i], n), gather(v_cache, tables[i], n), n - 1)
         err = rel_err(out[i : i + 1], ref)
@@ -84,20 +89,21 @@ def test_decode_empty_row_gives_zeros() -> None:
     """A padded row of a captured graph (seq_len 0) writes zeros, not NaN."""
     gen = torch.Generator().manual_seed(7)
     k_cache, v_cache = make_cache(4, 2, 64, gen, torch.float32)
-    out = torch.full((2, 8 * 64), float("nan"))
+    out = torch.full((2, 8 * 64), float("nan"), device=DEVICE)
     q = torch.randn(2, 8, 64, generator=gen)
-    decode_attention(q, k_cache, v_cache, torch.tensor([[0, 1], [0, 0]]), torch.tensor([20, 0]), out, 4, BS)
+    decode_attention(*on_device(q, k_cache, v_cache, torch.tensor([[0, 1], [0, 0]]), torch.tensor([20, 0])), out, 4, BS)
+    out = out.cpu()
     assert torch.equal(out[1], torch.zeros(8 * 64))
     assert not out[0].isnan().any()
 
 
 def run_extend(q: torch.Tensor, k_cache, v_cache, tables, starts: list[int], news: list[int], block_m: int) -> torch.Tensor:
-    staging = Staging(CPU)
+    staging = Staging(DEVICE)
     q_starts = [sum(news[:i]) for i in range(len(news))]
     finish = stage_extend(staging, padded(tables), q_starts, news, [s + n for s, n in zip(starts, news)], block_m)
-    out = torch.full((q.shape[0], q.shape[1] * q.shape[2]), float("nan"), dtype=q.dtype)
-    extend_attention(q, k_cache, v_cache, finish(staging.upload()), out, BS, block_n=16)
-    return out
+    out = torch.full((q.shape[0], q.shape[1] * q.shape[2]), float("nan"), dtype=q.dtype, device=DEVICE)
+    extend_attention(*on_device(q, k_cache, v_cache), finish(staging.upload()), out, BS, block_n=16)
+    return out.cpu()
 
 
 @pytest.mark.parametrize("hq,hkv,d", SHAPES, ids=IDS)
@@ -138,15 +144,15 @@ def test_extend_bf16_within_bf16_tolerance() -> None:
 
 def test_write_kv_fills_exactly_the_given_slots() -> None:
     gen = torch.Generator().manual_seed(5)
-    k_cache = torch.full((64, 2, 64), float("nan"))
-    v_cache = torch.full((64, 2, 64), float("nan"))
-    qkv = torch.randn(5, 8 + 2 + 2, 64, generator=gen)  # [T, Hq+2Hkv, D]; k and v are strided views
+    k_cache = torch.full((64, 2, 64), float("nan"), device=DEVICE)
+    v_cache = torch.full((64, 2, 64), float("nan"), device=DEVICE)
+    qkv = torch.randn(5, 8 + 2 + 2, 64, generator=gen).to(DEVICE)  # [T, Hq+2Hkv, D]; k and v are strided views
     k, v = qkv[:, 8:10], qkv[:, 10:]
-    slots = torch.tensor([3, 40, -1, 17, 63])  # -1: a padding row, skipped
+    slots = torch.tensor([3, 40, -1, 17, 63], device=DEVICE)  # -1: a padding row, skipped
     write_kv(k, v, k_cache, v_cache, slots)
     written = slots[slots >= 0]
     assert torch.equal(k_cache[written], k[slots >= 0]) and torch.equal(v_cache[written], v[slots >= 0])
-    untouched = torch.ones(64, dtype=torch.bool)
+    untouched = torch.ones(64, dtype=torch.bool, device=DEVICE)
     untouched[written] = False
     assert k_cache[untouched].isnan().all() and v_cache[untouched].isnan().all()
 

@@ -130,3 +130,16 @@ async def test_lost_finish_after_the_last_token_needs_no_migration(gateway: Runn
     assert (choice["text"], choice["finish_reason"]) == (expected_text(3, 10), "length")
     assert resp.json()["usage"]["completion_tokens"] == 10
     assert len(mesh.scheduler.routes) == 1 and mesh.scheduler.statuses() == ["error"]
+
+
+async def test_a_stop_string_split_across_tokens_ends_the_request_and_aborts_the_worker(gateway: RunningGateway, mesh: FakeMesh) -> None:
+    target = list(b"hello STOP more text")
+    decode = mesh.decodes[0]
+    decode.next_token = lambda ids: target[len(ids) - 3]
+    decode.delay_s = 0.02
+    async with gateway.client() as client:
+        resp = await client.post("/v1/completions", json=BODY | {"max_tokens": 20, "stop": ["STOP"]})
+    choice = resp.json()["choices"][0]
+    assert (choice["text"], choice["finish_reason"]) == ("hello ", "stop")
+    assert resp.json()["usage"]["completion_tokens"] == len("hello STOP")  # up to the token that completed it
+    await eventually(lambda: decode.aborts == [mesh.scheduler.routes[0].request_id])

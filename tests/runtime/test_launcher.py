@@ -2,7 +2,7 @@ import itertools
 
 import pytest
 
-from kvmesh.runtime.launcher import MeshOptions, distinct_ports, plan_mesh, setting_env, worker_threads
+from kvmesh.runtime.launcher import MeshOptions, distinct_ports, parse_external, plan_mesh, setting_env, worker_threads
 
 
 def plan(**options):
@@ -65,3 +65,16 @@ def test_no_port_is_handed_out_twice_even_when_the_os_offers_it_again():
     with pytest.raises(OSError, match="no distinct free port"):
         next_port = distinct_ports(lambda: 1, taken=[1])
         next_port()
+
+
+def test_external_roles_are_not_started_and_their_endpoints_are_used() -> None:
+    opts = MeshOptions(decode=1, external=["decode=10.0.0.9:7000", "kvstore=10.0.0.8:7001", "scheduler=10.0.0.7:7002"])
+    specs = plan_mesh(opts, lambda service: "nats://x", port_of=iter(range(20000, 20100)).__next__)
+    assert [s.service for s in specs] == ["prefill", "decode", "gateway"]
+    assert all("10.0.0.8:7001" in s.args for s in specs if s.service in ("prefill", "decode"))
+    gateway = next(s for s in specs if s.service == "gateway")
+    assert gateway.args[gateway.args.index("--scheduler") + 1] == "10.0.0.7:7002"
+    assert parse_external(["decode=a:1", "decode=b:2"]) == {"decode": ["a:1", "b:2"]}
+    for bad in (["decode"], ["nope=a:1"], ["kvstore=a:1", "kvstore=b:2"], ["decode=a:x"]):
+        with pytest.raises(ValueError):
+            parse_external(bad)

@@ -1,0 +1,94 @@
+"""The worker side of the token stream: many requests on one call, token ids per engine step,
+per-request errors and aborts, stream_interval."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from kvmesh.decode.main import start
+from kvmesh.runtime.pb import decode_pb2, decode_pb2_grpc
+
+from .helpers import PROMPT, decode_settings, generate_request, greedy
+
+
+class Client:
+    """One open Stream: `send` requests, `run` until every named request has its last delta."""
+
+    def __init__(self, stub) -> None:
+        self.outbox: asyncio.Queue = asyncio.Queue()
+        self.call = stub.Stream(self._requests(), timeout=30)
+
+    async def _requests(self):
+        while (msg := await self.outbox.get()) is not None:
+            yield msg
+
+    def generate(self, request_id: str, **kw) -> None:
+        self.outbox.put_nowait(decode_pb2.StreamRequest(generate=generate_request(request_id=request_id, **kw)))
+
+    def abort(self, request_id: str) -> None:
+        self.outbox.put_nowait(decode_pb2.StreamRequest(abort=decode_pb2.AbortRequest(request_id=request_id)))
+
+    async def run(self, ids: set[str], on_delta=None) -> tuple[dict[str, list], list[decode_pb2.StepOutput]]:
+        deltas: dict[str, list] = {rid: [] for rid in ids}
+        messages = []
+        while any(not d or not (d[-1].finish_reason or d[-1].error_code) for d in deltas.values()):
+            out = await self.call.read()
+            messages.append(out)
+            for d in out.deltas:
+                deltas[d.request_id].append(d)
+                if on_delta is not None:
+                    on_delta(d)
+        return deltas, messages
+
+    async def close(self) -> None:
+        self.outbox.put_nowait(None)
+        self.call.cancel()
+
+
+async def test_one_stream_carries_many_requests_as_token_ids_per_step(decode, stub, reference) -> None:
+    client = Client(stub)
+    prompts = {f"r{i}": PROMPT[: 5 + i] for i in range(4)}
+    for rid, prompt in prompts.items():
+        client.generate(rid, prompt=prompt, max_tokens=8)
+    deltas, messages = await client.run(set(prompts))
+    await client.close()
+    for rid, prompt in prompts.items():
+        got = [t for d in deltas[rid] for t in d.token_ids]
+        assert got == greedy(reference, prompt, 8)  # no request's tokens in another's
+        last = deltas[rid][-1]
+        assert (last.finish_reason, last.usage.prompt_tokens, last.usage.completion_tokens) == ("length", len(prompt), 8)
+    assert max(len(m.deltas) for m in messages) > 1  # one message carried several requests' step
+
+
+async def test_errors_and_aborts_end_one_request_not_the_stream(decode, stub, reference) -> None:
+    client = Client(stub)
+    client.generate("bad", prompt=[])
+    client.generate("long", max_tokens=40)
+    deltas, _ = await client.run({"bad"})
+    assert deltas["bad"][-1].error_code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    client.abort("long")
+    client.generate("after", max_tokens=4)
+    deltas, _ = await client.run({"long", "after"})
+    await client.close()
+    assert deltas["long"][-1].finish_reason == "abort"
+    assert [t for d in deltas["after"] for t in d.token_ids] == greedy(reference, PROMPT, 4)
+    await asyncio.sleep(0.1)
+    assert decode.worker.num_inflight == 0
+
+
+async def test_stream_interval_holds_tokens_but_never_the_first_or_the_end(reference) -> None:
+    app = await start(decode_settings(stream_interval=4))
+    try:
+        async with grpc.aio.insecure_channel(app.endpoint) as channel:
+            client = Client(decode_pb2_grpc.DecodeWorkerStub(channel))
+            client.generate("r", max_tokens=10)
+            deltas, _ = await client.run({"r"})
+            await client.close()
+    finally:
+        await app.stop()
+    sizes = [len(d.token_ids) for d in deltas["r"]]
+    assert sizes[0] == 1 and all(s >= 4 for s in sizes[1:-1]) and sum(sizes) == 10
+    assert deltas["r"][-1].finish_reason == "length"
+    assert [t for d in deltas["r"] for t in d.token_ids] == greedy(reference, PROMPT, 10)
