@@ -22,11 +22,20 @@ def sampling_from_pb(p: common_pb2.SamplingParams) -> SamplingParams:
         top_p=p.top_p or 1.0,
         top_k=p.top_k,
         seed=p.seed if p.HasField("seed") else None,
-        max_tokens=p.max_tokens or 16,
+        max_tokens=p.max_tokens if p.HasField("prompt_logprobs") else (p.max_tokens or 16),
         stop=tuple(p.stop),
         stop_token_ids=tuple(p.stop_token_ids),
         ignore_eos=p.ignore_eos,
         logprobs=p.logprobs if p.HasField("logprobs") else None,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
+        repetition_penalty=p.repetition_penalty or 1.0,
+        logit_bias=tuple(sorted(p.logit_bias.items())),
+        min_tokens=p.min_tokens,
+        min_p=p.min_p,
+        structured=(p.structured.kind, p.structured.spec) if p.HasField("structured") else None,
+        prompt_logprobs=p.prompt_logprobs if p.HasField("prompt_logprobs") else None,
+        priority=p.priority,
     )
 
 
@@ -43,6 +52,7 @@ def job_from_pb(request: decode_pb2.GenerateRequest) -> GenerateJob:
 def delta_to_pb(delta: Delta) -> decode_pb2.GenerateResponse:
     reply = decode_pb2.GenerateResponse(token_ids=delta.token_ids, text=delta.text)
     reply.logprobs.extend(logprobs_pb(delta.logprobs))
+    reply.prompt_logprobs.extend(logprobs_pb(delta.prompt_logprobs or ()))
     if delta.finish_reason is not None:
         reply.finish_reason = delta.finish_reason
         reply.usage.CopyFrom(

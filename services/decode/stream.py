@@ -147,6 +147,8 @@ class StreamSession:
                 run.span.set_attribute("ttft_s", ttft)
             run.unsent += len(new)
             metrics.GENERATED_TOKENS.inc(len(new))
+        if out.prompt_logprobs is not None:  # on the request's first output (with a token or its end)
+            run.pending().prompt_logprobs.extend(logprobs_pb(out.prompt_logprobs))
         if out.finished:
             self._finish(run, out, out.finish_reason or "stop")
         elif run.unsent and (run.unsent >= self.stream_interval or not run.sent_any):

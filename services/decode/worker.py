@@ -54,6 +54,7 @@ class Delta:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)
@@ -79,6 +80,8 @@ def _merge(outs: list[RequestOutput]) -> Delta:
         delta.token_ids.extend(out.new_token_ids)
         delta.text += out.new_text
         delta.logprobs.extend(out.logprobs or [])
+        if out.prompt_logprobs is not None:
+            delta.prompt_logprobs = out.prompt_logprobs
         if out.finished:
             delta.finish_reason = out.finish_reason
             delta.prompt_tokens = out.num_prompt_tokens
@@ -144,6 +147,8 @@ class DecodeWorker:
         before it reached the engine. The caller calls `finished(job)` once it is done with it."""
         job.request_id = job.request_id or uuid.uuid4().hex
         self.validate(job)
+        if job.params.structured is not None:
+            await self._compile_grammar(*job.params.structured)
         if job.request_id in self._inflight:
             raise InvalidArgument(f"request id {job.request_id!r} is already running on this worker")
         state = self._inflight[job.request_id] = _Inflight(job, list(job.prompt))
@@ -215,7 +220,7 @@ class DecodeWorker:
                     if last is not None:
                         span.set_attribute("tokens", delta.completion_tokens)
                         span.set_attribute("finish_reason", delta.finish_reason)
-                    if delta.token_ids or last is not None:
+                    if delta.token_ids or last is not None or delta.prompt_logprobs is not None:
                         yield delta
             finally:
                 if first_step:
@@ -223,6 +228,13 @@ class DecodeWorker:
         finally:
             span.end()
             self.finished(job, last)
+
+    async def _compile_grammar(self, kind: str, spec: str) -> None:
+        """A bad grammar is refused before any prefill; a good one is cached for the engine."""
+        try:
+            await asyncio.to_thread(self.loop.engine.constraints.precompile, kind, spec)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from exc
 
     def abort(self, request_id: str) -> bool:
         state = self._inflight.get(request_id)

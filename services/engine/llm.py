@@ -9,7 +9,9 @@ import torch
 
 from kvmesh.engine.block_manager import BlockManager
 from kvmesh.engine.config import ModelArgs
+from kvmesh.engine.constraints import StepConstraints
 from kvmesh.engine.memory import CudaMemory, DeviceMemory, MemoryProfile, kv_bytes_from_profile, plan_kv_cache
+from kvmesh.engine.promptlogprobs import split_all_logits, wants_prompt_logprobs
 from kvmesh.engine.outputs import Completion, ContextLengthError, EngineStats, RequestOutput
 from kvmesh.engine.request_state import RequestState
 from kvmesh.engine.runner import ModelRunner, resolve_device, resolve_dtype
@@ -84,6 +86,8 @@ class LLMEngine:
         model_id = config.model_id or ("tiny" if config.model == "tiny" else path.resolve().name)
         self.hasher = BlockHasher(model_id, str(self.dtype).removeprefix("torch."), self.block_size)
         self.eos_token_ids = frozenset(self.model_args.eos_token_ids) | self.tokenizer.eos_token_ids
+        self.constraints = StepConstraints(path, self.model_args.vocab_size, self.eos_token_ids)
+        self.sampler.processors.append(self.constraints)  # grammar masks, penalties, logit_bias, min_tokens
         self.block_manager = BlockManager(num_blocks, self.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, self.hasher.extend, config.max_num_seqs, config.max_num_batched_tokens)
         self._requests: dict[str, RequestState] = {}
@@ -136,7 +140,10 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if computed_kv is not None:
             computed_kv = self._check_kv(computed_kv, len(prompt) - 1, "computed_kv")
+        if params.prompt_logprobs is not None:
+            computed_kv = None  # NOTE: every prompt token's logits are needed: compute them here
         seq = Sequence(request_id, prompt, len(prompt), params, prefill_only=prefill_only, computed_kv=computed_kv)
+        self.constraints.start(seq)
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._generator))
         self._requests[request_id] = RequestState.create(seq, self.tokenizer, seed, detokenize)
         self.scheduler.add(seq)
@@ -204,12 +211,17 @@ class LLMEngine:
         if not sched.scheduled:
             return outputs
         do_sample = [s.start + s.num_new_tokens == s.seq.num_tokens and not s.seq.prefill_only for s in sched.scheduled]
-        logits = self.runner.execute(sched.scheduled, do_sample)
+        if wants_prompt_logprobs(sched.scheduled):
+            logits = split_all_logits(sched.scheduled, do_sample, self.runner.execute(sched.scheduled, do_sample, all_logits=True))
+        else:
+            logits = self.runner.execute(sched.scheduled, do_sample)
         sampled = [s.seq for s, d in zip(sched.scheduled, do_sample) if d]
         states = [self._requests[seq.request_id] for seq in sampled]
+        self.constraints.bind(sampled)
         tokens, logprobs = self.sampler(
             logits, [s.params for s in sampled], [st.generator for st in states], [seq.num_output_tokens for seq in sampled]
         )
+        self.constraints.accept(sampled, tokens)
         for s in sched.scheduled:
             seq = s.seq
             self._prompt_tokens_computed += max(0, min(s.start + s.num_new_tokens, seq.num_prompt_tokens) - s.start)
@@ -220,6 +232,9 @@ class LLMEngine:
             seq = s.seq
             state = self._requests[seq.request_id]
             i = sampled_ids.get(id(seq))
+            if i is not None and seq.params.max_tokens == 0:  # prompt logprobs only
+                self._finish(seq, "length", outputs)
+                continue
             if i is not None:
                 self._generated_tokens += 1
                 reason = state.append_token(tokens[i], logprobs[i], self.eos_token_ids, self.max_model_len)

@@ -40,6 +40,7 @@ class RequestOutput:
     num_output_tokens: int
     num_cached_tokens: int
     num_computed_tokens: int
+    prompt_logprobs: list[TokenLogprob] | None = None  # once, on the first output, when asked
 
 
 @dataclass(frozen=True, slots=True)

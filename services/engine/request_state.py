@@ -78,6 +78,8 @@ class RequestState:
             num_cached_tokens=seq.num_cached_tokens,
             num_computed_tokens=seq.num_computed_tokens,
         )
+        if seq.params.prompt_logprobs is not None and not seq.prompt_logprobs_sent and (finished or self.new_token_ids):
+            out.prompt_logprobs, seq.prompt_logprobs_sent = list(seq.prompt_logprobs), True
         self.all_logprobs.extend(self.new_logprobs)
         self.new_token_ids, self.new_text, self.new_logprobs = [], "", []
         return out

@@ -1,14 +1,18 @@
 """Unified continuous-batching scheduler (pure Python, torch-free).
 
 Each step every scheduled sequence gets `num_new_tokens`: 1 for decode, a chunk for prefill,
-all under one `max_num_batched_tokens` budget. Running sequences go first (in arrival order);
-when blocks run out the most recently admitted running sequence is preempted (its blocks are
-freed and it is recomputed later). Waiting sequences are admitted only in steps without
+all under one `max_num_batched_tokens` budget. Both queues are ordered by (priority, arrival):
+lower priority values run first (vLLM's semantics), equal ones in arrival order. Running
+sequences go first; when blocks run out the last running sequence (the lowest priority, latest
+arrival) is preempted: its blocks are freed and it is recomputed later. A waiting sequence of
+better priority than the last running one that does not fit preempts running sequences of worse
+priority until it does. Otherwise waiting sequences are admitted only in steps without
 preemption, reusing prefix-cache hits and KV handed in from elsewhere (`computed_kv`).
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Callable, Sequence as Seq
 from dataclasses import dataclass, field
@@ -57,15 +61,20 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.counters = SchedulerCounters()
+        self._arrivals = 0
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self._arrivals += 1
+        seq.arrival = self._arrivals
+        bisect.insort(self.waiting, seq, key=_order)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        self._preempt_for_priority(out)
+        made_room = len(out.preempted)
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
@@ -81,15 +90,32 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
             budget -= n
             i += 1
-        if not out.preempted:
+        if len(out.preempted) == made_room:
             self._admit(out, budget)
         return out
+
+    def _preempt_for_priority(self, out: SchedulerOutput) -> None:
+        """Preempt running sequences of worse priority than the first waiting one until it fits."""
+        if not self.waiting:
+            return
+        head = self.waiting[0]
+        while self.running and self.running[-1].params.priority > head.params.priority and not self._fits(head):
+            self._preempt(self.running.pop(), out)
+
+    def _fits(self, seq: Sequence) -> bool:
+        if len(self.running) >= self.max_num_seqs:
+            return False
+        self.update_hashes(seq)
+        hits = self.bm.match_prefix(seq.block_hashes[: seq.max_cache_hit_tokens // self.block_size], seq.token_ids)
+        need = self._blocks_for(seq.target_len) - len(hits)
+        return need + self.bm.num_free_among(hits) <= self.bm.num_free_blocks
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             self.update_hashes(seq)
-            max_hit_blocks = seq.max_cache_hit_tokens // self.block_size
+            # NOTE: prompt logprobs need the logits of every prompt token, so no cache hits (as vLLM).
+            max_hit_blocks = 0 if seq.params.prompt_logprobs is not None else seq.max_cache_hit_tokens // self.block_size
             hits = self.bm.match_prefix(seq.block_hashes[:max_hit_blocks], seq.token_ids)
             hit_tokens = len(hits) * self.block_size
             computed = max(hit_tokens, seq.computed_kv_len)
@@ -114,7 +140,7 @@ class Scheduler:
                 out.prefilled.append(seq)
                 continue
             seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            bisect.insort(self.running, seq, key=_order)
             out.scheduled.append(ScheduledSeq(seq, computed, n))
             budget -= n
 
@@ -156,9 +182,13 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_committed_blocks = 0
         seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+        bisect.insort(self.waiting, seq, key=_order)
         self.counters.num_preemptions += 1
         out.preempted.append(seq)
 
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+
+def _order(seq: Sequence) -> tuple[int, int]:
+    return (seq.params.priority, seq.arrival)

@@ -32,6 +32,10 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     finish_reason: str | None = None
     admitted_once: bool = False
+    arrival: int = 0  # order of arrival at the scheduler (ties within one priority)
+    grammar: Any = None  # xgrammar matcher of a structured-output request
+    prompt_logprobs: list[Any] = field(default_factory=list)  # TokenLogprob of prompt tokens 1.. (when asked)
+    prompt_logprobs_sent: bool = False
 
     @property
     def num_tokens(self) -> int:

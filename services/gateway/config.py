@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -35,6 +37,9 @@ class GatewaySettings(MeshSettings):
     mirror_sample: float = Field(0.0, description="fraction of requests mirrored to the canary (0 = off)")
     mirror_buffer: int = Field(1024, description="mirror records buffered before drops")
     admin_key: str = Field("", description="bearer key for /admin routes (e.g. PUT /admin/mirror); empty = no admin routes")
+    tool_call_parser: Literal["auto", "hermes", "llama3_json"] = Field(
+        "auto", description="tool-call format of the model's output: hermes (Qwen2/2.5), llama3_json (Llama 3.1+), auto (from the chat template)"
+    )
     shutdown_grace_s: float = Field(10.0, description="how long in-flight requests may finish on SIGTERM")
     api_keys: str = mesh_field("", "API_KEYS", "comma-separated API keys; empty = no auth")
 

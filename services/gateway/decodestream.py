@@ -37,11 +37,12 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 class RequestFeed:
     """What one request has received and not yet read (merged); `read()` waits for more."""
 
-    __slots__ = ("token_ids", "logprobs", "finish_reason", "usage", "cached_tokens", "error", "_event")
+    __slots__ = ("token_ids", "logprobs", "prompt_logprobs", "finish_reason", "usage", "cached_tokens", "error", "_event")
 
     def __init__(self) -> None:
         self.token_ids: list[int] = []
         self.logprobs: list = []  # common_pb2.TokenLogprob
+        self.prompt_logprobs: list = []  # common_pb2.TokenLogprob of prompt tokens 1.. (echo), taken once
         self.finish_reason = ""
         self.usage = None  # common_pb2.Usage on the last delta
         self.cached_tokens: int | None = None
@@ -52,6 +53,8 @@ class RequestFeed:
         self.token_ids.extend(delta.token_ids)
         if delta.logprobs:
             self.logprobs.extend(delta.logprobs)
+        if delta.prompt_logprobs:
+            self.prompt_logprobs.extend(delta.prompt_logprobs)
         if self.cached_tokens is None and (delta.token_ids or delta.finish_reason):
             self.cached_tokens = delta.cached_tokens
         if delta.error_code:

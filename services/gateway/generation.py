@@ -58,6 +58,7 @@ class GenerationJob:
     block_hashes: list[bytes]
     sampling: SamplingSpec
     max_tokens: int
+    priority: int = 0  # lower runs first
 
 
 class Generation:
@@ -139,6 +140,7 @@ class Generation:
             max_tokens=self.remaining_tokens,
             pool=backend.settings.pool,
             exclude_workers=self._exclude,
+            priority=job.priority,
         )
         timeout = min(backend.settings.route_timeout_s, self._time_left())
         with trace.use_span(self.span, end_on_exit=False):
@@ -159,7 +161,7 @@ class Generation:
             gen_req = decode_pb2.GenerateRequest(
                 request_id=job.request_id,
                 prompt_token_ids=prompt,
-                sampling=sampling_pb(job.sampling, self.remaining_tokens),
+                sampling=sampling_pb(job.sampling, self.remaining_tokens, job.priority),
                 session_id=job.session_id,
             )
             if not route.local_prefill and route.HasField("prefill"):
@@ -250,6 +252,8 @@ class Generation:
             text += self._text.finish()
         self.output_token_ids.extend(tokens)
         delta = Delta(tokens, text, logprobs_from_pb(logprobs) if logprobs else None, finish or None)
+        if self._feed is not None and self._feed.prompt_logprobs:  # echo: once, with the first delta
+            delta.prompt_logprobs, self._feed.prompt_logprobs = logprobs_from_pb(self._feed.prompt_logprobs), []
         if finish:
             self._end_attempt()
             self._finish(delta)

@@ -13,6 +13,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
 from .protocol import ChatBody, CompletionBody
+from .tokenize import DetokenizeBody, TokenizeBody
 
 REF = "#/components/schemas/{model}"
 
@@ -29,8 +30,8 @@ def install(app: FastAPI) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-            _, defs = models_json_schema([(CompletionBody, "validation"), (ChatBody, "validation")],
-                                         ref_template=REF)
+            bodies = (CompletionBody, ChatBody, TokenizeBody, DetokenizeBody)
+            _, defs = models_json_schema([(b, "validation") for b in bodies], ref_template=REF)
             schema.setdefault("components", {}).setdefault("schemas", {}).update(defs.get("$defs", {}))
             app.openapi_schema = schema
         return app.openapi_schema

@@ -20,6 +20,7 @@ class Delta:
     text: str = ""
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None  # prompt tokens 1.. (echo), on the first delta
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,9 @@ class ServedModel:
         bad = [t for t in request.sampling.stop_token_ids if t >= self.vocab_size]
         if bad:
             raise invalid(f"stop_token_ids must be below the vocabulary size {self.vocab_size}, got {bad[0]}.", "stop_token_ids")
+        bad = [t for t, _ in request.sampling.logit_bias if t >= self.vocab_size]
+        if bad:
+            raise invalid(f"logit_bias names token {bad[0]}, outside the vocabulary (size {self.vocab_size}).", "logit_bias")
         return PreparedPrompt(token_ids, self.hasher.hashes(token_ids), max_tokens)
 
     def tokenize(self, request: GenerationRequest) -> list[int]:
@@ -62,12 +65,16 @@ class ServedModel:
                 raise invalid(f"Token id {bad[0]} is out of vocabulary (size {self.vocab_size}).", "prompt")
             return list(request.prompt_token_ids)
         if request.messages is not None:
-            try:
-                text = self.tokenizer.apply_chat_template(list(request.messages), add_generation_prompt=True)
-            except Exception as exc:  # noqa: BLE001 - a template raising on user input is a 400
-                raise invalid(f"The chat template cannot render these messages: {exc}", "messages") from exc
-            return self.encode_rendered(text)
+            tools = [t.as_dict() for t in request.tools] if request.tools else None
+            return self.encode_rendered(self.render_chat(list(request.messages), tools))
         return self.tokenizer.encode(request.prompt or "", add_special_tokens=True)
+
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True) -> str:
+        """The chat template's text for `messages`, with `tools` passed to the template (as HF does)."""
+        try:
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        except Exception as exc:  # noqa: BLE001 - a template raising on user input is a 400
+            raise invalid(f"The chat template cannot render these messages: {exc}", "messages") from exc
 
     def encode_rendered(self, text: str) -> list[int]:
         # NOTE: templates that already start with the BOS token must not get a second one; for

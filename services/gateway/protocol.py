@@ -17,6 +17,44 @@ class Endpoint(Enum):
 class Limits:
     max_stop_sequences: int = 4
     max_stop_length: int = 256
+    max_n: int = 8
+
+
+class GuideKind(Enum):
+    """What constrains the output: the grammar kinds of `response_format` and vLLM's guided_*."""
+
+    JSON = "json"  # spec: a JSON schema (json_object: {"type": "object"})
+    REGEX = "regex"
+    GRAMMAR = "grammar"  # spec: EBNF (guided_choice becomes one)
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredSpec:
+    kind: GuideKind
+    spec: str
+
+
+class ToolChoice(Enum):
+    NONE = "none"
+    AUTO = "auto"
+    REQUIRED = "required"
+    NAMED = "named"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """One function the model may call: name, description, JSON schema of its arguments."""
+
+    name: str
+    description: str | None
+    parameters: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The OpenAI `tools` entry, as chat templates expect it."""
+        function: dict[str, Any] = {"name": self.name, "parameters": self.parameters}
+        if self.description is not None:
+            function["description"] = self.description
+        return {"type": "function", "function": function}
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +69,14 @@ class SamplingSpec:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N per token; None = off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    min_tokens: int = 0
+    min_p: float = 0.0
+    structured: StructuredSpec | None = None
+    prompt_logprobs: int | None = None  # top-N per prompt token (completions echo); None = off
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +92,14 @@ class GenerationRequest:
     user: str | None = None
     prompt: str | None = None
     prompt_token_ids: tuple[int, ...] | None = None
-    messages: tuple[dict[str, str], ...] | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
     max_tokens_param: str = "max_tokens"
+    n: int = 1
+    echo: bool = False
+    priority: int = 0  # lower runs first (vLLM's semantics)
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice = ToolChoice.NONE
+    tool_name: str | None = None  # the function named by tool_choice
 
 
 class Body(BaseModel):
@@ -76,6 +128,15 @@ class CommonBody(Body):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    min_tokens: int | None = None
+    min_p: float | None = None
+    priority: int | None = None
+    response_format: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
 
 
 class CompletionBody(CommonBody):
@@ -90,19 +151,20 @@ class ChatMessage(Body):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
-    tool_calls: list[Any] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatBody(CommonBody):
     messages: list[ChatMessage]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: dict[str, Any] | None = None
 
 
 class MirrorUpdate(BaseModel):

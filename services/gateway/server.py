@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
+from importlib.metadata import PackageNotFoundError, version as package_version
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
@@ -19,11 +21,14 @@ from .backend import Backend
 from .config import GatewaySettings
 from .contextlen import ContextLengthWatch
 from .errors import ApiError, model_not_found
-from .handlers import CompletionService
+from .handlers import CompletionService, read_body
 from .metrics import GatewayMetrics
 from .mirror import MirrorTap
 from .prompt import ServedModel
 from .protocol import ChatBody, CompletionBody, Endpoint, MirrorUpdate
+from .readiness import decode_workers_ready
+from .tokenize import DetokenizeBody, TokenizeBody, detokenize, tokenize
+from .validate import parse_json, validate_body
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +38,13 @@ def error_response(error: ApiError, request_id: str | None = None) -> JSONRespon
     if request_id:
         headers["X-Request-Id"] = request_id
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def _version() -> str:
+    try:
+        return package_version("kvmesh")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def _request_id(request: Request) -> str | None:
@@ -171,11 +183,28 @@ def create_app(
         log.info("mirror sample set to %g", update.sample)
         return {"sample": mirror.sample}
 
+    @app.post("/tokenize", openapi_extra=openapi.request_body(TokenizeBody))
+    async def tokenize_route(request: Request) -> dict:
+        keys.check(request.headers.get("authorization"))
+        body = validate_body(TokenizeBody, parse_json(await read_body(request, settings.max_body_bytes)))
+        return await asyncio.to_thread(tokenize, model, body)
+
+    @app.post("/detokenize", openapi_extra=openapi.request_body(DetokenizeBody))
+    async def detokenize_route(request: Request) -> dict:
+        keys.check(request.headers.get("authorization"))
+        body = validate_body(DetokenizeBody, parse_json(await read_body(request, settings.max_body_bytes)))
+        return await asyncio.to_thread(detokenize, model, body)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": _version()}
+
     @app.get("/health")
     async def health() -> JSONResponse:
-        if await backend.healthy():
+        ready, why = await decode_workers_ready(backend)
+        if ready:
             return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": "unavailable", "scheduler": settings.scheduler}, status_code=503)
+        return JSONResponse({"status": "unavailable", "reason": why, "scheduler": settings.scheduler}, status_code=503)
 
     @app.get("/metrics")
     async def prometheus() -> Response:

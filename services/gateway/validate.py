@@ -2,8 +2,8 @@
 
 Every input a user can get wrong ends in an `ApiError(400)` that names the offending parameter;
 fields that would change the meaning of a request and that this server does not implement
-(`tools`, `response_format` json, `best_of`, `echo`, `suffix`, penalties, ...) are refused by name
-rather than silently ignored.
+(`best_of`, `suffix`, `functions`, ...) are refused by name rather than silently ignored.
+Structured outputs and tools are checked in `structured.py`.
 """
 
 from __future__ import annotations
@@ -14,21 +14,24 @@ from typing import Any
 from pydantic import ValidationError
 
 from .errors import ApiError, invalid
+from .messages import chat_messages
+from .structured import parse_tool_choice, parse_tools, structured_spec, tool_call_schema
 from .protocol import (
     ChatBody,
-    ChatMessage,
     CompletionBody,
     Endpoint,
     GenerationRequest,
     Limits,
     SamplingSpec,
+    StructuredSpec,
     Body,
     CommonBody,
 )
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-INT32_MAX = 2**31 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300  # entries; vLLM and OpenAI cap the values at +-100
 
 
 def parse_json(raw: bytes) -> Any:
@@ -43,44 +46,48 @@ def parse_json(raw: bytes) -> Any:
 
 
 def parse_completion(data: dict[str, Any], limits: Limits) -> GenerationRequest:
-    body = _validate(CompletionBody, data)
-    _refuse_common(body)
-    if body.best_of not in (None, 1):
-        raise invalid(f"best_of={body.best_of} is not supported; only best_of=1.", "best_of", "unsupported_parameter")
-    if body.echo:
-        raise invalid("echo=true is not supported.", "echo", "unsupported_parameter")
+    body = validate_body(CompletionBody, data)
+    _check_common(body, limits)
+    if body.best_of not in (None, 1, body.n):
+        raise invalid(f"best_of={body.best_of} is not supported; only best_of=n.", "best_of", "unsupported_parameter")
     if body.suffix:
         raise invalid("suffix is not supported.", "suffix", "unsupported_parameter")
     logprobs = body.logprobs
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise invalid(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {logprobs}.", "logprobs")
     prompt, token_ids = _prompt(body.prompt)
+    echo = bool(body.echo)
+    prompt_logprobs = logprobs if echo else None
+    # NOTE: echo + logprobs + max_tokens=0 is how eval harnesses score a text: prompt logprobs only.
+    max_tokens = _max_tokens(body.max_tokens, "max_tokens", minimum=0 if prompt_logprobs is not None else 1)
     return GenerationRequest(
         endpoint=Endpoint.COMPLETIONS,
         model=body.model,
-        sampling=_sampling(body, limits, logprobs),
-        max_tokens=_max_tokens(body.max_tokens, "max_tokens"),
+        sampling=_sampling(body, limits, logprobs, structured_spec(body), prompt_logprobs),
+        max_tokens=max_tokens,
         stream=bool(body.stream),
         include_usage=_include_usage(body),
         user=body.user,
         prompt=prompt,
         prompt_token_ids=token_ids,
+        n=body.n or 1,
+        echo=echo,
+        priority=body.priority or 0,
     )
 
 
 def parse_chat(data: dict[str, Any], limits: Limits) -> GenerationRequest:
-    body = _validate(ChatBody, data)
-    _refuse_common(body)
-    if body.tools:
-        raise invalid("tools are not supported by this server.", "tools", "unsupported_parameter")
-    if body.tool_choice not in (None, "none"):
-        raise invalid("tool_choice is not supported by this server.", "tool_choice", "unsupported_parameter")
+    body = validate_body(ChatBody, data)
+    _check_common(body, limits)
     if body.functions or body.function_call is not None:
         param = "functions" if body.functions else "function_call"
-        raise invalid(f"{param} is not supported by this server.", param, "unsupported_parameter")
-    kind = (body.response_format or {}).get("type", "text")
-    if kind != "text":
-        raise invalid(f"response_format type {kind!r} is not supported; only 'text'.", "response_format", "unsupported_parameter")
+        raise invalid(f"{param} is deprecated and not supported; use tools.", param, "unsupported_parameter")
+    tools = parse_tools(body.tools)
+    tool_choice, tool_name = parse_tool_choice(body.tool_choice, tools)
+    structured = structured_spec(body)
+    forced = tool_call_schema(tools, tool_choice, tool_name, body.parallel_tool_calls is not False)
+    if forced is not None and structured is not None:
+        raise invalid("tool_choice 'required' or a named function cannot be combined with a structured output.", "tool_choice")
     logprobs = None
     if body.top_logprobs is not None:
         if not body.logprobs:
@@ -96,17 +103,22 @@ def parse_chat(data: dict[str, Any], limits: Limits) -> GenerationRequest:
     return GenerationRequest(
         endpoint=Endpoint.CHAT,
         model=body.model,
-        sampling=_sampling(body, limits, logprobs),
+        sampling=_sampling(body, limits, logprobs, forced or structured),
         max_tokens=max_tokens,
         stream=bool(body.stream),
         include_usage=_include_usage(body),
         user=body.user,
-        messages=_messages(body.messages),
+        messages=chat_messages(body.messages),
         max_tokens_param=param,
+        n=body.n or 1,
+        priority=body.priority or 0,
+        tools=tools,
+        tool_choice=tool_choice,
+        tool_name=tool_name,
     )
 
 
-def _validate(model: type[Body], data: dict[str, Any]) -> Any:
+def validate_body(model: type[Body], data: dict[str, Any]) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -148,16 +160,11 @@ def _json_type(value: Any) -> str:
     return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
-def _refuse_common(body: CommonBody) -> None:
-    if body.n not in (None, 1):
-        raise invalid(f"n={body.n} is not supported; this server returns one choice per request (n=1).", "n", "unsupported_parameter")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(body, name):
-            raise invalid(f"{name} is not supported; leave it unset or 0.", name, "unsupported_parameter")
-    if body.repetition_penalty not in (None, 1.0):
-        raise invalid("repetition_penalty is not supported; leave it unset or 1.", "repetition_penalty", "unsupported_parameter")
-    if body.logit_bias:
-        raise invalid("logit_bias is not supported.", "logit_bias", "unsupported_parameter")
+def _check_common(body: CommonBody, limits: Limits) -> None:
+    if body.n is not None and not 1 <= body.n <= limits.max_n:
+        raise invalid(f"n must be between 1 and {limits.max_n}, got {body.n}.", "n")
+    if body.priority is not None and not INT32_MIN <= body.priority <= INT32_MAX:
+        raise invalid(f"priority must fit in a signed 32-bit integer, got {body.priority}.", "priority")
     if body.stream_options is not None and not body.stream:
         raise invalid("stream_options can only be set when stream is true.", "stream_options")
 
@@ -166,13 +173,50 @@ def _include_usage(body: CommonBody) -> bool:
     return bool(body.stream and body.stream_options and body.stream_options.include_usage)
 
 
-def _max_tokens(value: int | None, param: str) -> int | None:
-    if value is not None and value < 1:
-        raise invalid(f"{param} must be at least 1, got {value}.", param)
+def _max_tokens(value: int | None, param: str, minimum: int = 1) -> int | None:
+    if value is not None and value < minimum:
+        raise invalid(f"{param} must be at least {minimum}, got {value}.", param)
     return value
 
 
-def _sampling(body: CommonBody, limits: Limits, logprobs: int | None) -> SamplingSpec:
+def _penalties(body: CommonBody) -> dict[str, float]:
+    """presence/frequency in [-2, 2] (OpenAI), repetition > 0 (vLLM; 1 = off)."""
+    out = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(body, name) or 0.0
+        if not -2.0 <= value <= 2.0:
+            raise invalid(f"{name} must be between -2 and 2, got {value}.", name)
+        out[name] = value
+    repetition = 1.0 if body.repetition_penalty is None else body.repetition_penalty
+    if not 0.0 < repetition <= 100.0:
+        raise invalid(f"repetition_penalty must be in (0, 100], got {repetition}.", "repetition_penalty")
+    out["repetition_penalty"] = repetition
+    return out
+
+
+def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """Token id -> bias in [-100, 100]; ids are checked against the vocabulary in `prepare`."""
+    if not bias:
+        return ()
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise invalid(f"logit_bias may name at most {MAX_LOGIT_BIAS} tokens, got {len(bias)}.", "logit_bias")
+    out = []
+    for key, value in bias.items():
+        if not key.isascii() or not key.isdigit():
+            raise invalid(f"logit_bias keys must be token ids (non-negative integers), got {key!r}.", "logit_bias")
+        if not -100.0 <= value <= 100.0:
+            raise invalid(f"logit_bias values must be between -100 and 100, got {value} for token {key}.", "logit_bias")
+        out.append((int(key), float(value)))
+    return tuple(sorted(out))
+
+
+def _sampling(
+    body: CommonBody,
+    limits: Limits,
+    logprobs: int | None,
+    structured: StructuredSpec | None = None,
+    prompt_logprobs: int | None = None,
+) -> SamplingSpec:
     temperature = 1.0 if body.temperature is None else body.temperature
     if not 0.0 <= temperature <= 2.0:
         raise invalid(f"temperature must be between 0 and 2, got {temperature}.", "temperature")
@@ -187,6 +231,15 @@ def _sampling(body: CommonBody, limits: Limits, logprobs: int | None) -> Samplin
     stop_token_ids = tuple(body.stop_token_ids or ())
     if any(t < 0 for t in stop_token_ids):
         raise invalid("stop_token_ids must be non-negative token ids.", "stop_token_ids")
+    min_tokens = body.min_tokens or 0
+    if not 0 <= min_tokens <= INT32_MAX:
+        raise invalid(f"min_tokens must be a non-negative count, got {min_tokens}.", "min_tokens")
+    limit = getattr(body, "max_completion_tokens", None) or body.max_tokens
+    if limit is not None and min_tokens > limit:
+        raise invalid(f"min_tokens ({min_tokens}) must not exceed max_tokens ({limit}).", "min_tokens")
+    min_p = body.min_p or 0.0
+    if not 0.0 <= min_p <= 1.0:
+        raise invalid(f"min_p must be between 0 and 1, got {min_p}.", "min_p")
     return SamplingSpec(
         temperature=temperature,
         top_p=top_p,
@@ -196,6 +249,12 @@ def _sampling(body: CommonBody, limits: Limits, logprobs: int | None) -> Samplin
         stop_token_ids=stop_token_ids,
         ignore_eos=bool(body.ignore_eos),
         logprobs=logprobs,
+        logit_bias=_logit_bias(body.logit_bias),
+        min_tokens=min_tokens,
+        min_p=min_p,
+        structured=structured,
+        prompt_logprobs=prompt_logprobs,
+        **_penalties(body),
     )
 
 
@@ -227,44 +286,3 @@ def _prompt(prompt: str | list[int] | list[str] | list[list[int]]) -> tuple[str 
     if any(t < 0 for t in prompt):
         raise invalid("prompt token ids must be non-negative.", "prompt")
     return None, tuple(prompt)
-
-
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-
-
-def _messages(messages: list[ChatMessage]) -> tuple[dict[str, str], ...]:
-    if not messages:
-        raise invalid("messages must contain at least one message.", "messages")
-    out = []
-    for i, msg in enumerate(messages):
-        role = _ROLES.get(msg.role)
-        if role is None:
-            raise invalid(
-                f"Unsupported role {msg.role!r}; expected one of system, developer, user, assistant.",
-                f"messages.[{i}].role",
-            )
-        if msg.tool_calls:
-            raise invalid("tool_calls are not supported by this server.", f"messages.[{i}].tool_calls", "unsupported_parameter")
-        out.append({"role": role, "content": _content(msg, i)})
-    return tuple(out)
-
-
-def _content(msg: ChatMessage, i: int) -> str:
-    if msg.content is None:
-        if msg.role == "assistant":
-            return ""
-        raise invalid(f"Missing content in a {msg.role!r} message.", f"messages.[{i}].content")
-    if isinstance(msg.content, str):
-        return msg.content
-    texts = []
-    for j, part in enumerate(msg.content):
-        kind = part.get("type")
-        if kind != "text":
-            raise invalid(
-                f"Only text content parts are supported, got {kind!r}.", f"messages.[{i}].content.[{j}].type", "unsupported_content"
-            )
-        text = part.get("text")
-        if not isinstance(text, str):
-            raise invalid("A text content part needs a string 'text'.", f"messages.[{i}].content.[{j}].text")
-        texts.append(text)
-    return "\n".join(texts)

@@ -39,7 +39,7 @@ def retry_after_from(trailers: object) -> float | None:
     return None
 
 
-def sampling_pb(spec: SamplingSpec, max_tokens: int) -> common_pb2.SamplingParams:
+def sampling_pb(spec: SamplingSpec, max_tokens: int, priority: int = 0) -> common_pb2.SamplingParams:
     pb = common_pb2.SamplingParams(
         temperature=spec.temperature,
         top_p=spec.top_p,
@@ -48,7 +48,18 @@ def sampling_pb(spec: SamplingSpec, max_tokens: int) -> common_pb2.SamplingParam
         stop=list(spec.stop),
         stop_token_ids=list(spec.stop_token_ids),
         ignore_eos=spec.ignore_eos,
+        presence_penalty=spec.presence_penalty,
+        frequency_penalty=spec.frequency_penalty,
+        repetition_penalty=spec.repetition_penalty,
+        logit_bias=dict(spec.logit_bias),
+        min_tokens=spec.min_tokens,
+        min_p=spec.min_p,
+        priority=priority,
     )
+    if spec.structured is not None:
+        pb.structured.CopyFrom(common_pb2.StructuredOutput(kind=spec.structured.kind.value, spec=spec.structured.spec))
+    if spec.prompt_logprobs is not None:
+        pb.prompt_logprobs = spec.prompt_logprobs
     if spec.seed is not None:
         pb.seed = spec.seed
     if spec.logprobs is not None:

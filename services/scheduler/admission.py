@@ -2,8 +2,9 @@
 
 Slots = the live decode workers' max_num_seqs summed, times `capacity_factor`; the queue holds
 `queue_factor` × slots more. Beyond that a request is refused with a retry-after estimate (the
-gateway answers 429). Queue order is FCFS, or short-first with aging: a waiting request that has
-been overtaken `aging_quota` times goes next, so long prompts are never starved.
+gateway answers 429). Queue order is by priority first (lower runs first, vLLM's semantics), then
+FCFS or short-first; with aging: a waiting request that has been overtaken `aging_quota` times
+goes next, so neither low-priority requests nor long prompts are starved.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Ticket:
     request_id: str
     cost: int            # prompt tokens: what "short" means
     seq: int             # arrival order
+    priority: int = 0    # lower runs first
     skipped: int = 0     # times a later request was admitted first
 
 
@@ -71,7 +73,7 @@ class AdmissionQueue:
         self.slots = math.ceil(max(0, total_max_num_seqs) * self.config.capacity_factor)
         return self._promote()
 
-    def offer(self, request_id: str, cost: int) -> bool:
+    def offer(self, request_id: str, cost: int, priority: int = 0) -> bool:
         """True: admitted now. False: queued (wait for `release` to name it). Raises QueueFull."""
         if request_id in self._active or any(t.request_id == request_id for t in self._waiting):
             self.cancel(request_id)  # NOTE: a retry with the same id replaces the earlier attempt
@@ -83,7 +85,7 @@ class AdmissionQueue:
                 f"admission queue full ({self.depth} waiting, {self.active}/{self.slots} in flight)", self.retry_after_s()
             )
         self._seq += 1
-        self._waiting.append(Ticket(request_id, cost, self._seq))
+        self._waiting.append(Ticket(request_id, cost, self._seq, priority))
         return False
 
     def release(self, request_id: str) -> list[str]:
@@ -123,9 +125,9 @@ class AdmissionQueue:
         return admitted
 
     def _next(self) -> Ticket:
-        if self.config.order is Order.FCFS:
-            return self._waiting[0]
         aged = [t for t in self._waiting if t.skipped >= self.config.aging_quota]
         if aged:
             return min(aged, key=lambda t: t.seq)
-        return min(self._waiting, key=lambda t: (t.cost, t.seq))
+        if self.config.order is Order.FCFS:
+            return min(self._waiting, key=lambda t: (t.priority, t.seq))
+        return min(self._waiting, key=lambda t: (t.priority, t.cost, t.seq))

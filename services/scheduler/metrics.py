@@ -14,12 +14,23 @@ ROUTE_OVERLAP_BLOCKS = Histogram(
     buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096),
 )
 QUEUE_DEPTH = Gauge("kvmesh_scheduler_queue_depth", "requests waiting for admission")
+ADMISSION_WAIT = Histogram(
+    "kvmesh_scheduler_admission_wait_seconds",
+    "time a routed request waited for an admission slot, by priority class",
+    ["priority"],
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
 REJECTED = Counter("kvmesh_scheduler_rejected_total", "requests refused (queue full -> 429)")
 WORKERS = Gauge("kvmesh_scheduler_workers", "live workers", ["role", "pool"])
 KV_EVENTS_APPLIED = Counter("kvmesh_scheduler_kv_events_applied_total", "KV event batches applied to the index")
 KV_EVENT_GAPS = Counter("kvmesh_scheduler_kv_event_gaps_total", "sequence gaps detected (repaired by replay/dump)")
 REPLICAS = Gauge("kvmesh_scheduler_replicas", "live scheduler replicas this one sees (itself included)")
 INDEX_BLOCKS = Gauge("kvmesh_scheduler_index_blocks", "block entries in the global index")
+
+
+def priority_class(priority: int) -> str:
+    """A bounded label for a request priority: high (< 0), normal (0), low (> 0)."""
+    return "high" if priority < 0 else "low" if priority > 0 else "normal"
 
 
 class IndexCounters:

@@ -27,9 +27,9 @@ class AdmissionGate:
         self.queue = queue
         self._waiters: dict[str, asyncio.Future[None]] = {}
 
-    async def acquire(self, request_id: str, cost: int) -> None:
+    async def acquire(self, request_id: str, cost: int, priority: int = 0) -> None:
         """Returns once the request holds a slot; raises QueueFull when the queue is full."""
-        if self.queue.offer(request_id, cost):
+        if self.queue.offer(request_id, cost, priority):
             return
         future = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = future
@@ -98,12 +98,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         with tracer.start_as_current_span("scheduler.route") as span:
             span.set_attribute("kvmesh.request_id", query.request_id)
             span.set_attribute("kvmesh.policy", self.router.policy.name)
+            span.set_attribute("kvmesh.priority", request.priority)
             if not self.router.has_decode_workers(query.pool):
                 raise Unavailable(f"no decode worker in pool {query.pool or self.router.registry.production_pool!r}")
             loop = asyncio.get_running_loop()
             started = loop.time()
             try:
-                await self.gate.acquire(query.request_id, query.num_prompt_tokens)
+                await self.gate.acquire(query.request_id, query.num_prompt_tokens, request.priority)
             except QueueFull as exc:
                 metrics.REJECTED.inc()
                 raise ResourceExhausted(str(exc), exc.retry_after_s) from None
@@ -115,6 +116,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             except BaseException:
                 self.gate.release(query.request_id)
                 raise
+            metrics.ADMISSION_WAIT.labels(metrics.priority_class(request.priority)).observe(loop.time() - started)
             prefill = "local" if decision.local_prefill else "remote"
             metrics.ROUTE_DECISIONS.labels(decision.policy, prefill).inc()
             metrics.ROUTE_OVERLAP_BLOCKS.labels(decision.policy).observe(decision.decode_cached_blocks)

@@ -98,3 +98,51 @@ def test_prefill_only_with_all_kv_supplied_finishes_at_admission() -> None:
     assert out.prefilled == [p] and out.scheduled == []
     assert out.kv_imports == [(p, 0, 5)]
     assert p.block_table == [0, 1] and p.status == SequenceStatus.PREFILLED
+
+
+def pseq(rid: str, n: int, priority: int) -> Sequence:
+    """A sequence whose tokens share no block with another's (its own first token)."""
+    return Sequence(rid, [1000 + sum(map(ord, rid))] + list(range(2, n + 1)), n, SamplingParams(priority=priority))
+
+
+def test_waiting_queue_is_ordered_by_priority_then_arrival() -> None:
+    s = make(max_num_seqs=1, budget=64)
+    for rid, prio in (("late_low", 3), ("normal", 0), ("high", -2), ("normal2", 0)):
+        s.add(pseq(rid, 4, prio))
+    assert [q.request_id for q in s.waiting] == ["high", "normal", "normal2", "late_low"]
+
+
+def test_high_priority_arrival_preempts_lower_priority_when_blocks_run_out() -> None:
+    s = make(num_blocks=4, budget=64)  # 4 blocks of 4 tokens
+    low = pseq("low", 12, priority=5)
+    s.add(low)
+    assert advance(s) == [("low", 0, 12)]
+    high = pseq("high", 8, priority=0)
+    s.add(high)
+    out = s.schedule()
+    assert [q.request_id for q in out.preempted] == ["low"] and low.status is SequenceStatus.WAITING
+    assert [(i.seq.request_id, i.num_new_tokens) for i in out.scheduled] == [("high", 8)]
+    assert s.counters.num_preemptions == 1
+
+
+def test_equal_or_better_priority_running_is_not_preempted_for_an_arrival() -> None:
+    s = make(num_blocks=4, budget=64)
+    first = pseq("first", 12, priority=0)
+    s.add(first)
+    advance(s)
+    s.add(pseq("second", 8, priority=0))
+    out = s.schedule()
+    assert out.preempted == [] and [i.seq.request_id for i in out.scheduled] == ["first"]
+
+
+def test_running_preemption_takes_the_lowest_priority_first() -> None:
+    s = make(num_blocks=6, budget=64)
+    low, high = pseq("low", 8, priority=1), pseq("high", 8, priority=0)
+    s.add(low)
+    s.add(high)
+    advance(s)  # both prefilled: 2 blocks each, 2 free
+    for q in (low, high):
+        q.token_ids.extend([7] * 8)  # each needs 2 more blocks next step: only one fits
+    out = s.schedule()
+    assert [q.request_id for q in out.preempted] == ["low"]
+    assert [i.seq.request_id for i in out.scheduled] == ["high"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from kvmesh.engine.tiny import EOS_ID
 from kvmesh.runtime.grpcutil import GrpcServer, start_server
 from kvmesh.runtime.pb import common_pb2, decode_pb2, decode_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
@@ -66,6 +67,12 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         self.completed.set()
         return scheduler_pb2.CompleteResponse()
 
+    async def ListWorkers(self, request, context):
+        reply = scheduler_pb2.ListWorkersResponse(production_pool="production")
+        for w in self.workers:
+            reply.workers.add(worker_id=w.worker_id, endpoint=w.endpoint, role=common_pb2.WORKER_ROLE_DECODE, pool="production")
+        return reply
+
     def statuses(self) -> list[str]:
         return [c.status for c in self.completes]
 
@@ -86,6 +93,7 @@ class FakeDecode(decode_pb2_grpc.DecodeWorkerServicer):
         self.error: tuple[grpc.StatusCode, str] | None = None
         self.server: GrpcServer | None = None
         self.aborted = asyncio.Event()
+        self.script: list[str] | None = None  # text deltas (byte-level ids) instead of generated tokens, then EOS
 
     async def Stream(self, request_iterator, context):
         """The token stream: each request runs as its own task; their deltas leave as they come."""
@@ -122,6 +130,16 @@ class FakeDecode(decode_pb2_grpc.DecodeWorkerServicer):
         self.requests.append(request)
         if self.error is not None:
             outbox.put_nowait(decode_pb2.RequestDelta(request_id=rid, error_code=self.error[0].value[0], error_message=self.error[1]))
+            return
+        if self.script is not None:
+            for i, text in enumerate(self.script):
+                msg = decode_pb2.RequestDelta(request_id=rid, token_ids=list(text.encode()))
+                if i == len(self.script) - 1:  # "stop": the last token is EOS, as a worker sends it
+                    msg.token_ids.append(EOS_ID)
+                    msg.finish_reason = "stop"
+                    msg.usage.CopyFrom(common_pb2.Usage(prompt_tokens=len(request.prompt_token_ids),
+                                                        completion_tokens=len(msg.token_ids)))
+                outbox.put_nowait(msg)
             return
         ids = list(request.prompt_token_ids)
         n = request.sampling.max_tokens

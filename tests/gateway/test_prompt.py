@@ -70,3 +70,36 @@ def test_over_context_chat_names_messages(model: ServedModel) -> None:
     with pytest.raises(ApiError) as info:
         model.prepare(req, 8)
     assert info.value.param == "messages" and "maximum context length is 64 tokens" in info.value.message
+
+
+# The tool parts of Qwen2.5's chat template (Hermes format), as the model ships it.
+QWEN_TOOLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n# Tools\n<tools>{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools><|im_end|>\n{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant"
+    "{%- for tool_call in message.tool_calls %}{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    '\n<tool_call>\n{"name": "{{ tool_call.name }}", "arguments": {{ tool_call.arguments | tojson }}}\n</tool_call>'
+    "{%- endfor %}<|im_end|>\n"
+    "{%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response><|im_end|>\n"
+    "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+
+def test_tools_and_tool_round_trip_render_through_the_template() -> None:
+    from kvmesh.gateway.toolparsers import HermesParser, parser_for
+
+    served = ServedModel.load(GatewaySettings(nats_url=""))
+    served.tokenizer.chat_template, served.tokenizer._template = QWEN_TOOLS_TEMPLATE, None
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    req = parse_chat({"model": "tiny", "tools": [tool], "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                              "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "4C"},
+    ]}, Limits())
+    text = served.render_chat(list(req.messages), [t.as_dict() for t in req.tools])
+    assert '<tools>{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}' in text
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in text
+    assert "<tool_response>\n4C\n</tool_response>" in text and text.endswith("<|im_start|>assistant")
+    assert isinstance(parser_for("auto", QWEN_TOOLS_TEMPLATE), HermesParser)

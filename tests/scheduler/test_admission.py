@@ -76,3 +76,27 @@ def test_no_capacity_refuses_at_once():
     queue = make(slots=0)
     with pytest.raises(QueueFull):
         queue.offer("a", 1)
+
+
+@pytest.mark.parametrize("order", [Order.FCFS, Order.SHORT_FIRST])
+def test_lower_priority_value_is_admitted_first(order: Order):
+    queue = make(order, slots=1, queue_factor=4.0)
+    queue.offer("running", 1)
+    queue.offer("low", 1, priority=5)
+    queue.offer("normal", 1)
+    queue.offer("high", 500, priority=-1)
+    assert queue.release("running") == ["high"]
+    assert queue.release("high") == ["normal"]
+    assert queue.release("normal") == ["low"]
+
+
+def test_aging_keeps_low_priority_from_starving():
+    queue = make(slots=1, queue_factor=10.0, aging_quota=2)
+    queue.offer("running", 1)
+    queue.offer("low", 1, priority=9)
+    admitted = []
+    for i in range(4):
+        queue.offer(f"high{i}", 1, priority=0)
+        admitted += queue.release(admitted[-1] if admitted else "running")
+    # overtaken twice, "low" goes next although high-priority requests are still waiting.
+    assert admitted[:3] == ["high0", "high1", "low"]

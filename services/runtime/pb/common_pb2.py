@@ -24,31 +24,37 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/common.proto\x12\tkvmesh.v1\"\xd1\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x15\n\x08logprobs\x18\t \x01(\rH\x01\x88\x01\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobs\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"U\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\"\n\x03top\x18\x03 \x03(\x0b\x32\x15.kvmesh.v1.TopLogprob\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"0\n\tWorkerRef\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\"\xf9\x01\n\rKvBlockHeader\x12\x12\n\nblock_hash\x18\x01 \x01(\x0c\x12\x13\n\x0b\x62lock_index\x18\x02 \x01(\r\x12\x13\n\x0blayer_start\x18\x03 \x01(\r\x12\x11\n\tlayer_end\x18\x04 \x01(\r\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\r\n\x05shape\x18\x06 \x03(\r\x12\'\n\x08\x65ncoding\x18\x07 \x01(\x0e\x32\x15.kvmesh.v1.KvEncoding\x12\x13\n\x0b\x62yte_length\x18\x08 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\t \x01(\r\x12\x12\n\nnum_tokens\x18\n \x01(\r\x12\x15\n\rscales_length\x18\x0b \x01(\x04\"Q\n\x07KvBlock\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.kvmesh.v1.KvBlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06scales\x18\x03 \x01(\x0c\"|\n\tModelSpec\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x12\n\nnum_layers\x18\x04 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x05 \x01(\r\x12\x10\n\x08head_dim\x18\x06 \x01(\r*s\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x12\x17\n\x13WORKER_ROLE_KVSTORE\x10\x03*j\n\nKvEncoding\x12\x1b\n\x17KV_ENCODING_UNSPECIFIED\x10\x00\x12\x13\n\x0fKV_ENCODING_RAW\x10\x01\x12\x14\n\x10KV_ENCODING_INT8\x10\x02\x12\x14\n\x10KV_ENCODING_INT4\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/common.proto\x12\tkvmesh.v1\"\xaa\x04\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x15\n\x08logprobs\x18\t \x01(\rH\x01\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\n \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0b \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0c \x01(\x02\x12<\n\nlogit_bias\x18\r \x03(\x0b\x32(.kvmesh.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x0e \x01(\r\x12\r\n\x05min_p\x18\x0f \x01(\x02\x12/\n\nstructured\x18\x10 \x01(\x0b\x32\x1b.kvmesh.v1.StructuredOutput\x12\x1c\n\x0fprompt_logprobs\x18\x11 \x01(\rH\x02\x88\x01\x01\x12\x10\n\x08priority\x18\x12 \x01(\x05\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\".\n\x10StructuredOutput\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04spec\x18\x02 \x01(\t\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"U\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\"\n\x03top\x18\x03 \x03(\x0b\x32\x15.kvmesh.v1.TopLogprob\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"0\n\tWorkerRef\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\"\xf9\x01\n\rKvBlockHeader\x12\x12\n\nblock_hash\x18\x01 \x01(\x0c\x12\x13\n\x0b\x62lock_index\x18\x02 \x01(\r\x12\x13\n\x0blayer_start\x18\x03 \x01(\r\x12\x11\n\tlayer_end\x18\x04 \x01(\r\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\r\n\x05shape\x18\x06 \x03(\r\x12\'\n\x08\x65ncoding\x18\x07 \x01(\x0e\x32\x15.kvmesh.v1.KvEncoding\x12\x13\n\x0b\x62yte_length\x18\x08 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\t \x01(\r\x12\x12\n\nnum_tokens\x18\n \x01(\r\x12\x15\n\rscales_length\x18\x0b \x01(\x04\"Q\n\x07KvBlock\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.kvmesh.v1.KvBlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06scales\x18\x03 \x01(\x0c\"|\n\tModelSpec\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x12\n\nnum_layers\x18\x04 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x05 \x01(\r\x12\x10\n\x08head_dim\x18\x06 \x01(\r*s\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x12\x17\n\x13WORKER_ROLE_KVSTORE\x10\x03*j\n\nKvEncoding\x12\x1b\n\x17KV_ENCODING_UNSPECIFIED\x10\x00\x12\x13\n\x0fKV_ENCODING_RAW\x10\x01\x12\x14\n\x10KV_ENCODING_INT8\x10\x02\x12\x14\n\x10KV_ENCODING_INT4\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvmesh.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKERROLE']._serialized_start=978
-  _globals['_WORKERROLE']._serialized_end=1093
-  _globals['_KVENCODING']._serialized_start=1095
-  _globals['_KVENCODING']._serialized_end=1201
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
+  _globals['_WORKERROLE']._serialized_start=1371
+  _globals['_WORKERROLE']._serialized_end=1486
+  _globals['_KVENCODING']._serialized_start=1488
+  _globals['_KVENCODING']._serialized_end=1594
   _globals['_SAMPLINGPARAMS']._serialized_start=38
-  _globals['_SAMPLINGPARAMS']._serialized_end=247
-  _globals['_TOPLOGPROB']._serialized_start=249
-  _globals['_TOPLOGPROB']._serialized_end=296
-  _globals['_TOKENLOGPROB']._serialized_start=298
-  _globals['_TOKENLOGPROB']._serialized_end=383
-  _globals['_USAGE']._serialized_start=385
-  _globals['_USAGE']._serialized_end=465
-  _globals['_WORKERREF']._serialized_start=467
-  _globals['_WORKERREF']._serialized_end=515
-  _globals['_KVBLOCKHEADER']._serialized_start=518
-  _globals['_KVBLOCKHEADER']._serialized_end=767
-  _globals['_KVBLOCK']._serialized_start=769
-  _globals['_KVBLOCK']._serialized_end=850
-  _globals['_MODELSPEC']._serialized_start=852
-  _globals['_MODELSPEC']._serialized_end=976
+  _globals['_SAMPLINGPARAMS']._serialized_end=592
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=502
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=550
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=594
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=640
+  _globals['_TOPLOGPROB']._serialized_start=642
+  _globals['_TOPLOGPROB']._serialized_end=689
+  _globals['_TOKENLOGPROB']._serialized_start=691
+  _globals['_TOKENLOGPROB']._serialized_end=776
+  _globals['_USAGE']._serialized_start=778
+  _globals['_USAGE']._serialized_end=858
+  _globals['_WORKERREF']._serialized_start=860
+  _globals['_WORKERREF']._serialized_end=908
+  _globals['_KVBLOCKHEADER']._serialized_start=911
+  _globals['_KVBLOCKHEADER']._serialized_end=1160
+  _globals['_KVBLOCK']._serialized_start=1162
+  _globals['_KVBLOCK']._serialized_end=1243
+  _globals['_MODELSPEC']._serialized_start=1245
+  _globals['_MODELSPEC']._serialized_end=1369
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RouteRequest(_message.Message):
-    __slots__ = ("request_id", "session_id", "model", "num_prompt_tokens", "block_hashes", "max_tokens", "pool", "exclude_workers")
+    __slots__ = ("request_id", "session_id", "model", "num_prompt_tokens", "block_hashes", "max_tokens", "pool", "exclude_workers", "priority")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class RouteRequest(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     session_id: str
     model: str
@@ -24,7 +25,8 @@ class RouteRequest(_message.Message):
     max_tokens: int
     pool: str
     exclude_workers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., model: _Optional[str] = ..., num_prompt_tokens: _Optional[int] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., max_tokens: _Optional[int] = ..., pool: _Optional[str] = ..., exclude_workers: _Optional[_Iterable[str]] = ...) -> None: ...
+    priority: int
+    def __init__(self, request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., model: _Optional[str] = ..., num_prompt_tokens: _Optional[int] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., max_tokens: _Optional[int] = ..., pool: _Optional[str] = ..., exclude_workers: _Optional[_Iterable[str]] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
     __slots__ = ("decode", "prefill", "local_prefill", "decode_cached_blocks", "prefill_cached_blocks", "policy", "pool", "queue_wait_s")
