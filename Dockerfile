@@ -19,6 +19,13 @@
 # They reach the build stage only. See README.md, "Docker Compose".
 ARG BASE_IMAGE=python:3.11-slim
 
+# The project's runtime dependencies as a requirements file: a layer that changes only with them.
+FROM ${BASE_IMAGE} AS requirements
+COPY pyproject.toml /tmp/
+RUN python3 -c "import tomllib; print(*tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
+    > /tmp/requirements.txt
+
+
 FROM ${BASE_IMAGE} AS build
 
 ARG TORCH_SPEC=torch==2.13.0
@@ -40,20 +47,21 @@ RUN python3 -m venv "$VIRTUAL_ENV"
 RUN . /tmp/pip/env.sh && python -m pip install --upgrade pip
 RUN . /tmp/pip/env.sh && python -m pip install "${TORCH_SPEC}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 
+# NOTE: the dependencies first, in their own layer, so a code change reinstalls only the project.
+COPY --from=requirements /tmp/requirements.txt /tmp/
+RUN . /tmp/pip/env.sh && python -m pip install -r /tmp/requirements.txt
+
 WORKDIR /tmp/kvmesh
 COPY pyproject.toml README.md ./
-# NOTE: the dependencies first, in their own layer, so a code change reinstalls only the project.
-RUN . /tmp/pip/env.sh && python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > /tmp/requirements.txt \
-    && python -m pip install -r /tmp/requirements.txt
 COPY proto ./proto
 COPY services ./services
 RUN . /tmp/pip/env.sh && python -m pip install --no-deps .
-# What serving never runs: torch's C++ headers, test binaries and protoc; pip itself.
+# What serving never runs: torch's C++ headers, test binaries and protoc; pip itself. (The
+# bytecode pip compiled stays: the runtime user cannot write it, and every start would recompile.)
 RUN site="$VIRTUAL_ENV/lib/python3.11/site-packages" \
     && rm -rf "$site/torch/include" "$site/torch/test" \
     && find "$site/torch/bin" -type f ! -name torch_shm_manager -delete \
-    && python -m pip uninstall --yes --quiet pip setuptools wheel \
-    && find "$VIRTUAL_ENV" -name __pycache__ -type d -prune -exec rm -rf {} +
+    && python -m pip uninstall --yes --quiet pip setuptools wheel
 
 
 FROM ${BASE_IMAGE}

@@ -38,8 +38,18 @@ trap 'rm -rf "$root"' EXIT
 echo "debootstrap $suite from $mirror"
 debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$root.log" 2>&1 || { tail -20 "$root.log"; exit 1; }
 rm -f "$root.log"
+# Slim like debian:*-slim: no package caches, and dpkg leaves out docs, man pages and locales.
+mkdir -p "$root/etc/dpkg/dpkg.cfg.d"
+printf '%s\n' 'path-exclude /usr/share/doc/*' 'path-include /usr/share/doc/*/copyright' \
+  'path-exclude /usr/share/man/*' 'path-exclude /usr/share/info/*' 'path-exclude /usr/share/locale/*' \
+  > "$root/etc/dpkg/dpkg.cfg.d/slim"
+rm -rf "$root"/var/cache/apt/* "$root"/var/lib/apt/lists/* "$root"/usr/share/man/* "$root"/usr/share/info/* \
+  "$root"/usr/share/locale/*
+find "$root/usr/share/doc" -type f ! -name copyright -delete
 tar -C "$root" -c . | docker import - "$image-rootfs" >/dev/null
-printf 'FROM %s\nRUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv && rm -rf /var/lib/apt/lists/*\nCMD ["python3"]\n' \
-  "$image-rootfs" | docker build -q -t "$image" - >/dev/null
+printf '%s\n' "FROM $image-rootfs" \
+  'RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv \' \
+  '    && apt-get clean && rm -rf /var/lib/apt/lists/*' \
+  'CMD ["python3"]' | docker build -q -t "$image" - >/dev/null 2>&1
 docker rmi "$image-rootfs" >/dev/null
 echo "built $image ($(docker image inspect -f '{{.Size}}' "$image" | awk '{printf "%.0f MB", $1/1e6}'))"

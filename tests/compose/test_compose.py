@@ -74,8 +74,7 @@ def test_three_decode_replicas_register_and_all_serve(stack) -> None:
     registered = lambda: sum(float(r["value"][1]) for r in stack.promql(  # noqa: E731
         'kvmesh_scheduler_workers{role="decode"}')) == DECODE_REPLICAS
     assert eventually(registered, 120), stack.promql("kvmesh_scheduler_workers")
-    assert eventually(lambda: len(decode_requests_by_instance(stack)) == DECODE_REPLICAS, 60)
-    before = decode_requests_by_instance(stack)
+    before = decode_requests_by_instance(stack)  # NOTE: a replica's counter appears with its first request
     api, name = client(stack), model(stack)
     prompts = [f"Request {i}: tell me about container number {i * 7 + 3}" for i in range(24)]
 
