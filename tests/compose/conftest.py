@@ -4,7 +4,6 @@ they need a Docker engine and the images deploy/docker/images.sh builds."""
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
@@ -25,10 +24,11 @@ def stack():
     project = os.environ.get("KVMESH_COMPOSE_PROJECT", "kvmesh-test")
     stack = Stack(project)
     stack.compose("down", "-v", "--remove-orphans", check=False)
-    stack.started_at = time.time()
+    stack.events = stack.watch_events("start", "health_status")
     try:
         stack.compose("up", "-d", "--no-build", "--scale", f"decode={DECODE_REPLICAS}", timeout_s=600)
         yield stack
     finally:
+        stack.close()
         if os.environ.get("KVMESH_COMPOSE_KEEP") != "1":
             stack.compose("down", "-v", "--remove-orphans", "--timeout", "10", check=False)

@@ -8,6 +8,7 @@ import json
 import os
 import shlex
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -84,13 +85,26 @@ class Stack:
         assert host == "127.0.0.1", f"{service}:{port} is published on {host}, not 127.0.0.1"
         return int(published)
 
-    def events(self, since: float, *kinds: str) -> list[dict[str, Any]]:
-        """The project's container events of `kinds` (e.g. start, health_status) since `since`."""
-        args = ["events", "--since", f"{since:.3f}", "--until", f"{time.time():.3f}", "--format", "{{json .}}",
-                "--filter", "type=container", "--filter", f"label=com.docker.compose.project={self.project}"]
-        for kind in kinds:
-            args += ["--filter", f"event={kind}"]
-        return [json.loads(line) for line in self.docker(*args).splitlines() if line.strip()]
+    def watch_events(self, *kinds: str) -> list[dict[str, Any]]:
+        """Collects the project's container events of `kinds` (e.g. start, health_status) from now
+        on into the returned list, until `close()`. (Live: the engine keeps only its last 256
+        events, and health checks' execs fill that in seconds.)"""
+        args = ["docker", "events", "--format", "{{json .}}", "--filter", "type=container",
+                "--filter", f"label=com.docker.compose.project={self.project}", *(f"--filter=event={k}" for k in kinds)]
+        self._watcher = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+        seen: list[dict[str, Any]] = []
+
+        def read() -> None:
+            for line in self._watcher.stdout:
+                seen.append(json.loads(line))
+
+        threading.Thread(target=read, daemon=True).start()
+        return seen
+
+    def close(self) -> None:
+        if getattr(self, "_watcher", None) is not None:
+            self._watcher.terminate()
+            self._watcher.wait(timeout=10)
 
     def leftovers(self) -> dict[str, list[str]]:
         """Containers, networks and volumes still labelled with this project."""

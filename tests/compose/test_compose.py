@@ -47,7 +47,7 @@ def test_healthchecks_turn_healthy_in_order(stack) -> None:
     for service in ("gateway", "scheduler", "kvstore", "prefill", "decode", "canary", "nats", "prometheus"):
         assert eventually(lambda s=service: set(stack.health(s)) == {"healthy"}, 300), \
             f"{service}: {stack.health(service)}\n{stack.compose('logs', '--tail', '30', service)}"
-    events = stack.events(stack.started_at, "start", "health_status")
+    events = list(stack.events)
     nats, scheduler, gateway = (healthy_at(events, s) for s in ("nats", "scheduler", "gateway"))
     assert nats <= started_at(events, "scheduler") < scheduler, "the scheduler starts once NATS is healthy"
     assert scheduler <= started_at(events, "gateway") < gateway, "the gateway starts once the scheduler is healthy"
@@ -80,7 +80,7 @@ def test_three_decode_replicas_register_and_all_serve(stack) -> None:
 
     def ask(prompt: str) -> int:
         reply = api.chat.completions.create(model=name, messages=[{"role": "user", "content": prompt}],
-                                            max_tokens=24, temperature=0)
+                                            max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
         return reply.usage.completion_tokens
 
     with ThreadPoolExecutor(max_workers=24) as pool:
@@ -119,7 +119,7 @@ def test_decode_container_killed_mid_stream(stack) -> None:
     stream completes with the text an undisturbed run gave (greedy)."""
     api, name = client(stack), model(stack)
     prompts = [f"Stream {i}: a long story about ship {i * 11 + 5}" for i in range(6)]
-    max_tokens = 300
+    max_tokens = 1200  # NOTE: streams of several seconds, so a 5 s scrape sees them running
 
     def stream(prompt: str, first: threading.Event | None = None) -> tuple[str, float]:
         text = ""
@@ -152,6 +152,9 @@ def test_decode_container_killed_mid_stream(stack) -> None:
         results = [f.result(timeout=300) for f in futures]
     assert any(done > killed_at for _, done in results), "every stream ended before the kill"
     assert [text for text, _ in results] == undisturbed
+    moved = [line for line in stack.compose("logs", "--no-color", "gateway").splitlines()
+             if "decode worker" in line and " failed (" in line]
+    assert moved, "no stream was cut by the kill (the gateway moved none to another worker)"
 
 
 def test_down_removes_every_container_network_and_volume(stack) -> None:
