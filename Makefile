@@ -30,6 +30,7 @@ system-deps:
 	  else echo "note: prometheus not installed (needs root + apt-get); its test will be skipped"; fi; }
 
 test: install system-deps
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 # compose.yaml under a real Docker engine (installs docker.io/docker-compose when missing, as root;

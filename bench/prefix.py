@@ -70,6 +70,7 @@ def kv_quality(model_dir: Path, prompts: int = 8, new_tokens: int = 32) -> dict[
     from kvmesh.engine.llm import EngineConfig, LLMEngine  # noqa: PLC0415
     from kvmesh.engine.sampling import SamplingParams  # noqa: PLC0415
     from kvmesh.runtime import kvwire  # noqa: PLC0415
+    from kvmesh.worker import kvtensor  # noqa: PLC0415
 
     producer = LLMEngine(EngineConfig(model=str(model_dir), dtype="bfloat16"))
     spec = kvwire.model_spec("bench", producer.model_args, "bfloat16", producer.block_size)
@@ -88,9 +89,9 @@ def kv_quality(model_dir: Path, prompts: int = 8, new_tokens: int = 32) -> dict[
 
     def roundtrip(kv, encoding: int):
         bs = producer.block_size
-        blocks = [kvwire.encode_block(kv[:, :, s:s + bs].contiguous(), encoding=encoding)
+        blocks = [kvtensor.encode_block(kv[:, :, s:s + bs].contiguous(), encoding=encoding)
                   for s in range(0, kv.shape[2], bs)]
-        return torch.cat([kvwire.decode_block(b, spec) for b in blocks], dim=2), kvwire.wire_bytes(blocks[0])
+        return torch.cat([kvtensor.decode_block(b, spec) for b in blocks], dim=2), kvwire.wire_bytes(blocks[0])
 
     results = {}
     for name in ("raw", "int8", "int4"):

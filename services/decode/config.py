@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from kvmesh.runtime.worker import WorkerSettings
+from kvmesh.worker.worker import WorkerSettings
 
 
 class DecodeSettings(WorkerSettings):
@@ -18,3 +18,6 @@ class DecodeSettings(WorkerSettings):
     prefill_timeout_s: float = Field(30.0, description="deadline for a remote Prefill call (then prefill locally)")
     handback_queue: int = Field(16, description="finished turns waiting to be handed to the KV store (more are dropped)")
     kvstore_put_timeout_s: float = Field(10.0, description="deadline for one KvStore.Put")
+    stream_interval: int = Field(
+        1, ge=1, description="token stream: send a request's tokens once this many are pending (its first token and its end at once)"
+    )

@@ -1,40 +1,36 @@
 """Handing finished turns to the KV store: best effort, in the background, bounded.
 
-The KV of a whole turn (prompt + completion, full blocks only) goes out with a two-phase
-`KvStore.Put` (open, blocks, commit). A full queue drops the turn; a failed put is logged.
-Neither ever delays or fails a response.
+Only the blocks the store lacks leave: the turn's block hashes are looked up first (`Lookup`
+answers the leading run it holds) and the rest are pinned in the engine (one short command
+between steps), copied and encoded on a worker thread - never on the engine thread - and put
+with a two-phase `KvStore.Put`. A full queue drops the turn before anything is hashed or copied;
+a failed put is logged. Neither ever delays or fails a response.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
-
-import torch
 
 from kvmesh.runtime import kvwire
+from kvmesh.worker import kvtensor
+from kvmesh.runtime.blockhash import BlockHasher
 from kvmesh.runtime.grpcutil import ChannelPool
 from kvmesh.runtime.pb import common_pb2, kvstore_pb2, kvstore_pb2_grpc
 from kvmesh.runtime.telemetry import inject_metadata, tracer
+from kvmesh.worker.worker import EngineLoop
 
 from . import metrics
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class Turn:
-    hashes: list[bytes]
-    blocks: list[torch.Tensor]  # each [2, L, block_size, H, D]
-
-
 class Handback:
-    """`offer(turn)` from anywhere on the event loop; one task puts turns to the store."""
+    """`offer(tokens)` from the event loop when a turn ends; one task puts turns to the store."""
 
     def __init__(
         self, endpoint: str, channels: ChannelPool, spec: common_pb2.ModelSpec, producer_id: str,
-        max_queue: int = 16, timeout_s: float = 10.0,
+        loop: EngineLoop, hasher: BlockHasher, max_queue: int = 16, timeout_s: float = 10.0,
     ) -> None:
         self.endpoint = endpoint
         self.spec = spec
@@ -42,18 +38,22 @@ class Handback:
         self.timeout_s = timeout_s
         self.dropped = 0
         self.blocks_stored = 0
+        self.blocks_skipped = 0  # already in the store
+        self._loop = loop
+        self._hasher = hasher
         self._channels = channels
-        self._queue: asyncio.Queue[Turn] = asyncio.Queue(maxsize=max_queue)
+        self._queue: asyncio.Queue[list[int]] = asyncio.Queue(maxsize=max_queue)
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="kv-handback")
 
-    def offer(self, turn: Turn) -> bool:
-        if not turn.blocks:
+    def offer(self, tokens: list[int]) -> bool:
+        """Queue a finished turn (prompt + output token ids); False when dropped or too short."""
+        if len(tokens) < self.spec.block_size:
             return False
         try:
-            self._queue.put_nowait(turn)
+            self._queue.put_nowait(tokens)
         except asyncio.QueueFull:
             self.dropped += 1
             return False
@@ -65,26 +65,46 @@ class Handback:
 
     async def _run(self) -> None:
         while True:
-            turn = await self._queue.get()
+            tokens = await self._queue.get()
             try:
-                await self._put(turn)
+                await self._put(tokens)
             except Exception as exc:  # noqa: BLE001 - best effort
                 log.warning("KV handback to %s failed: %s", self.endpoint, exc)
 
-    async def _put(self, turn: Turn) -> None:
-        messages = await asyncio.to_thread(self._encode, turn)
-        stub = kvstore_pb2_grpc.KvStoreStub(self._channels.get(self.endpoint))
-        with tracer.start_as_current_span("kvstore.put", attributes={"blocks": len(turn.blocks)}) as span:
-            reply = await stub.Put(iter(messages), timeout=self.timeout_s, metadata=inject_metadata())
+    def _stub(self) -> kvstore_pb2_grpc.KvStoreStub:
+        return kvstore_pb2_grpc.KvStoreStub(self._channels.get(self.endpoint))
+
+    async def _put(self, tokens: list[int]) -> None:
+        hashes = self._hasher.hashes(tokens)
+        lookup = await self._stub().Lookup(
+            kvstore_pb2.LookupRequest(spec=self.spec, block_hashes=hashes, lease_s=1.0),
+            timeout=self.timeout_s, metadata=inject_metadata(),
+        )
+        held = min(lookup.num_blocks, len(hashes))
+        self.blocks_skipped += held
+        if held == len(hashes):
+            return
+        pinned = await self._loop.call(lambda engine: engine.pin_cached_blocks(tokens, held))
+        try:
+            messages = await asyncio.to_thread(self._encode, pinned, hashes, held)
+        finally:
+            self._loop.call_nowait(lambda engine: engine.unpin_blocks(pinned))
+        if not pinned:
+            return
+        with tracer.start_as_current_span("kvstore.put", attributes={"blocks": len(pinned)}) as span:
+            reply = await self._stub().Put(iter(messages), timeout=self.timeout_s, metadata=inject_metadata())
             span.set_attribute("stored", reply.stored)
             span.set_attribute("duplicates", reply.duplicates)
-        self.blocks_stored += len(turn.blocks)
-        metrics.HANDBACK_BLOCKS.inc(len(turn.blocks))
+        self.blocks_stored += len(pinned)
+        metrics.HANDBACK_BLOCKS.inc(len(pinned))
 
-    def _encode(self, turn: Turn) -> list[kvstore_pb2.PutMessage]:
-        out = [kvstore_pb2.PutMessage(open=kvstore_pb2.PutOpen(spec=self.spec, producer_id=self.producer_id))]
-        for i, (block_hash, kv) in enumerate(zip(turn.hashes, turn.blocks)):
-            block = kvwire.encode_block(kv, encoding=kvwire.RAW, block_hash=block_hash, block_index=i)
+    def _encode(self, pinned: list[int], hashes: list[bytes], start: int) -> list[kvstore_pb2.PutMessage]:
+        blocks = self._loop.engine.read_blocks(pinned)  # [2, L, block_size, H, D] each
+        parent = hashes[start - 1] if start else b""
+        out = [kvstore_pb2.PutMessage(open=kvstore_pb2.PutOpen(spec=self.spec, producer_id=self.producer_id, parent_hash=parent))]
+        for i, kv in enumerate(blocks):
+            index = start + i
+            block = kvtensor.encode_block(kv, encoding=kvwire.RAW, block_hash=hashes[index], block_index=index)
             out.append(kvstore_pb2.PutMessage(block=block))
-        out.append(kvstore_pb2.PutMessage(commit=kvstore_pb2.PutCommit(num_blocks=len(turn.blocks))))
+        out.append(kvstore_pb2.PutMessage(commit=kvstore_pb2.PutCommit(num_blocks=len(blocks))))
         return out

@@ -12,8 +12,8 @@ from kvmesh.runtime.grpcutil import start_server
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import decode_pb2_grpc
 from kvmesh.runtime.telemetry import TracingServerInterceptor
-from kvmesh.runtime.workerapp import WorkerApp, announce, serve_worker, start_engine, worker_main
-from kvmesh.runtime.worker import EngineLoop
+from kvmesh.worker.app import WorkerApp, announce, serve_worker, start_engine, worker_main
+from kvmesh.worker.worker import EngineLoop
 
 from . import metrics
 from .config import DecodeSettings
@@ -31,7 +31,8 @@ async def start(settings: DecodeSettings, bus: Bus | None = None) -> WorkerApp:
     handback = None
     if settings.kvstore:
         handback = Handback(
-            settings.kvstore, channels, spec, worker_id, settings.handback_queue, settings.kvstore_put_timeout_s
+            settings.kvstore, channels, spec, worker_id, loop, parts.engine.hasher, settings.handback_queue,
+            settings.kvstore_put_timeout_s,
         )
         handback.start()
     worker = DecodeWorker(
@@ -41,7 +42,7 @@ async def start(settings: DecodeSettings, bus: Bus | None = None) -> WorkerApp:
     server = await start_server(
         settings.host,
         settings.port,
-        [(decode_pb2_grpc.add_DecodeWorkerServicer_to_server, DecodeServicer(worker), "kvmesh.v1.DecodeWorker")],
+        [(decode_pb2_grpc.add_DecodeWorkerServicer_to_server, DecodeServicer(worker, settings.stream_interval), "kvmesh.v1.DecodeWorker")],
         [TracingServerInterceptor()],
         tls=tls,
     )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvmesh.runtime import kvwire
+from kvmesh.worker import kvtensor
 from kvmesh.runtime.errors import InvalidArgument, NotFound
 from kvmesh.runtime.pb import common_pb2, decode_pb2
 
@@ -67,7 +68,7 @@ class PendingKv:
         want_hash = self.hashes[index] if want_tokens == self.block_size else b""
         if h.block_hash != want_hash:
             raise InvalidArgument(f"KV block {index}: block hash does not match the prompt's tokens")
-        kv = kvwire.decode_block(block, spec)
+        kv = kvtensor.decode_block(block, spec)
         self.blocks.append(kv)
         self.bytes_received += kvwire.wire_bytes(block)
         return kv

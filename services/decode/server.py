@@ -11,6 +11,7 @@ from kvmesh.runtime.errors import status_for
 from kvmesh.runtime.pb import common_pb2, decode_pb2, decode_pb2_grpc
 
 from . import metrics
+from .stream import StreamSession
 from .worker import Delta, DecodeWorker, GenerateJob
 
 
@@ -62,8 +63,16 @@ def delta_to_pb(delta: Delta) -> decode_pb2.GenerateResponse:
 
 
 class DecodeServicer(decode_pb2_grpc.DecodeWorkerServicer):
-    def __init__(self, worker: DecodeWorker) -> None:
+    def __init__(self, worker: DecodeWorker, stream_interval: int = 1) -> None:
         self.worker = worker
+        self.stream_interval = stream_interval
+
+    async def Stream(
+        self, request_iterator: AsyncIterator[decode_pb2.StreamRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[decode_pb2.StepOutput]:
+        """The multiplexed token stream (docs/token-stream.md)."""
+        async for out in StreamSession(self.worker, self.stream_interval).serve(request_iterator):
+            yield out
 
     async def Generate(
         self, request: decode_pb2.GenerateRequest, context: grpc.aio.ServicerContext

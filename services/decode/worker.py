@@ -1,8 +1,10 @@
 """The decode worker's request path: remote (or local) prefill, then streamed generation.
 
-`generate(job)` asks the named prefill worker to push the prompt's KV here (falling back to a
-local prefill if it fails), adds the sequence to the engine with that KV and yields one `Delta`
-per engine step that produced tokens (coalesced when the consumer is slower than the engine).
+`start(job, deliver)` asks the named prefill worker to push the prompt's KV here (falling back to
+a local prefill if it fails) and adds the sequence to the engine with that KV; the engine thread
+then hands each step's outputs to `deliver` on the event loop. The multiplexed token stream
+(`stream.py`) is built on it; `generate(job)` yields one `Delta` per engine step for the
+one-request-per-call `Generate` RPC (coalesced when the consumer is slower than the engine).
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ from kvmesh.runtime.errors import InvalidArgument, MeshError, ResourceExhausted,
 from kvmesh.runtime.grpcutil import ChannelPool
 from kvmesh.runtime.pb import common_pb2, prefill_pb2, prefill_pb2_grpc
 from kvmesh.runtime.telemetry import inject_metadata, tracer
-from kvmesh.runtime.worker import EngineLoop
+from kvmesh.worker.worker import EngineLoop, OutputStream
 
 from . import metrics
-from .handback import Handback, Turn
+from .handback import Handback
 from .receive import KvReceiver, PendingKv, assemble
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,7 @@ class GenerateJob:
     params: SamplingParams
     prefill_endpoint: str = ""  # empty = prefill locally
     kv_encoding: int = 0  # KvEncoding; 0 = this worker's default
+    detokenize: bool = True  # False on the token stream: token ids only, the client makes the text
 
 
 @dataclass(slots=True)
@@ -64,8 +67,24 @@ class DecodeCounters:
 
 @dataclass(slots=True)
 class _Inflight:
+    job: GenerateJob
+    tokens: list[int]  # prompt + output so far (for the KV hand-back)
     aborted: bool = False
     in_engine: bool = False
+
+
+def _merge(outs: list[RequestOutput]) -> Delta:
+    delta = Delta([], "", [])
+    for out in outs:
+        delta.token_ids.extend(out.new_token_ids)
+        delta.text += out.new_text
+        delta.logprobs.extend(out.logprobs or [])
+        if out.finished:
+            delta.finish_reason = out.finish_reason
+            delta.prompt_tokens = out.num_prompt_tokens
+            delta.completion_tokens = out.num_output_tokens
+            delta.cached_tokens = out.num_cached_tokens
+    return delta
 
 
 @dataclass(slots=True)
@@ -119,56 +138,88 @@ class DecodeWorker:
         if stats.num_waiting >= self.max_num_seqs or len(self._inflight) >= 4 * self.max_num_seqs:
             raise ResourceExhausted(f"decode worker is full ({stats.num_waiting} requests waiting)", retry_after_s=1.0)
 
-    async def generate(self, job: GenerateJob) -> AsyncIterator[Delta]:
-        """Validate, prefill (remote or local), then yield token deltas until the request finishes."""
-        t0 = time.monotonic()
+    async def start(self, job: GenerateJob, deliver: Callable[[RequestOutput | BaseException], None], span) -> bool:
+        """Validate, prefill (remote or local) and add the request to the engine; its outputs (or
+        an engine failure) then go to `deliver` on the event loop. False when it was aborted
+        before it reached the engine. The caller calls `finished(job)` once it is done with it."""
         job.request_id = job.request_id or uuid.uuid4().hex
         self.validate(job)
         if job.request_id in self._inflight:
             raise InvalidArgument(f"request id {job.request_id!r} is already running on this worker")
-        state = self._inflight[job.request_id] = _Inflight()
-        # NOTE: spans are ended by hand, never made current across a `yield`: the consumer may
-        # close this generator from another context.
-        span = tracer.start_span("decode.generate", attributes={"request_id": job.request_id})
+        state = self._inflight[job.request_id] = _Inflight(job, list(job.prompt))
         try:
             with trace.use_span(span, end_on_exit=False):
                 received = await self._remote_prefill(job) if job.prefill_endpoint else None
             if state.aborted:
+                return False
+            await self._add(job, received, deliver)
+        except BaseException:
+            self._inflight.pop(job.request_id, None)
+            raise
+        state.in_engine = True
+        return True
+
+    def finished(self, job: GenerateJob, out: RequestOutput | None) -> None:
+        """The request is over: `out` is its last output (None = given up, aborted in the engine)."""
+        state = self._inflight.get(job.request_id)
+        if state is None or state.job is not job:  # NOTE: never another call's request of that id
+            return
+        del self._inflight[job.request_id]
+        if out is None:
+            if state.in_engine:
+                self.loop.cancel(job.request_id)
+        elif self.handback is not None and out.finish_reason not in ("abort", None):
+            self.handback.offer(state.tokens)
+
+    def record(self, job: GenerateJob, out: RequestOutput) -> None:
+        """Keeps the request's tokens for the KV hand-back at its end."""
+        state = self._inflight.get(job.request_id)
+        if state is not None and state.job is job and self.handback is not None:
+            state.tokens.extend(out.new_token_ids)
+
+    async def generate(self, job: GenerateJob) -> AsyncIterator[Delta]:
+        """Validate, prefill (remote or local), then yield token deltas until the request finishes."""
+        t0 = time.monotonic()
+        # NOTE: spans are ended by hand, never made current across a `yield`: the consumer may
+        # close this generator from another context.
+        span = tracer.start_span("decode.generate", attributes={"request_id": job.request_id})
+        stream = OutputStream()
+        last: RequestOutput | None = None
+        try:
+            if not await self.start(job, stream.put, span):
                 yield Delta([], "", [], "abort", len(job.prompt))
                 return
             queue_span = tracer.start_span("decode.queue_wait", context=trace.set_span_in_context(span))
-            stream = await self._add(job, received)
-            state.in_engine = True
             first_step = first_token = True
-            finished = False
             try:
-                while not finished:
-                    items = await stream.next_batch()
+                while last is None:
+                    outs = await stream.next_batch()
                     if first_step:
                         first_step = False
                         queue_span.end()
                         metrics.QUEUE_WAIT.observe(time.monotonic() - t0)
-                    delta = self._merge(job, [out for out, _ in items], [turn for _, turn in items])
-                    finished = delta.finish_reason is not None
+                    for out in outs:
+                        self.record(job, out)
+                    delta = _merge(outs)
+                    if outs[-1].finished:
+                        last = outs[-1]
                     if delta.token_ids and first_token:
                         first_token = False
                         ttft = time.monotonic() - t0
                         metrics.TTFT.observe(ttft)
                         span.set_attribute("ttft_s", ttft)
                     metrics.GENERATED_TOKENS.inc(len(delta.token_ids))
-                    if finished:
+                    if last is not None:
                         span.set_attribute("tokens", delta.completion_tokens)
                         span.set_attribute("finish_reason", delta.finish_reason)
-                    if delta.token_ids or finished:
+                    if delta.token_ids or last is not None:
                         yield delta
             finally:
                 if first_step:
                     queue_span.end()
-                if not finished:
-                    self.loop.cancel(job.request_id)
         finally:
             span.end()
-            del self._inflight[job.request_id]
+            self.finished(job, last)
 
     def abort(self, request_id: str) -> bool:
         state = self._inflight.get(request_id)
@@ -184,7 +235,7 @@ class DecodeWorker:
         while self._inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
-    async def _add(self, job: GenerateJob, received: _Received | None):
+    async def _add(self, job: GenerateJob, received: _Received | None, deliver: Callable) -> None:
         bs, counters, prompt = self.block_size, self.counters, job.prompt
 
         def add(engine) -> None:
@@ -195,7 +246,7 @@ class DecodeWorker:
                     kv = assemble(local[: received.start_block], received.blocks)
                 else:  # NOTE: our cached prefix was evicted meanwhile; recompute here.
                     counters.prefill_fallbacks += 1
-            engine.add_request(job.request_id, prompt, job.params, computed_kv=kv)
+            engine.add_request(job.request_id, prompt, job.params, computed_kv=kv, detokenize=job.detokenize)
             if kv is None:
                 counters.local_prefills += 1
                 metrics.LOCAL_PREFILLS.inc()
@@ -204,39 +255,9 @@ class DecodeWorker:
                 metrics.REMOTE_PREFILLS.inc()
 
         try:
-            return await self.loop.add_request(job.request_id, add, self._output_hook(job))
+            await self.loop.add_request(job.request_id, add, deliver=deliver)
         except ValueError as exc:  # ContextLengthError included
             raise InvalidArgument(str(exc)) from exc
-
-    def _output_hook(self, job: GenerateJob) -> Callable[[object, RequestOutput], tuple]:
-        """Runs on the engine thread: on finish, exports the turn's cached full blocks for the store."""
-        tokens = list(job.prompt)
-        handback = self.handback
-
-        def on_output(engine, out: RequestOutput) -> tuple:
-            tokens.extend(out.new_token_ids)
-            if handback is None or not out.finished or out.finish_reason == "abort":
-                return out, None
-            blocks = engine.export_cached_blocks(tokens)
-            return out, Turn(engine.hasher.hashes(tokens)[: len(blocks)], blocks)
-
-        return on_output
-
-    def _merge(self, job: GenerateJob, outs: list[RequestOutput], turns: list[Turn | None]) -> Delta:
-        delta = Delta([], "", [])
-        for out in outs:
-            delta.token_ids.extend(out.new_token_ids)
-            delta.text += out.new_text
-            delta.logprobs.extend(out.logprobs or [])
-            if out.finished:
-                delta.finish_reason = out.finish_reason
-                delta.prompt_tokens = out.num_prompt_tokens
-                delta.completion_tokens = out.num_output_tokens
-                delta.cached_tokens = out.num_cached_tokens
-        for turn in turns:
-            if turn is not None and self.handback is not None:
-                self.handback.offer(turn)
-        return delta
 
     async def _remote_prefill(self, job: GenerateJob) -> _Received | None:
         """Ask the prefill worker to push the prompt's KV; None means prefill locally."""

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from kvmesh.engine.block_manager import BlockManager
 from kvmesh.engine.config import ModelArgs
+from kvmesh.engine.memory import CudaMemory, DeviceMemory, MemoryProfile, kv_bytes_from_profile, plan_kv_cache
 from kvmesh.engine.outputs import Completion, ContextLengthError, EngineStats, RequestOutput
 from kvmesh.engine.request_state import RequestState
 from kvmesh.engine.runner import ModelRunner, resolve_device, resolve_dtype
-from kvmesh.engine.sampler import make_generator, sample
+from kvmesh.engine.sampler import Sampler
 from kvmesh.engine.sampling import SamplingParams
 from kvmesh.engine.scheduler import Scheduler
 from kvmesh.engine.sequence import Sequence, SequenceStatus
 from kvmesh.engine.tiny import resolve_model
 from kvmesh.engine.tokenizer import Tokenizer
 from kvmesh.runtime.blockhash import BlockHasher
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -26,8 +30,11 @@ class EngineConfig:
     dtype: str = "auto"
     device: str = "auto"
     block_size: int = 16
-    num_kv_blocks: int | None = None  # None = derive from kv_cache_memory_bytes
-    kv_cache_memory_bytes: int = 256 * 1024 * 1024
+    num_kv_blocks: int | None = None  # None = size from free device memory (CUDA) or kv_cache_memory_bytes (CPU)
+    kv_cache_memory_bytes: int = 256 * 1024 * 1024  # the KV budget on CPU
+    gpu_memory_utilization: float = 0.9  # share of the device's memory this engine may use (CUDA)
+    attention_backend: str = "auto"  # auto (triton on CUDA, torch elsewhere) | torch | triton
+    enforce_eager: bool = False  # no CUDA graphs for decode
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
@@ -37,7 +44,10 @@ class EngineConfig:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    """`memory`: where KV sizing reads free memory from (default: the CUDA device; none on CPU,
+    which uses `kv_cache_memory_bytes`); tests pass a fake to size a cache from set figures."""
+
+    def __init__(self, config: EngineConfig, memory: DeviceMemory | None = None) -> None:
         if config.block_size < 1 or config.max_num_seqs < 1 or config.max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
         path = resolve_model(config.model)
@@ -47,16 +57,33 @@ class LLMEngine:
         self.block_size = config.block_size
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.model_args, self.device)
-        num_blocks = config.num_kv_blocks or max(
-            1, config.kv_cache_memory_bytes // ModelRunner.bytes_per_block(self.model_args, self.block_size, self.dtype)
+        model_max = self.model_args.max_position_embeddings
+        rope_len = min(config.max_model_len or model_max, model_max)
+        self.runner = ModelRunner(
+            path, self.model_args, self.dtype, self.device, 0, self.block_size, rope_len, config.attention_backend
         )
-        max_len = min(config.max_model_len or self.model_args.max_position_embeddings, self.model_args.max_position_embeddings)
+        self.sampler = Sampler()
+        block_bytes = ModelRunner.bytes_per_block(self.model_args, self.block_size, self.dtype)
+        if memory is None and self.device.type == "cuda" and not config.num_kv_blocks:
+            memory = CudaMemory(self.device)
+        if config.num_kv_blocks:
+            kv_bytes = config.num_kv_blocks * block_bytes
+        elif memory is not None:
+            kv_bytes = kv_bytes_from_profile(self._profile(memory, rope_len), config.gpu_memory_utilization)
+        else:
+            kv_bytes = config.kv_cache_memory_bytes
         # NOTE: one sequence must always fit the cache on its own, or preemption could not make progress.
-        self.max_model_len = min(max_len, num_blocks * self.block_size)
+        plan = plan_kv_cache(kv_bytes, block_bytes, self.block_size, model_max, config.max_model_len)
+        num_blocks = plan.num_blocks
+        self.max_model_len = plan.max_model_len
+        self.runner.allocate_kv_cache(num_blocks)
+        log.info("KV cache: %d blocks of %d tokens (%.2f GiB), max_model_len %d, attention %s",
+                 num_blocks, self.block_size, num_blocks * block_bytes / 2**30, self.max_model_len, self.runner.attention.name)
+        if self.device.type == "cuda" and self.runner.attention.name == "triton" and not config.enforce_eager:
+            self.runner.capture_graphs(config.max_num_seqs, self.max_model_len)
         model_id = config.model_id or ("tiny" if config.model == "tiny" else path.resolve().name)
         self.hasher = BlockHasher(model_id, str(self.dtype).removeprefix("torch."), self.block_size)
         self.eos_token_ids = frozenset(self.model_args.eos_token_ids) | self.tokenizer.eos_token_ids
-        self.runner = ModelRunner(path, self.model_args, self.dtype, self.device, num_blocks, self.block_size, self.max_model_len)
         self.block_manager = BlockManager(num_blocks, self.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, self.hasher.extend, config.max_num_seqs, config.max_num_batched_tokens)
         self._requests: dict[str, RequestState] = {}
@@ -65,6 +92,21 @@ class LLMEngine:
         self._generator.manual_seed(config.seed)
         self._prompt_tokens_computed = 0
         self._generated_tokens = 0
+
+    def _profile(self, memory: DeviceMemory, max_len: int) -> MemoryProfile:
+        """One forward pass at the full token budget (and a sampling pass over its logits) to
+        measure the activation peak before the KV cache is allocated."""
+        c = self.config
+        tokens = min(c.max_num_batched_tokens, max_len)
+        rows = min(c.max_num_seqs, tokens)
+        memory.reset_peak()
+        logits = self.runner.profile_forward(tokens, rows)  # [rows, V]
+        params = [SamplingParams(temperature=1.0, top_p=0.9, top_k=50, logprobs=5)] * rows
+        self.sampler(logits, params, [0] * rows, [0] * rows)
+        del logits
+        peak = memory.peak_allocated() - memory.allocated()
+        free, total = memory.mem_get_info()
+        return MemoryProfile(total=total, free=free, activation_peak=max(0, peak))
 
     # ---- requests ----
 
@@ -76,8 +118,11 @@ class LLMEngine:
         *,
         computed_kv: torch.Tensor | None = None,
         prefill_only: bool = False,
+        detokenize: bool = True,
     ) -> None:
-        """Queue a request. Raises ContextLengthError (prompt too long) or ValueError (bad input)."""
+        """Queue a request. Raises ContextLengthError (prompt too long) or ValueError (bad input).
+
+        `detokenize=False`: outputs carry token ids only (no text, stop strings not checked)."""
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         params.validate()
@@ -92,7 +137,8 @@ class LLMEngine:
         if computed_kv is not None:
             computed_kv = self._check_kv(computed_kv, len(prompt) - 1, "computed_kv")
         seq = Sequence(request_id, prompt, len(prompt), params, prefill_only=prefill_only, computed_kv=computed_kv)
-        self._requests[request_id] = RequestState.create(seq, self.tokenizer, make_generator(params.seed, self._generator))
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._generator))
+        self._requests[request_id] = RequestState.create(seq, self.tokenizer, seed, detokenize)
         self.scheduler.add(seq)
 
     def _check_kv(self, kv: torch.Tensor, max_tokens: int, what: str) -> torch.Tensor:
@@ -161,7 +207,9 @@ class LLMEngine:
         logits = self.runner.execute(sched.scheduled, do_sample)
         sampled = [s.seq for s, d in zip(sched.scheduled, do_sample) if d]
         states = [self._requests[seq.request_id] for seq in sampled]
-        tokens, logprobs = sample(logits, [s.params for s in sampled], [st.generator for st in states])
+        tokens, logprobs = self.sampler(
+            logits, [s.params for s in sampled], [st.generator for st in states], [seq.num_output_tokens for seq in sampled]
+        )
         for s in sched.scheduled:
             seq = s.seq
             self._prompt_tokens_computed += max(0, min(s.start + s.num_new_tokens, seq.num_prompt_tokens) - s.start)
@@ -237,6 +285,22 @@ class LLMEngine:
         """KV of cached full blocks from `start_block` on, each [2, L, block_size, Hkv, D] (CPU)."""
         hits = self.block_manager.match_prefix(self.hasher.hashes(token_ids), token_ids)
         return [self.runner.read_block(b) for b in hits[start_block:]]
+
+    def pin_cached_blocks(self, token_ids: list[int], start_block: int = 0) -> list[int]:
+        """Ids of the cached full blocks of `token_ids` from `start_block` on, referenced so they
+        are neither evicted nor overwritten until `unpin_blocks`: another thread may then copy
+        them with `read_blocks` while this engine keeps stepping."""
+        hits = self.block_manager.match_prefix(self.hasher.hashes(token_ids), token_ids)[start_block:]
+        self.block_manager.take(hits)
+        return hits
+
+    def unpin_blocks(self, block_ids: list[int]) -> None:
+        """Drop the references `pin_cached_blocks` took (call from the engine's thread)."""
+        self.block_manager.free(block_ids)
+
+    def read_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:
+        """KV of pinned blocks, each [2, L, block_size, Hkv, D] on CPU; safe off the engine thread."""
+        return [self.runner.read_block(b) for b in block_ids]
 
     def import_cached_blocks(self, token_ids: list[int], blocks: list[torch.Tensor], start_block: int = 0) -> int:
         """Insert blocks computed elsewhere as cached free blocks.

@@ -1,14 +1,16 @@
 """Llama-family decoder (Llama 2/3, Qwen2/2.5) in plain torch, attending over a paged KV cache.
 
-The forward pass works on a flat batch of T tokens from many sequences. Attention runs per
-`AttentionGroup` (decode rows together, prefill chunks together) with index tensors built
-once per step by the model runner, so there is no per-sequence Python work inside a layer.
+The forward pass works on a flat batch of T tokens from many sequences. Attention goes through
+an attention backend (`attention.py`: gather + SDPA on CPU, Triton kernels on CUDA) with metadata
+built once per step by the model runner, so there is no per-sequence Python work inside a layer,
+and nothing in `forward` syncs with the host (a decode step can be captured in a CUDA graph).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -18,26 +20,12 @@ from kvmesh.engine.linear import Linear
 
 
 @dataclass(slots=True)
-class AttentionGroup:
-    """Rows of the flat batch attended together (tokens `start:end` of the flat batch)."""
-
-    start: int
-    end: int
-    num_rows: int  # B
-    context_len: int  # C, the padded context length
-    kv_slots: torch.Tensor  # [B*C] cache slots of each row's context, row-major (padding → any slot, masked)
-    mask: torch.Tensor  # [B, 1, Q, C] bool, True = attend
-    q_index: torch.Tensor | None  # [B*Q] flat token index per query (None: decode, one query per row, in order)
-    out_index: torch.Tensor | None  # [end-start] rows of the [B*Q] output that are real tokens
-
-
-@dataclass(slots=True)
 class ForwardBatch:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
-    slot_mapping: torch.Tensor  # [T] cache slot each new token's K/V is written to
-    groups: list[AttentionGroup]
-    logits_index: torch.Tensor  # [S] flat rows whose next-token logits are needed
+    slot_mapping: torch.Tensor  # [T] cache slot each new token's K/V is written to (-1: padding, Triton only)
+    attn: Any  # the attention backend's metadata for this step
+    logits_index: torch.Tensor | None  # [S] flat rows whose next-token logits are needed (None: every row)
 
 
 @dataclass(slots=True)
@@ -100,8 +88,10 @@ class LlamaModel:
         norm: torch.Tensor,
         lm_head: Linear,
         max_len: int,
+        attention: Any,
     ) -> None:
         self.args = args
+        self.attention = attention  # an attention backend (see attention.py)
         self.embed = embed  # [V, hidden]
         self.layers = layers
         self.norm = norm
@@ -129,33 +119,12 @@ class LlamaModel:
             qk = apply_rope(qkv[:, : self._num_qk_heads], cos, sin)  # [T, Hq+Hkv, D], q and k together
             q = qk[:, : a.num_heads]  # [T, Hq, D]
             k_cache, v_cache = kv_cache[0, i], kv_cache[1, i]  # [slots, Hkv, D]
-            k_cache.index_copy_(0, batch.slot_mapping, qk[:, a.num_heads :])
-            v_cache.index_copy_(0, batch.slot_mapping, qkv[:, self._num_qk_heads :])
-            attn = self._attention(q, k_cache, v_cache, batch.groups)  # [T, Hq*D]
+            self.attention.write_kv(qk[:, a.num_heads :], qkv[:, self._num_qk_heads :], k_cache, v_cache, batch.slot_mapping)
+            attn = self.attention.forward(q, k_cache, v_cache, batch.attn)  # [T, Hq*D]
             x = x + w.o(attn)
             gate, up = w.gate_up(self._rms_norm(x, w.post_norm)).chunk(2, dim=-1)  # [T, I] each
             x = x + w.down(F.silu(gate) * up)
-        x = self._rms_norm(x.index_select(0, batch.logits_index), self.norm)  # [S, hidden]
+        if batch.logits_index is not None:
+            x = x.index_select(0, batch.logits_index)  # [S, hidden]
+        x = self._rms_norm(x, self.norm)
         return self.lm_head(x)  # [S, V]
-
-    def _attention(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, groups: list[AttentionGroup]
-    ) -> torch.Tensor:
-        a = self.args
-        outs = []
-        for g in groups:
-            kv_shape = (g.num_rows, g.context_len, a.num_kv_heads, a.head_dim)
-            kg = k_cache.index_select(0, g.kv_slots).view(kv_shape).transpose(1, 2)  # [B, Hkv, C, D]
-            vg = v_cache.index_select(0, g.kv_slots).view(kv_shape).transpose(1, 2)
-            if g.q_index is None:
-                # NOTE: decode: fold each kv head's query group into the query axis, so plain
-                # attention does GQA without repeating K/V.
-                qg = q[g.start : g.end].reshape(g.num_rows, a.num_kv_heads, -1, a.head_dim)  # [B, Hkv, G, D]
-                o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask)  # [B, Hkv, G, D]
-                outs.append(o.reshape(g.num_rows, a.q_size))
-                continue
-            qg = q.index_select(0, g.q_index).view(g.num_rows, -1, a.num_heads, a.head_dim)  # [B, Q, Hq, D]
-            o = F.scaled_dot_product_attention(qg.transpose(1, 2), kg, vg, attn_mask=g.mask, enable_gqa=True)  # [B, Hq, Q, D]
-            o = o.transpose(1, 2).reshape(-1, a.q_size)  # [B*Q, Hq*D]
-            outs.append(o.index_select(0, g.out_index))
-        return outs[0] if len(outs) == 1 else torch.cat(outs)

@@ -14,17 +14,20 @@ from kvmesh.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 @dataclass(slots=True)
 class RequestState:
     seq: Sequence
-    detokenizer: IncrementalDetokenizer
-    matcher: StopStringMatcher
-    generator: Any  # torch.Generator (opaque here)
+    detokenizer: IncrementalDetokenizer | None  # None: token ids only (the caller makes the text)
+    matcher: StopStringMatcher | None
+    generator: Any  # the request's sampling seed (its own, or drawn by the engine)
     new_token_ids: list[int] = field(default_factory=list)
     new_text: str = ""
     new_logprobs: list[TokenLogprob] = field(default_factory=list)
-    text: str = ""  # everything emitted so far
     all_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @classmethod
-    def create(cls, seq: Sequence, tokenizer: Tokenizer, generator: Any) -> RequestState:
+    def create(cls, seq: Sequence, tokenizer: Tokenizer, generator: Any, detokenize: bool = True) -> RequestState:
+        """With `detokenize` False no text is made and stop strings are not checked (the caller
+        does both, e.g. the gateway on the token stream); stop token ids still end the request."""
+        if not detokenize:
+            return cls(seq, None, None, generator)
         detok = IncrementalDetokenizer(tokenizer, seq.token_ids[: seq.num_prompt_tokens])
         return cls(seq, detok, StopStringMatcher(seq.params.stop), generator)
 
@@ -40,22 +43,25 @@ class RequestState:
         if token in p.stop_token_ids or (not p.ignore_eos and token in eos_ids):
             self._emit(self._flush())
             return "stop"
-        delta, stopped = self.matcher.add(self.detokenizer.push(token))
-        self._emit(delta)
-        if stopped:
-            return "stop"
+        if self.detokenizer is not None:
+            delta, stopped = self.matcher.add(self.detokenizer.push(token))
+            self._emit(delta)
+            if stopped:
+                return "stop"
         if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= max_model_len:
             self._emit(self._flush())
             return "length"
         return None
 
     def _flush(self) -> str:
+        if self.detokenizer is None:
+            return ""
         delta, stopped = self.matcher.add(self.detokenizer.flush())
         return delta if stopped else delta + self.matcher.flush()
 
     def _emit(self, text: str) -> None:
-        self.new_text += text
-        self.text += text
+        if text:
+            self.new_text += text
 
     def take_output(self, finished: bool, finish_reason: str | None) -> RequestOutput:
         """The delta since the last output, then reset the delta."""

@@ -1,15 +1,26 @@
-"""Model runner: the only place that touches torch devices. Owns the model and the KV cache."""
+"""Model runner: the only place that touches torch devices. Owns the model and the KV cache.
+
+A step's inputs are built on the host and reach the device in one copy (`Staging`); nothing in
+`execute` waits for the device. Decode-only steps replay a captured CUDA graph when the runner
+has them (`capture_graphs`); prefill and mixed steps run eagerly.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+from kvmesh.engine.attention import BatchLayout, make_backend
 from kvmesh.engine.config import ModelArgs
-from kvmesh.engine.model import AttentionGroup, ForwardBatch
+from kvmesh.engine.model import ForwardBatch
 from kvmesh.engine.scheduler import ScheduledSeq
+from kvmesh.engine.staging import Staging
 from kvmesh.engine.weights import load_model
+
+if TYPE_CHECKING:
+    from kvmesh.engine.cuda_graphs import DecodeGraphs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -32,22 +43,42 @@ def resolve_dtype(dtype: str, args: ModelArgs, device: torch.device) -> torch.dt
 
 
 class ModelRunner:
+    """Loads the weights; `num_blocks=0` defers the KV cache to `allocate_kv_cache` (after memory profiling)."""
+
     def __init__(
-        self, path: Path, args: ModelArgs, dtype: torch.dtype, device: torch.device, num_blocks: int, block_size: int, max_len: int
+        self, path: Path, args: ModelArgs, dtype: torch.dtype, device: torch.device, num_blocks: int, block_size: int,
+        max_len: int, attention_backend: str = "auto",
     ) -> None:
         self.args = args
         self.dtype = dtype
         self.device = device
         self.block_size = block_size
-        self.model = load_model(path, args, dtype, device, max_len)
-        # [2, L, num_blocks * block_size, Hkv, D]: block b holds slots b*block_size ... (b+1)*block_size-1
-        self.kv_cache = torch.zeros(
-            (2, args.num_layers, num_blocks * block_size, args.num_kv_heads, args.head_dim), dtype=dtype, device=device
-        )
+        self.attention = make_backend(attention_backend, args, block_size, device)
+        self.model = load_model(path, args, dtype, device, max_len, self.attention)
+        self.kv_cache = torch.empty(0, dtype=dtype, device=device)
+        self.graphs: DecodeGraphs | None = None
+        if num_blocks:
+            self.allocate_kv_cache(num_blocks)
 
     @staticmethod
     def bytes_per_block(args: ModelArgs, block_size: int, dtype: torch.dtype) -> int:
         return 2 * args.num_layers * block_size * args.kv_size * torch.empty((), dtype=dtype).element_size()
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        # [2, L, num_blocks * block_size, Hkv, D]: block b holds slots b*block_size ... (b+1)*block_size-1
+        a = self.args
+        self.kv_cache = torch.zeros(
+            (2, a.num_layers, num_blocks * self.block_size, a.num_kv_heads, a.head_dim), dtype=self.dtype, device=self.device
+        )
+
+    def capture_graphs(self, max_num_seqs: int, max_model_len: int, capture: bool = True) -> None:
+        """Decode graphs for batch buckets up to `max_num_seqs` (Triton backend only; see cuda_graphs)."""
+        if self.attention.name != "triton":
+            raise ValueError("CUDA graphs need the triton attention backend")
+        from kvmesh.engine.cuda_graphs import DecodeGraphs  # noqa: PLC0415 - imports triton
+
+        max_blocks = -(-max_model_len // self.block_size)
+        self.graphs = DecodeGraphs(self.model, self.kv_cache, max_num_seqs, max_blocks, self.device, capture)
 
     def execute(self, scheduled: list[ScheduledSeq], sample: list[bool], all_logits: bool = False) -> torch.Tensor:
         """Forward the scheduled chunks; logits [S, V] (fp32) for rows where `sample` is True, in order.
@@ -56,8 +87,30 @@ class ModelRunner:
         """
         batch = self._prepare(scheduled, sample)
         if all_logits:
-            batch.logits_index = torch.arange(batch.input_ids.shape[0], device=self.device)
+            batch.logits_index = None
+        if self.graphs is not None and self.graphs.supports(batch):
+            return self.graphs.replay(batch).float()
         return self.model.forward(batch, self.kv_cache).float()
+
+    def profile_forward(self, num_tokens: int, num_rows: int) -> torch.Tensor:
+        """A one-sequence prefill of `num_tokens` tokens, logits for its last `num_rows` tokens
+        (for memory profiling: it must run before the KV cache exists, so it uses a scratch one)."""
+        bs = self.block_size
+        table = list(range(-(-num_tokens // bs)))
+        saved, self.kv_cache = self.kv_cache, self.kv_cache.new_empty(0)
+        self.allocate_kv_cache(len(table))
+        try:
+            staging = Staging(self.device)
+            staging.add("input_ids", [0] * num_tokens)
+            staging.add("positions", list(range(num_tokens)))
+            staging.add("slot_mapping", list(range(num_tokens)))
+            staging.add("logits_index", list(range(num_tokens - num_rows, num_tokens)))
+            finish = self.attention.build(BatchLayout([0], [num_tokens], BatchLayout.pad_tables([table]), 0), staging)
+            up = staging.upload()
+            batch = ForwardBatch(up["input_ids"], up["positions"], up["slot_mapping"], finish(up), up["logits_index"])
+            return self.model.forward(batch, self.kv_cache).float()
+        finally:
+            self.kv_cache = saved
 
     def _prepare(self, scheduled: list[ScheduledSeq], sample: list[bool]) -> ForwardBatch:
         # NOTE: decode rows (one new token) first, then prefill chunks; each is one attention group.
@@ -72,58 +125,24 @@ class ModelRunner:
             positions.extend(range(s.start, s.start + s.num_new_tokens))
             if sample[i]:
                 logits_rows[row_of[i]] = len(ids) - 1
+        layout = BatchLayout(
+            starts=[scheduled[i].start for i in order],
+            num_new=[scheduled[i].num_new_tokens for i in order],
+            block_tables=BatchLayout.pad_tables([scheduled[i].seq.block_table for i in order]),
+            num_decode=sum(1 for i in order if scheduled[i].num_new_tokens == 1),
+        )
         bs = self.block_size
         pos_t = torch.tensor(positions, dtype=torch.long)
-        tables = [scheduled[i].seq.block_table for i in order]
-        width = max(len(t) for t in tables)
-        bt = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)  # [B, W]
-        row = torch.repeat_interleave(
-            torch.arange(len(order)), torch.tensor([scheduled[i].num_new_tokens for i in order])
-        )  # [T]
-        slot_mapping = bt[row, pos_t // bs] * bs + pos_t % bs  # [T]
-        n_dec = sum(1 for i in order if scheduled[i].num_new_tokens == 1)
-        groups = []
-        if n_dec:
-            groups.append(self._decode_group([scheduled[i] for i in order[:n_dec]], bt[:n_dec]))
-        if n_dec < len(order):
-            groups.append(self._prefill_group([scheduled[i] for i in order[n_dec:]], bt[n_dec:], n_dec))
-        dev = self.device
-        return ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.long).to(dev, non_blocking=True),
-            positions=pos_t.to(dev, non_blocking=True),
-            slot_mapping=slot_mapping.to(dev, non_blocking=True),
-            groups=groups,
-            logits_index=torch.tensor(logits_rows, dtype=torch.long).to(dev, non_blocking=True),
-        )
-
-    def _context_slots(self, bt: torch.Tensor, ctx: int) -> torch.Tensor:
-        pos = torch.arange(ctx)
-        return (bt[:, pos // self.block_size] * self.block_size + pos % self.block_size).flatten()  # [B*C]
-
-    def _decode_group(self, rows: list[ScheduledSeq], bt: torch.Tensor) -> AttentionGroup:
-        ctx = torch.tensor([s.start + 1 for s in rows])  # [B]
-        c = int(ctx.max())
-        mask = (torch.arange(c)[None, :] < ctx[:, None])[:, None, None, :]  # [B, 1, 1, C]
-        dev = self.device
-        return AttentionGroup(0, len(rows), len(rows), c, self._context_slots(bt, c).to(dev), mask.to(dev), None, None)
-
-    def _prefill_group(self, rows: list[ScheduledSeq], bt: torch.Tensor, offset: int) -> AttentionGroup:
-        n = torch.tensor([s.num_new_tokens for s in rows])  # [B]
-        start = torch.tensor([s.start for s in rows])  # [B]
-        q_len, c = int(n.max()), int((start + n).max())
-        j = torch.arange(q_len)[None, :]  # [1, Q]
-        first = offset + torch.cumsum(n, 0) - n  # [B] flat index of each row's first token
-        j_clamped = torch.minimum(j, (n - 1)[:, None])  # [B, Q]; padded queries repeat the last token
-        q_index = first[:, None] + j_clamped  # [B, Q]
-        q_pos = start[:, None] + j_clamped  # [B, Q]
-        mask = (torch.arange(c)[None, None, :] <= q_pos[:, :, None])[:, None]  # [B, 1, Q, C]
-        out_index = (torch.arange(len(rows))[:, None] * q_len + j)[j < n[:, None]]  # [T_prefill]
-        dev = self.device
-        total = int(n.sum())
-        return AttentionGroup(
-            offset, offset + total, len(rows), c, self._context_slots(bt, c).to(dev), mask.to(dev),
-            q_index.flatten().to(dev), out_index.to(dev),
-        )
+        bt = layout.block_tables  # [B, W]
+        row = torch.repeat_interleave(torch.arange(len(order)), torch.tensor(layout.num_new))  # [T]
+        staging = Staging(self.device)
+        staging.add("input_ids", ids)
+        staging.add("positions", pos_t)
+        staging.add("slot_mapping", bt[row, pos_t // bs] * bs + pos_t % bs)  # [T]
+        staging.add("logits_index", logits_rows)
+        finish = self.attention.build(layout, staging)
+        up = staging.upload()
+        return ForwardBatch(up["input_ids"], up["positions"], up["slot_mapping"], finish(up), up["logits_index"])
 
     # ---- KV movement (wire layout [2, L, tokens, Hkv, D], CPU tensors) ----
 

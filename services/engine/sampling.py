@@ -14,6 +14,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # drop tokens below min_p x the top token's probability; 0 = off
     seed: int | None = None
     max_tokens: int = 16
     stop: tuple[str, ...] = ()
@@ -27,6 +28,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if self.max_tokens < 1:

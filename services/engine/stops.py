@@ -4,44 +4,52 @@ from __future__ import annotations
 
 
 class StopStringMatcher:
-    """Feed text deltas; get back what is safe to emit and whether a stop string matched."""
+    """Feed text deltas; get back what is safe to emit and whether a stop string matched.
+
+    NOTE: text that could be the start of a stop string is never emitted, so a match always lies
+    in the unemitted text; only that (at most the longest stop string plus one delta) is kept and
+    searched, which keeps a long output at O(delta) per call.
+    """
 
     def __init__(self, stop: tuple[str, ...]) -> None:
         self.stop = stop
         self._max_len = max((len(s) for s in stop), default=0)
-        self.text = ""
-        self._emitted = 0
+        self._pending = ""  # text not emitted yet
+        self._emitted: list[str] = []
+
+    @property
+    def text(self) -> str:
+        """Everything emitted so far (stop string cut)."""
+        return "".join(self._emitted)
 
     def add(self, delta: str) -> tuple[str, bool]:
         """Append `delta`; return (text safe to emit now, stopped)."""
-        before = len(self.text)
-        self.text += delta
-        if self.stop:
-            cut = self._find_stop(max(0, before - self._max_len + 1))
-            if cut is not None:
-                self.text = self.text[:cut]
-                return self.flush(), True
-        end = len(self.text) - self._held_back()
-        if end <= self._emitted:
-            return "", False
-        out = self.text[self._emitted : end]
-        self._emitted = end
-        return out, False
+        if not self.stop:
+            self._emitted.append(delta)
+            return delta, False
+        text = self._pending + delta
+        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            self._pending = ""
+            return self._emit(text[: min(hits)]), True
+        end = len(text) - self._held_back(text)
+        self._pending = text[end:]
+        return self._emit(text[:end]), False
 
     def flush(self) -> str:
         """Everything not yet emitted (called when the request finishes)."""
-        out = self.text[self._emitted :]
-        self._emitted = len(self.text)
-        return out
+        out, self._pending = self._pending, ""
+        return self._emit(out)
 
-    def _find_stop(self, start: int) -> int | None:
-        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
-        return min(hits) if hits else None
+    def _emit(self, text: str) -> str:
+        if text:
+            self._emitted.append(text)
+        return text
 
-    def _held_back(self) -> int:
+    def _held_back(self, text: str) -> int:
         # NOTE: the longest tail of the text that could still grow into a stop string.
-        for k in range(min(self._max_len - 1, len(self.text)), 0, -1):
-            tail = self.text[-k:]
+        for k in range(min(self._max_len - 1, len(text)), 0, -1):
+            tail = text[-k:]
             if any(s.startswith(tail) for s in self.stop):
                 return k
         return 0

@@ -84,36 +84,35 @@ class Tokenizer:
 
 
 class IncrementalDetokenizer:
-    """Turns a stream of token ids into text deltas, never splitting a multi-byte character."""
+    """Turns a stream of token ids into text deltas, never splitting a multi-byte character.
+
+    `tokenizers`' DecodeStream does the work (in Rust, O(1) per token), primed with the last few
+    prompt tokens so a leading space or merge renders as it would in the full text.
+    """
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int] = (), skip_special_tokens: bool = True) -> None:
+        from tokenizers.decoders import DecodeStream
+
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
-        self._ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
-        self._prefix_offset = 0
-        self._read_offset = len(self._ids)
+        self._stream = DecodeStream(list(prompt_token_ids[-_CONTEXT_TOKENS:]), skip_special_tokens=skip_special_tokens)
+        self._held: list[int] = []  # tokens of a character not yet complete
 
     def push(self, token_id: int) -> str:
         """Add one token; return the newly completed text (possibly empty)."""
-        self._ids.append(token_id)
-        decode = self._tokenizer.decode
-        prefix_text = decode(self._ids[self._prefix_offset : self._read_offset], self._skip)
-        new_text = decode(self._ids[self._prefix_offset :], self._skip)
-        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+        text = self._stream.step(self._tokenizer._tok, token_id)
+        if text is None:
+            self._held.append(token_id)
             return ""
-        self._prefix_offset = self._read_offset
-        self._read_offset = len(self._ids)
-        return new_text[len(prefix_text) :]
+        self._held.clear()
+        return text
 
     def flush(self) -> str:
         """Text of tokens still held back (an incomplete character decodes to U+FFFD)."""
-        if self._read_offset == len(self._ids):
+        if not self._held:
             return ""
-        decode = self._tokenizer.decode
-        prefix_text = decode(self._ids[self._prefix_offset : self._read_offset], self._skip)
-        new_text = decode(self._ids[self._prefix_offset :], self._skip)
-        self._prefix_offset = self._read_offset = len(self._ids)
-        return new_text[len(prefix_text) :]
+        text, self._held = self._tokenizer.decode(self._held, self._skip), []
+        return text
 
 
 def _compile_template(source: str) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -89,7 +90,10 @@ def read_tensors(path: Path, args: ModelArgs) -> dict[str, torch.Tensor]:
     return found
 
 
-def load_model(path: Path, args: ModelArgs, dtype: torch.dtype, device: torch.device, max_len: int) -> LlamaModel:
+def load_model(
+    path: Path, args: ModelArgs, dtype: torch.dtype, device: torch.device, max_len: int, attention: Any
+) -> LlamaModel:
+    """The model on `device` in `dtype`, attending through the backend `attention` (see attention.py)."""
     raw = read_tensors(path, args)
 
     def get(name: str) -> torch.Tensor:
@@ -119,4 +123,4 @@ def load_model(path: Path, args: ModelArgs, dtype: torch.dtype, device: torch.de
         )
     embed = get("model.embed_tokens.weight")
     lm_head = make_linear(embed if args.tie_word_embeddings else get("lm_head.weight"), None, packed)
-    return LlamaModel(args, embed, layers, get("model.norm.weight"), lm_head, max_len)
+    return LlamaModel(args, embed, layers, get("model.norm.weight"), lm_head, max_len, attention)

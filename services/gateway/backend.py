@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -13,6 +13,7 @@ from kvmesh.runtime.grpcutil import ChannelPool, TlsConfig
 from kvmesh.runtime.pb import decode_pb2_grpc, scheduler_pb2_grpc
 
 from .config import GatewaySettings
+from .decodestream import DecodeStreams
 from .generation import SIDE_CALL_TIMEOUT_S, Generation, GenerationJob
 
 
@@ -24,13 +25,16 @@ class Backend:
         settings: GatewaySettings,
         hasher: BlockHasher,
         eos_token_ids: frozenset[int] = frozenset(),
-        detokenize: Callable[[list[int]], str] | None = None,
+        tokenizer: Any = None,
     ) -> None:
+        """`tokenizer` (kvmesh.engine.tokenizer.Tokenizer) makes the text of the token stream;
+        without it deltas carry token ids only."""
         self.settings = settings
         self.hasher = hasher
         self.eos_token_ids = eos_token_ids
-        self.detokenize = detokenize
+        self.tokenizer = tokenizer
         self.channels = ChannelPool(tls=TlsConfig.from_settings(settings))
+        self.streams = DecodeStreams(self.decode)
 
     def scheduler(self) -> scheduler_pb2_grpc.SchedulerStub:
         return scheduler_pb2_grpc.SchedulerStub(self.channels.get(self.settings.scheduler))
@@ -51,4 +55,5 @@ class Backend:
         return Generation(self, job, span or trace.INVALID_SPAN)
 
     async def close(self) -> None:
+        await self.streams.close()
         await self.channels.close()

@@ -20,11 +20,15 @@ class GatewaySettings(MeshSettings):
     request_timeout_s: float = Field(600.0, description="deadline of one whole request (Generate stream)")
     route_timeout_s: float = Field(30.0, description="deadline of one Scheduler.Route call (admission wait included)")
     default_max_tokens: int = Field(256, description="max_tokens when the request names none (capped by the context)")
-    max_model_len: int = Field(0, description="context length in tokens (0 = the model's max_position_embeddings)")
+    max_model_len: int = Field(0, description="context length cap in tokens (0 = the model's max_position_embeddings); lowered to what the workers report")
+    context_refresh_s: float = Field(2.0, gt=0.0, description="how often the workers' reported max_model_len is read from the scheduler")
     max_body_bytes: int = Field(4 * 1024 * 1024, description="largest accepted request body")
     max_stop_sequences: int = Field(4, description="most stop sequences per request")
     max_stop_length: int = Field(256, description="longest stop sequence in characters")
     max_concurrent_streams_per_key: int = Field(0, description="in-flight generations per API key (0 = unlimited)")
+    session_from_user: bool = Field(
+        False, description="use the OpenAI `user` field as the sticky session id when no X-Session-Id is sent"
+    )
     max_migrations: int = Field(2, description="re-routes of a request whose decode worker failed mid-stream")
     mirror_sample: float = Field(0.0, description="fraction of requests mirrored to the canary (0 = off)")
     mirror_buffer: int = Field(1024, description="mirror records buffered before drops")

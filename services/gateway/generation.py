@@ -1,10 +1,12 @@
-"""One request's way through the mesh: Scheduler.Route → DecodeWorker.Generate (stream) →
+"""One request's way through the mesh: Scheduler.Route → the decode worker's token stream →
 Scheduler.Complete, yielding `Delta`s.
 
-When its decode worker fails mid-stream (UNAVAILABLE, cancelled by the peer, a dropped
+The worker sends token ids only; the text is made here, incrementally (`TextAssembler`), and
+stop strings are checked here: on a match the request ends at once and the worker is sent an
+abort. When its decode worker fails mid-stream (UNAVAILABLE, cancelled by the peer, a dropped
 connection, a stream that ends without a finish reason) it re-routes, excluding the failed
 worker, and continues from prompt + the tokens generated so far with the remaining max_tokens,
-so the client sees no lost or duplicated tokens.
+so the client sees no lost or duplicated tokens (the text assembler simply goes on).
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from opentelemetry import trace
 from kvmesh.runtime.pb import common_pb2, decode_pb2, scheduler_pb2
 from kvmesh.runtime.telemetry import inject_metadata
 
+from .decodestream import DecodeStream, RequestFeed, StreamFailed
 from .errors import ApiError
-from .wire import api_error_from_grpc, logprobs_from_pb, retry_after_from, sampling_pb
-from .outputs import Delta, TokenLogprob, Usage
+from .outputs import Delta, Usage
 from .protocol import SamplingSpec
+from .text import TextAssembler
+from .wire import api_error_from_grpc, logprobs_from_pb, retry_after_from, sampling_pb
 
 if TYPE_CHECKING:
     from .backend import Backend
@@ -73,10 +77,10 @@ class Generation:
         self._exclude: list[str] = []
         self._route: scheduler_pb2.RouteResponse | None = None  # routed, Complete not yet sent
         self._routing = False  # a Route call is in flight (or ended without an answer)
-        self._call: grpc.aio.UnaryStreamCall | None = None
-        self._attempt_tokens = 0  # tokens generated before the current attempt began
-        self._emitted_text = ""
-        self._carry_text = ""  # text the failed worker still held back, emitted with the next delta
+        self._stream: DecodeStream | None = None
+        self._feed: RequestFeed | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._text = TextAssembler(backend.tokenizer, job.prompt_token_ids, job.sampling.stop) if backend.tokenizer else None
         self._cached_tokens: int | None = None
         self._done = False
 
@@ -87,42 +91,37 @@ class Generation:
     async def next(self) -> Delta | None:
         """The next delta; None once finished. Raises ApiError when the request cannot be served."""
         while not self._done:
-            if self._call is None:
+            if self._feed is None:
                 await self._start_attempt()
-            assert self._call is not None
+            assert self._feed is not None
             try:
-                msg = await self._call.read()
-            except grpc.aio.AioRpcError as exc:
-                await self._fail(exc.code(), exc.details() or "", retry_after_from(exc.trailing_metadata()))
+                tokens, logprobs, finish = await self._feed.read()
+            except StreamFailed as exc:
+                final = await self._fail(exc.code, exc.details, exc.retry_after_s)
+                if final is not None:
+                    return final
                 continue
-            if msg is grpc.aio.EOF:
-                await self._fail(grpc.StatusCode.UNAVAILABLE, "the stream ended without a finish reason")
-                continue
-            if msg.finish_reason == "abort":
+            if self._cached_tokens is None:
+                self._cached_tokens = self._feed.cached_tokens
+            if finish == "abort":
                 # NOTE: we did not ask for it (a draining or failing worker did): keep its tokens, move on.
-                self._call = _FinishedCall(None)
-                msg.finish_reason = ""
-                msg.ClearField("usage")
-                if msg.token_ids:
-                    return await self._consume(msg)
-                continue
-            return await self._consume(msg)
+                self._end_attempt()
+                self._feed = _FAILED
+                finish = ""
+            delta = await self._consume(tokens, logprobs, finish)
+            if delta is not None:
+                return delta
         return None
 
     async def close(self, aborted: bool = False) -> None:
-        """Ends the request. When it is unfinished (client gone, or the caller gave up) the stream
-        is cancelled and the worker asked to abort; the scheduler's slot is always released.
-        Idempotent."""
+        """Ends the request. When it is unfinished (client gone, or the caller gave up) the worker
+        is sent an abort on the stream; the scheduler's slot is always released. Idempotent."""
         self._done = True
         route = self._route
         if route is None and not self._routing:
             return
         self.status = "aborted" if aborted else "error"
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None
-        if route is not None:
-            await self._abort_on_worker(route.decode.endpoint)
+        self._end_attempt(abort=True)
         await self._complete(self.status)
 
     # -- attempts --------------------------------------------------------------------------
@@ -164,25 +163,33 @@ class Generation:
             )
             if not route.local_prefill and route.HasField("prefill"):
                 gen_req.prefill.CopyFrom(route.prefill)
-            stub = backend.decode(route.decode.endpoint)
-            self._call = stub.Generate(gen_req, timeout=self._time_left(), metadata=self._metadata())
-        self._attempt_tokens = len(self.output_token_ids)
+            gen_req.trace_context.update(inject_metadata())
+            self._stream = backend.streams.get(route.decode.endpoint)
+            self._feed = self._stream.open(gen_req)
+            feed, left = self._feed, self._time_left()
+            self._timer = asyncio.get_running_loop().call_later(
+                left, feed.fail, StreamFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "request deadline exceeded")
+            )
         self.span.add_event("routed", {"kvmesh.decode": route.decode.worker_id, "kvmesh.attempt": self.migrations})
 
-    async def _fail(self, code: grpc.StatusCode, details: str, retry_after_s: float | None = None) -> None:
-        """The current attempt failed: migrate to another worker, or raise when that is not possible."""
+    async def _fail(self, code: grpc.StatusCode, details: str, retry_after_s: float | None = None) -> Delta | None:
+        """The current attempt failed: migrate to another worker (None: go on), finish from the
+        tokens already streamed (the final Delta), or raise when neither is possible."""
         route = self._route
-        self._call = None
+        self._end_attempt(abort=code is grpc.StatusCode.DEADLINE_EXCEEDED)
+        self._feed = None
         self.status = "error"
         await self._complete("error")
         failed = route.decode.worker_id if route is not None else ""
         log.warning("request %s: decode worker %s failed (%s: %s)", self.job.request_id, failed, code.name, details)
         if code not in MIGRATABLE:
             self._done = True
+            if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise ApiError(504, "The request timed out.", code="timeout")
             raise api_error_from_grpc(code, details, retry_after_s)
-        self._carry_text = self._held_back_text()
-        if self._finish_without_worker():
-            return
+        final = self._finish_without_worker()
+        if final is not None:
+            return final
         if self.migrations >= self.backend.settings.max_migrations:
             self._done = True
             if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -198,52 +205,63 @@ class Generation:
         if failed:
             self._exclude.append(failed)
         self.span.add_event("migrating", {"kvmesh.failed_worker": failed, "kvmesh.tokens_so_far": len(self.output_token_ids)})
+        return None
 
-    def _finish_without_worker(self) -> bool:
-        """Whether the tokens already streamed end the request (its finish message was lost)."""
+    def _finish_without_worker(self) -> Delta | None:
+        """The final delta when the tokens already streamed end the request (its finish was lost)."""
         out = self.output_token_ids
         if not out:
-            return False
+            return None
         sampling = self.job.sampling
         if out[-1] in sampling.stop_token_ids or (not sampling.ignore_eos and out[-1] in self.backend.eos_token_ids):
             reason = "stop"
         elif self.remaining_tokens <= 0:
             reason = "length"
         else:
-            return False
-        self._call = _FinishedCall(Delta(finish_reason=reason))
-        self.status = "ok"
-        return True
+            return None
+        return self._finish(Delta(text=self._text.finish() if self._text else "", finish_reason=reason))
 
-    def _held_back_text(self) -> str:
-        if self.backend.detokenize is None or not self.output_token_ids:
-            return ""
-        full = self.backend.detokenize(self.output_token_ids)
-        return full[len(self._emitted_text) :] if full.startswith(self._emitted_text) else ""
+    def _end_attempt(self, abort: bool = False) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._stream is not None and self._route is not None:
+            if abort:
+                self._stream.abort(self.job.request_id)
+            else:
+                self._stream.forget(self.job.request_id)
+        self._stream = None
 
-    async def _consume(self, msg: decode_pb2.GenerateResponse | Delta) -> Delta:
-        attempt_completion: int | None = None
-        if isinstance(msg, Delta):  # a finish synthesized after a worker failure
-            delta = msg
-        else:
-            delta = Delta(list(msg.token_ids), msg.text, logprobs_from_pb(msg), msg.finish_reason or None)
-            if msg.HasField("usage"):
-                if self._cached_tokens is None:
-                    self._cached_tokens = msg.usage.cached_tokens
-                attempt_completion = self._attempt_tokens + msg.usage.completion_tokens
-        if self._carry_text and (delta.text or delta.finish_reason):
-            delta.text, self._carry_text = self._carry_text + delta.text, ""
-        self.output_token_ids.extend(delta.token_ids)
-        self._emitted_text += delta.text
-        if delta.finish_reason:
-            prompt_tokens = len(self.job.prompt_token_ids)
-            completion = max(len(self.output_token_ids), attempt_completion or 0)
-            self.usage = Usage(prompt_tokens, completion, min(self._cached_tokens or 0, prompt_tokens))
-            self.finish_reason = delta.finish_reason
-            self.status = "ok"
-            self._done = True
-            self._call = None
+    async def _consume(self, tokens: list[int], logprobs: list, finish: str) -> Delta | None:
+        """The delta for what arrived (None when it shows nothing yet); ends the request on a
+        finish reason or a stop string."""
+        text = ""
+        stop_at = None
+        if self._text is not None:
+            # NOTE: a "stop" from the worker means its last token is a stop token id (EOS or
+            # stop_token_ids): it ends the request without text, as it does in the engine.
+            shown = tokens[:-1] if finish == "stop" else tokens
+            text, stop_at = self._text.add(shown)
+        if stop_at is not None:
+            tokens, logprobs, finish = tokens[:stop_at], logprobs[:stop_at], "stop"
+            self._end_attempt(abort=True)
+        elif finish and self._text is not None:
+            text += self._text.finish()
+        self.output_token_ids.extend(tokens)
+        delta = Delta(tokens, text, logprobs_from_pb(logprobs) if logprobs else None, finish or None)
+        if finish:
+            self._end_attempt()
+            self._finish(delta)
             await self._complete("ok")
+        return delta if tokens or finish else None
+
+    def _finish(self, delta: Delta) -> Delta:
+        prompt_tokens = len(self.job.prompt_token_ids)
+        self.usage = Usage(prompt_tokens, len(self.output_token_ids), min(self._cached_tokens or 0, prompt_tokens))
+        self.finish_reason = delta.finish_reason
+        self.status = "ok"
+        self._done = True
+        self._feed = None
         return delta
 
     # -- side calls ------------------------------------------------------------------------
@@ -262,17 +280,6 @@ class Generation:
             except grpc.aio.AioRpcError as exc:
                 log.warning("Complete(%s) failed: %s", self.job.request_id, exc.code().name)
 
-    async def _abort_on_worker(self, endpoint: str) -> None:
-        with trace.use_span(self.span, end_on_exit=False):
-            try:
-                await self.backend.decode(endpoint).Abort(
-                    decode_pb2.AbortRequest(request_id=self.job.request_id),
-                    timeout=SIDE_CALL_TIMEOUT_S,
-                    metadata=self._metadata(),
-                )
-            except grpc.aio.AioRpcError as exc:
-                log.info("Abort(%s) on %s failed: %s", self.job.request_id, endpoint, exc.code().name)
-
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         return (*inject_metadata(), ("x-request-id", self.job.request_id))
 
@@ -284,15 +291,13 @@ class Generation:
         return left
 
 
-class _FinishedCall:
-    """Stands in for a stream that has at most a synthesized finish left, then ends (EOF)."""
+class _FailedFeed:
+    """Stands in for a stream whose worker gave the request up: the next read migrates it."""
 
-    def __init__(self, delta: Delta | None) -> None:
-        self._delta: Delta | None = delta
+    cached_tokens = None
 
-    async def read(self) -> Delta | object:
-        delta, self._delta = self._delta, None
-        return delta if delta is not None else grpc.aio.EOF
+    async def read(self) -> tuple:
+        raise StreamFailed(grpc.StatusCode.ABORTED, "the decode worker aborted the request")
 
-    def cancel(self) -> bool:
-        return True
+
+_FAILED = _FailedFeed()

@@ -9,13 +9,14 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from kvmesh.runtime.telemetry import REQUEST_ID_ATTRIBUTE, extract_context, tracer
+from kvmesh.runtime.telemetry import CLIENT_REQUEST_ID_ATTRIBUTE, REQUEST_ID_ATTRIBUTE, extract_context, tracer
 
 from .auth import KeyLimiter
 from .backend import Backend
@@ -40,15 +41,31 @@ _PREFIX = {Endpoint.COMPLETIONS: "cmpl", Endpoint.CHAT: "chatcmpl"}
 _ROUTE = {Endpoint.COMPLETIONS: "/v1/completions", Endpoint.CHAT: "/v1/chat/completions"}
 
 
-def request_ids(header: str | None, endpoint: Endpoint) -> tuple[str, str]:
-    """(mesh request id, response id): the client's X-Request-Id when given, else a fresh `cmpl-...`."""
-    prefix = _PREFIX[endpoint]
+@dataclass(frozen=True, slots=True)
+class RequestIds:
+    """`mesh` is made here and keys the request on every hop (admission, routing, aborts); `client`
+    is the caller's X-Request-Id, kept for correlation only: echoed back, on the trace, in logs.
+
+    NOTE: the client's id is never the mesh's key. Two clients may send the same one, and the
+    scheduler treats a repeated key as a retry: it would free the other client's admission slot."""
+
+    mesh: str
+    client: str | None
+
+    @property
+    def echoed(self) -> str:
+        """The X-Request-Id header of the response: the client's own id when it sent one."""
+        return self.client or self.mesh
+
+
+def request_ids(header: str | None, endpoint: Endpoint) -> RequestIds:
+    """A fresh mesh id (`cmpl-...`, also the response's `id`) and the client's validated X-Request-Id."""
+    mesh = f"{_PREFIX[endpoint]}-{uuid.uuid4().hex}"
     if header is None or header == "":
-        rid = f"{prefix}-{uuid.uuid4().hex}"
-        return rid, rid
+        return RequestIds(mesh, None)
     if not _REQUEST_ID.match(header):
         raise ApiError(400, "X-Request-Id must be 1-128 characters of letters, digits and . _ : -", "X-Request-Id")
-    return header, header if header.startswith(prefix + "-") else f"{prefix}-{header}"
+    return RequestIds(mesh, header)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -88,19 +105,19 @@ class CompletionService:
         return request
 
     async def handle(self, request: Request, endpoint: Endpoint, api_key: str) -> Response:
-        request_id, response_id = request_ids(request.headers.get("x-request-id"), endpoint)
-        request.state.request_id = request_id
-        run = RequestRun(self, request_id, endpoint, request)
+        ids = request_ids(request.headers.get("x-request-id"), endpoint)
+        request.state.request_id = ids.echoed
+        run = RequestRun(self, ids, endpoint, request)
         try:
             req = self.parse(endpoint, await read_body(request, self.settings.max_body_bytes))
-            session_id = request.headers.get("x-session-id") or req.user or ""
+            session_id = request.headers.get("x-session-id") or (req.user if self.settings.session_from_user else "") or ""
             prepared = await asyncio.to_thread(self.model.prepare, req, self.settings.default_max_tokens)
             self.limiter.acquire(api_key)
             run.key = api_key
-            generation = run.begin(req, prepared, session_id, response_id)
+            generation = run.begin(req, prepared, session_id, ids.mesh)
             first = await race_disconnect(request.receive, generation.next())
             if req.stream:
-                return EventStreamResponse(run.events(first), run.close_stream, {"X-Request-Id": request_id})
+                return EventStreamResponse(run.events(first), run.close_stream, {"X-Request-Id": ids.echoed})
             body = await race_disconnect(request.receive, run.collect(first))
         except ClientDisconnected:
             await run.finish(aborted=True)
@@ -109,20 +126,22 @@ class CompletionService:
             await run.finish(error=exc)
             raise
         await run.finish()
-        return JSONResponse(body, headers={"X-Request-Id": request_id})
+        return JSONResponse(body, headers={"X-Request-Id": ids.echoed})
 
 
 class RequestRun:
     """Per-request state: span, timings, the generation, and a `finish` that runs exactly once."""
 
-    def __init__(self, service: CompletionService, request_id: str, endpoint: Endpoint, request: Request) -> None:
+    def __init__(self, service: CompletionService, ids: RequestIds, endpoint: Endpoint, request: Request) -> None:
         self.service = service
-        self.request_id = request_id
+        self.request_id = ids.mesh
+        self.client_request_id = ids.client
         self.started = time.monotonic()
         self.span = tracer.start_span(
             "gateway.request",
             context=extract_context(request.headers),  # the client's W3C traceparent, if any
-            attributes={REQUEST_ID_ATTRIBUTE: request_id, "http.route": _ROUTE[endpoint]},
+            attributes={REQUEST_ID_ATTRIBUTE: ids.mesh, "http.route": _ROUTE[endpoint],
+                        **({CLIENT_REQUEST_ID_ATTRIBUTE: ids.client} if ids.client else {})},
         )
         self.key: str | None = None
         self.request: GenerationRequest | None = None
@@ -175,9 +194,9 @@ class RequestRun:
         delta = first
         while delta is not None:
             self.observe(delta)
-            chunk = self.builder.chunk(delta)
+            chunk = self.builder.chunk_bytes(delta)
             if chunk is not None:
-                yield sse(chunk)
+                yield chunk
             try:
                 delta = await self.generation.next()
             except ApiError as exc:
@@ -186,7 +205,7 @@ class RequestRun:
                 yield SSE_DONE
                 return
             except Exception as exc:  # noqa: BLE001 - the client gets an error event, not a cut stream
-                log.exception("request %s failed mid-stream", self.request_id)
+                log.exception("request %s (client id %s) failed mid-stream", self.request_id, self.client_request_id)
                 self.error = exc
                 yield sse_error(ApiError(500, f"Internal error: {type(exc).__name__}", code="internal_error"))
                 yield SSE_DONE

@@ -37,7 +37,7 @@ def bound_port(server: uvicorn.Server) -> int:
 def build_server(settings: GatewaySettings) -> _Server:
     """A uvicorn server for the gateway app (not started)."""
     model = ServedModel.load(settings)
-    backend = Backend(settings, model.hasher, model.tokenizer.eos_token_ids, model.tokenizer.decode)
+    backend = Backend(settings, model.hasher, model.tokenizer.eos_token_ids, model.tokenizer)
     app = create_app(settings, backend, model=model)
     config = uvicorn.Config(
         app,

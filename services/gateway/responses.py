@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from typing import Any
+
+import orjson
 
 from .errors import ApiError
 from .outputs import Delta, TokenLogprob, Usage
@@ -17,7 +18,7 @@ _MIN_LOGPROB = -9999.0  # NOTE: JSON has no -inf; vLLM clamps the same way
 
 def sse(payload: dict[str, Any]) -> bytes:
     """One server-sent event: `data: {...}\\n\\n`."""
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 def sse_error(error: ApiError) -> bytes:
@@ -55,6 +56,16 @@ class ResponseBuilder:
         self._token_text = token_text
         self._chat = request.endpoint is Endpoint.CHAT
         self._text_offset = 0
+        # NOTE: a text-only chunk is the common case: pre-encoded around its text, it costs one
+        # string escape instead of a dict and a json.dumps (byte-for-byte what `chunk` gives).
+        kind = b"chat.completion.chunk" if self._chat else b"text_completion"
+        self._text_head = (
+            b'data: {"id":' + orjson.dumps(response_id) + b',"object":"' + kind + b'","created":' + str(created).encode()
+            + b',"model":' + orjson.dumps(model) + (b',"choices":[{"index":0,"delta":{"content":' if self._chat else b',"choices":[{"index":0,"text":')
+        )
+        self._text_tail = (b"}" if self._chat else b"") + b',"logprobs":null,"finish_reason":null}]' + (
+            b',"usage":null}\n\n' if request.include_usage else b"}\n\n"
+        )
 
     # -- streaming -------------------------------------------------------------------------
     def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -87,6 +98,13 @@ class ResponseBuilder:
             choice = {"index": 0, "text": delta.text}
         choice |= {"logprobs": logprobs, "finish_reason": delta.finish_reason}
         return self._chunk([choice])
+
+    def chunk_bytes(self, delta: Delta) -> bytes | None:
+        """The SSE event for one delta; None when it carries nothing a client can see."""
+        if delta.text and delta.finish_reason is None and (self.request.sampling.logprobs is None or not delta.logprobs):
+            return self._text_head + orjson.dumps(delta.text) + self._text_tail
+        chunk = self.chunk(delta)
+        return sse(chunk) if chunk is not None else None
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         """The last chunk with `stream_options.include_usage`: empty choices, the usage."""

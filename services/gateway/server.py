@@ -17,6 +17,7 @@ from . import openapi
 from .auth import ApiKeys
 from .backend import Backend
 from .config import GatewaySettings
+from .contextlen import ContextLengthWatch
 from .errors import ApiError, model_not_found
 from .handlers import CompletionService
 from .metrics import GatewayMetrics
@@ -78,11 +79,14 @@ def create_app(
     mirror = mirror or MirrorTap(settings.mirror_sample, settings.mirror_buffer, metrics, settings.nats_url)
     service = CompletionService(settings, backend, model, metrics, mirror)
     keys = ApiKeys(settings.api_key_set())
+    context_watch = ContextLengthWatch(backend, model, settings.pool, settings.context_refresh_s)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         mirror.start()
+        context_watch.start()
         yield
+        await context_watch.close()
         await mirror.close()
         await backend.close()
 

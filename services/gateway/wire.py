@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 
-from kvmesh.runtime.pb import common_pb2, decode_pb2
+from kvmesh.runtime.pb import common_pb2
 
 from .errors import ApiError
 from .outputs import TokenLogprob
@@ -56,7 +56,7 @@ def sampling_pb(spec: SamplingSpec, max_tokens: int) -> common_pb2.SamplingParam
     return pb
 
 
-def logprobs_from_pb(msg: decode_pb2.GenerateResponse) -> list[TokenLogprob] | None:
-    if not msg.logprobs:
+def logprobs_from_pb(entries: list[common_pb2.TokenLogprob]) -> list[TokenLogprob] | None:
+    if not entries:
         return None
-    return [TokenLogprob(e.token_id, e.logprob, tuple((t.token_id, t.logprob) for t in e.top)) for e in msg.logprobs]
+    return [TokenLogprob(e.token_id, e.logprob, tuple((t.token_id, t.logprob) for t in e.top)) for e in entries]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -24,6 +25,7 @@ from kvmesh.runtime.telemetry import Telemetry, TracingServerInterceptor
 from .config import KvStoreSettings
 from .disk import DiskDir
 from .metrics import StoreMetrics
+from .offload import StoreThread
 from .server import EventFeed, KvStoreServicer
 from .store import BlockStore
 
@@ -73,8 +75,9 @@ class RunningStore:
         for task in self.tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self.store.persist()
+        await self.servicer.thread.run(self.store.persist)
         await self.servicer.after_change()
+        self.servicer.thread.close()
         if self.publisher is not None:
             await self.publisher.close()
         if self.bus is not None:
@@ -97,7 +100,7 @@ class RunningStore:
     async def _ticks(self) -> None:
         while True:
             await asyncio.sleep(self.settings.tick_s)
-            self.store.tick()
+            await self.servicer.thread.run(self.store.tick)
             await self.servicer.after_change()
 
 
@@ -108,15 +111,16 @@ async def start(settings: KvStoreSettings, metrics: StoreMetrics | None = None) 
     store = BlockStore(settings.store_config(), time.monotonic, disk)
     if disk is not None:
         log.info("disk tier %s: %d blocks rebuilt", settings.disk_dir, len(store.held_hashes()))
+    thread = StoreThread()
     bus = publisher = None
     if settings.nats:
         try:
             bus = await Bus.connect(settings.nats_url, store_id)
-            publisher = await KvEventPublisher.start(bus, store_id, store.held_hashes)
+            publisher = await KvEventPublisher.start(bus, store_id, functools.partial(thread.locked, store.held_hashes))
         except Exception as exc:  # noqa: BLE001 - the store still serves gRPC without NATS
             log.warning("NATS unavailable (%s): no heartbeats or KV events", exc)
             bus = publisher = None
-    servicer = KvStoreServicer(store, metrics or StoreMetrics(), EventFeed(publisher))
+    servicer = KvStoreServicer(store, metrics or StoreMetrics(), EventFeed(publisher), thread)
     server = await start_server(
         settings.host, settings.port, [(kvstore_pb2_grpc.add_KvStoreServicer_to_server, servicer, "kvmesh.v1.KvStore")],
         interceptors=[TracingServerInterceptor()], tls=TlsConfig.from_settings(settings),

@@ -16,6 +16,7 @@ from . import codec
 from .blocks import Block, BlockHeader, Encoding, ModelSpec
 from .events import Cleared, Removed, StoreEvent, Stored
 from .metrics import StoreMetrics
+from .offload import StoreThread
 from .store import BlockStore
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,8 @@ class EventFeed:
     def seq(self) -> int:
         return self.publisher.seq if self.publisher else 0
 
-    async def flush(self, store: BlockStore) -> None:
-        events = store.drain_events()
+    async def flush(self, store: BlockStore, thread: StoreThread) -> None:
+        events = await thread.run(store.drain_events)
         if self.publisher is None or not events:
             return
         for start in range(0, len(events), EVENTS_PER_BATCH):
@@ -85,20 +86,27 @@ class EventFeed:
 
 
 class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
-    def __init__(self, store: BlockStore, metrics: StoreMetrics, feed: EventFeed | None = None) -> None:
+    def __init__(
+        self, store: BlockStore, metrics: StoreMetrics, feed: EventFeed | None = None, thread: StoreThread | None = None
+    ) -> None:
         self.store = store
         self.metrics = metrics
         self.feed = feed or EventFeed(None)
+        self.thread = thread or StoreThread()  # every store call runs there, off the event loop
 
     async def after_change(self) -> None:
         """Publishes pending events and refreshes metrics (also called by the periodic tick)."""
-        await self.feed.flush(self.store)
-        self.metrics.sync(self.store)
+        await self.feed.flush(self.store, self.thread)
+        await self.thread.run(self.metrics.sync, self.store)
+
+    def _read_chunk(self, spec: ModelSpec, hashes: list[bytes], encoding: Encoding) -> list[common_pb2.KvBlock]:
+        """Store thread: reads blocks (disk included) and converts them to the asked encoding."""
+        return [block_to_pb(codec.convert(block, encoding)) for block in self.store.read(spec, hashes)]
 
     async def Lookup(self, request: kvstore_pb2.LookupRequest, context: grpc.aio.ServicerContext) -> kvstore_pb2.LookupResponse:
         with tracer.start_as_current_span("kvstore.lookup", attributes={"query_blocks": len(request.block_hashes)}) as span:
             try:
-                result = self.store.lookup(spec_from_pb(request.spec), request.block_hashes, request.lease_s)
+                result = await self.thread.run(self.store.lookup, spec_from_pb(request.spec), list(request.block_hashes), request.lease_s)
             finally:
                 await self.after_change()
             span.set_attribute("hit_blocks", result.num_blocks)
@@ -115,12 +123,11 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
                 raise InvalidArgument(f"Get of {len(hashes)} blocks: at most {limit} per call")
             sent = 0
             try:
-                self.store.require(spec, hashes)
+                await self.thread.run(self.store.require, spec, hashes)
                 for start in range(0, len(hashes), GET_CHUNK_BLOCKS):
-                    for block in self.store.read(spec, hashes[start : start + GET_CHUNK_BLOCKS]):
-                        out = codec.convert(block, encoding)
-                        sent += out.nbytes
-                        yield block_to_pb(out)
+                    for pb in await self.thread.run(self._read_chunk, spec, hashes[start : start + GET_CHUNK_BLOCKS], encoding):
+                        sent += pb.header.byte_length + pb.header.scales_length
+                        yield pb
             finally:
                 span.set_attribute("bytes", sent)
                 await self.after_change()
@@ -134,13 +141,14 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
                     if not put_id:
                         if kind != "open":
                             raise InvalidArgument("a Put stream must start with an `open` message")
-                        put_id = self.store.open_put(
-                            spec_from_pb(message.open.spec), message.open.producer_id, message.open.parent_hash or None
+                        put_id = await self.thread.run(
+                            self.store.open_put, spec_from_pb(message.open.spec), message.open.producer_id,
+                            message.open.parent_hash or None,
                         )
                     elif kind == "block":
-                        self.store.stage(put_id, block_from_pb(message.block))
+                        await self.thread.run(self.store.stage, put_id, block_from_pb(message.block))
                     elif kind == "commit":
-                        result = self.store.commit(put_id, message.commit.num_blocks)
+                        result = await self.thread.run(self.store.commit, put_id, message.commit.num_blocks)
                         committed = True
                         span.set_attributes({"stored": result.stored, "duplicates": result.duplicates})
                         return kvstore_pb2.PutResponse(stored=result.stored, duplicates=result.duplicates)
@@ -152,7 +160,7 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
                 raise
             finally:
                 if put_id and not committed:
-                    self.store.abort(put_id)
+                    await self.thread.run(self.store.abort, put_id)
                 await self.after_change()
 
     async def Stats(self, request: kvstore_pb2.StatsRequest, context: grpc.aio.ServicerContext) -> kvstore_pb2.StatsResponse:
@@ -160,7 +168,7 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
         tiers = [
             kvstore_pb2.TierStats(name=t.name, blocks=t.blocks, bytes=t.bytes, capacity_bytes=t.capacity_bytes,
                                   evictions=sum(t.evictions.values()))
-            for t in self.store.stats()
+            for t in await self.thread.run(self.store.stats)
         ]
         return kvstore_pb2.StatsResponse(
             tiers=tiers, lookups=c.lookups, lookup_hit_blocks=c.lookup_hit_blocks,

@@ -12,8 +12,8 @@ from kvmesh.runtime.grpcutil import start_server
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import prefill_pb2_grpc
 from kvmesh.runtime.telemetry import TracingServerInterceptor
-from kvmesh.runtime.workerapp import WorkerApp, announce, serve_worker, start_engine, worker_main
-from kvmesh.runtime.worker import EngineLoop
+from kvmesh.worker.app import WorkerApp, announce, serve_worker, start_engine, worker_main
+from kvmesh.worker.worker import EngineLoop
 
 from . import metrics
 from .config import PrefillSettings

@@ -11,6 +11,7 @@ import grpc
 import torch
 
 from kvmesh.runtime import kvwire
+from kvmesh.worker import kvtensor
 from kvmesh.runtime.errors import MeshError
 from kvmesh.runtime.grpcutil import ChannelPool
 from kvmesh.runtime.pb import common_pb2, kvstore_pb2, kvstore_pb2_grpc
@@ -65,5 +66,5 @@ class StoreReader:
                     raise ValueError(f"store sent an unexpected block at position {skip + i}")
                 if block.header.num_tokens != self.spec.block_size:
                     raise ValueError(f"store sent a partial block at position {skip + i}")
-                blocks.append(kvwire.decode_block(block, self.spec))
+                blocks.append(kvtensor.decode_block(block, self.spec))
         return blocks

@@ -18,11 +18,12 @@ import grpc
 
 from kvmesh.engine.sampling import SamplingParams
 from kvmesh.runtime import kvwire
+from kvmesh.worker import kvtensor
 from kvmesh.runtime.errors import InvalidArgument, Unavailable
 from kvmesh.runtime.grpcutil import ChannelPool
 from kvmesh.runtime.pb import common_pb2, decode_pb2, decode_pb2_grpc
 from kvmesh.runtime.telemetry import inject_metadata, tracer
-from kvmesh.runtime.worker import EngineLoop
+from kvmesh.worker.worker import EngineLoop
 
 from . import metrics
 from .store import StoreReader
@@ -155,7 +156,7 @@ class PrefillWorker:
                     for blocks, out in await stream.next_batch():
                         for index, kv in blocks:
                             block_hash = hashes[index] if kv.shape[2] == bs else b""
-                            msg = kvwire.encode_block(kv, encoding=encoding, block_hash=block_hash, block_index=index)
+                            msg = kvtensor.encode_block(kv, encoding=encoding, block_hash=block_hash, block_index=index)
                             outbox.put_nowait(decode_pb2.KvPushMessage(block=msg))
                             pushed, nbytes = pushed + 1, nbytes + kvwire.wire_bytes(msg)
                         if out.finished:

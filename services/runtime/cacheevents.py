@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from . import kvevents
 from .bus import Bus
 from .kvevents import KvEventPublisher
-from .worker import EngineLoop
+
+if TYPE_CHECKING:  # NOTE: the worker framework sits above runtime; only its type is named here.
+    from kvmesh.worker.worker import EngineLoop
 
 log = logging.getLogger(__name__)
 

@@ -1,18 +1,23 @@
-"""KV block wire codec: one block of K and V `[2, L, n, H, D]` <-> `common_pb2.KvBlock`.
+"""The KV block codec (the only one; numpy, torch-free): one block of K and V `[2, L, n, H, D]` as
+model-dtype bytes <-> `common_pb2.KvBlock`, and re-encoding between encodings (the KV store's cold tier).
 
-Encodings: RAW (model dtype bytes, little-endian), INT8 and INT4 (symmetric; K with one scale per
-channel (layer, head, dim) over the block's tokens, V with one scale per token (layer, token, head)
-over head_dim, after KIVI; float32 scales, K's first). The receiver validates every header field
-against its own `ModelSpec` before it reads a byte; bytes become tensors with `torch.frombuffer`
-only; no pickle anywhere.
+Encodings, symmetric quantization after KIVI:
+- RAW: the model dtype, little-endian, in `[2, L, n, H, D]` order;
+- INT8 / INT4: K (`[0]`) has one scale per channel (layer, head, dim) over the block's tokens,
+  V (`[1]`) one scale per token (layer, token, head) over head_dim; `scale = amax / qmax`
+  (1 for an all-zero group); `scales` = float32 K scales then V scales; values `round(x / scale)`
+  (half to even) clipped to ±qmax; INT4 stores `q + 8` nibbles two per byte, the even element in
+  the low nibble (a zero nibble pads an odd count). Decoding is `q * scale`, then rounding to
+  the model dtype (bfloat16 round-to-nearest-even).
+The receiver validates every header field against its own `ModelSpec` before it reads a byte;
+no pickle anywhere. Workers turn tensors into bytes and back in `kvmesh.worker.kvtensor`.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
 
-import torch
+import numpy as np
 
 from .errors import InvalidArgument
 from .pb import common_pb2
@@ -23,8 +28,8 @@ INT4 = common_pb2.KV_ENCODING_INT4
 ENCODING_NAMES = {RAW: "raw", INT8: "int8", INT4: "int4"}
 HASH_BYTES = 32
 
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_QMAX = {INT8: 127, INT4: 7}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+QMAX = {INT8: 127, INT4: 7}
 
 
 def encoding_from_name(name: str) -> int:
@@ -68,67 +73,109 @@ def _checksum(data: bytes, scales: bytes) -> int:
     return zlib.crc32(scales, zlib.crc32(data))
 
 
-def _to_bytes(t: torch.Tensor) -> bytes:
-    return t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+def to_float32(data: bytes, dtype: str) -> np.ndarray:
+    """Model-dtype bytes as a flat float32 array."""
+    if dtype == "float32":
+        return np.frombuffer(data, dtype="<f4").astype(np.float32)
+    if dtype == "float16":
+        return np.frombuffer(data, dtype="<f2").astype(np.float32)
+    if dtype == "bfloat16":
+        return (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    raise ValueError(f"unsupported dtype {dtype!r}")
 
 
-def _scales(kv: torch.Tensor, qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """K: per (layer, head, dim) over tokens -> [L, 1, H, D]; V: per (layer, token, head) -> [L, n, H, 1]."""
-    k, v = kv[0].float(), kv[1].float()  # [L, n, H, D]
-    k_scale = k.abs().amax(dim=1, keepdim=True) / qmax  # [L, 1, H, D]
-    v_scale = v.abs().amax(dim=3, keepdim=True) / qmax  # [L, n, H, 1]
-    # NOTE: an all-zero channel gets scale 1 so dequantization stays exact (0 * 1) and finite.
-    return torch.where(k_scale > 0, k_scale, 1.0), torch.where(v_scale > 0, v_scale, 1.0)
+def from_float32(x: np.ndarray, dtype: str) -> bytes:
+    """A float32 array as model-dtype little-endian bytes (round to nearest even)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if dtype == "float32":
+        return x.astype("<f4").tobytes()
+    if dtype == "float16":
+        return x.astype("<f2").tobytes()
+    if dtype == "bfloat16":
+        bits = x.view(np.uint32).astype(np.uint64)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        rounded[np.isnan(x)] = 0x7FC0
+        return rounded.astype("<u2").tobytes()
+    raise ValueError(f"unsupported dtype {dtype!r}")
 
 
-def _quantize(kv: torch.Tensor, encoding: int) -> tuple[bytes, bytes]:
-    qmax = _QMAX[encoding]
-    k_scale, v_scale = _scales(kv, qmax)
-    q = torch.stack(
-        [(kv[0].float() / k_scale).round(), (kv[1].float() / v_scale).round()]
-    ).clamp(-qmax, qmax).to(torch.int8)  # [2, L, n, H, D]
-    scales = _to_bytes(torch.cat([k_scale.reshape(-1), v_scale.reshape(-1)]))
+def quantize(x: np.ndarray, encoding: int) -> tuple[bytes, bytes]:
+    """`x [2, L, n, H, D]` float32 → (data, scales) in `encoding` (INT8 or INT4)."""
+    qmax32 = np.float32(QMAX[encoding])
+    k_scales = np.abs(x[0]).max(axis=1) / qmax32  # [L, H, D]
+    v_scales = np.abs(x[1]).max(axis=3) / qmax32  # [L, n, H]
+    k_scales = np.where(k_scales > 0, k_scales, np.float32(1.0))
+    v_scales = np.where(v_scales > 0, v_scales, np.float32(1.0))
+    q = np.stack([x[0] / k_scales[:, None, :, :], x[1] / v_scales[:, :, :, None]])  # [2, L, n, H, D]
+    q = np.clip(np.rint(q), -QMAX[encoding], QMAX[encoding]).astype(np.int8).ravel()
+    scales = np.concatenate([k_scales.ravel(), v_scales.ravel()]).astype("<f4").tobytes()
     if encoding == INT8:
-        return _to_bytes(q), scales
-    nibbles = (q.reshape(-1) + 8).to(torch.uint8)  # [N] in 1..15
-    if nibbles.numel() % 2:
-        nibbles = torch.cat([nibbles, nibbles.new_zeros(1)])
-    packed = nibbles[0::2] | (nibbles[1::2] << 4)
-    return _to_bytes(packed), scales
+        return q.tobytes(), scales
+    nibbles = (q.astype(np.int16) + 8).astype(np.uint8)  # [N] in 1..15
+    if nibbles.size % 2:
+        nibbles = np.append(nibbles, np.uint8(0))
+    return (nibbles[0::2] | (nibbles[1::2] << 4)).astype(np.uint8).tobytes(), scales
+
+
+def dequantize(data: bytes, scales: bytes, shape: tuple[int, ...], encoding: int) -> np.ndarray:
+    """(data, scales) in `encoding` → float32 `[2, L, n, H, D]`."""
+    _, num_layers, n, heads, head_dim = shape
+    numel = int(np.prod(shape))
+    if encoding == INT8:
+        q = np.frombuffer(data, dtype=np.int8)
+    else:
+        packed = np.frombuffer(data, dtype=np.uint8)
+        q = np.stack([packed & 0x0F, packed >> 4], axis=1).ravel()[:numel].astype(np.int16) - 8
+    q = q.astype(np.float32).reshape(shape)
+    all_scales = np.frombuffer(scales, dtype="<f4")
+    k_count = num_layers * heads * head_dim
+    k_scales = all_scales[:k_count].reshape(num_layers, 1, heads, head_dim)
+    v_scales = all_scales[k_count:].reshape(num_layers, n, heads, 1)
+    return np.stack([q[0] * k_scales, q[1] * v_scales])
+
+
+def transcode(data: bytes, scales: bytes, dtype: str, shape: tuple[int, ...], encoding: int, to: int) -> tuple[bytes, bytes]:
+    """A block's payload in encoding `to`: RAW → INT8/INT4 quantizes, INT8/INT4 → RAW decodes."""
+    encoding, to = encoding or RAW, to or RAW
+    if encoding == to:
+        return data, scales
+    x = to_float32(data, dtype).reshape(shape) if encoding == RAW else dequantize(data, scales, shape, encoding)
+    if to == RAW:
+        return from_float32(x, dtype), b""
+    return quantize(x, to)
 
 
 def encode_block(
-    kv: torch.Tensor,
+    data: bytes,
+    dtype: str,
+    shape: tuple[int, ...],
     *,
     encoding: int = RAW,
     block_hash: bytes = b"",
     block_index: int = 0,
     layer_start: int = 0,
 ) -> common_pb2.KvBlock:
-    """One block `[2, L, n, H, D]` as a wire message (full blocks carry their chained hash)."""
-    if kv.dim() != 5 or kv.shape[0] != 2:
-        raise ValueError(f"KV block must be [2, L, n, H, D], got {list(kv.shape)}")
-    dtype = str(kv.dtype).removeprefix("torch.")
-    if dtype not in TORCH_DTYPES:
-        raise ValueError(f"KV dtype {dtype} is not one of {sorted(TORCH_DTYPES)}")
+    """One block given as RAW model-dtype bytes of `shape` `[2, L, n, H, D]`, as a wire message in
+    `encoding` (full blocks carry their chained hash)."""
+    if len(shape) != 5 or shape[0] != 2:
+        raise ValueError(f"KV block must be [2, L, n, H, D], got {list(shape)}")
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"KV dtype {dtype} is not one of {sorted(DTYPE_BYTES)}")
     encoding = encoding or RAW
-    if encoding == RAW:
-        data, scales = _to_bytes(kv), b""
-    elif encoding in _QMAX:
-        data, scales = _quantize(kv, encoding)
-    else:
+    if encoding not in ENCODING_NAMES:
         raise ValueError(f"unknown KV encoding {encoding}")
+    data, scales = transcode(data, b"", dtype, tuple(shape), RAW, encoding)
     header = common_pb2.KvBlockHeader(
         block_hash=block_hash,
         block_index=block_index,
         layer_start=layer_start,
-        layer_end=layer_start + kv.shape[1],
+        layer_end=layer_start + shape[1],
         dtype=dtype,
-        shape=list(kv.shape),
+        shape=list(shape),
         encoding=encoding,
         byte_length=len(data),
         checksum=_checksum(data, scales),
-        num_tokens=kv.shape[2],
+        num_tokens=shape[2],
         scales_length=len(scales),
     )
     return common_pb2.KvBlock(header=header, data=data, scales=scales)
@@ -139,7 +186,7 @@ def expected_lengths(spec: common_pb2.ModelSpec, num_tokens: int, encoding: int)
     L, H, D = spec.num_layers, spec.num_kv_heads, spec.head_dim
     numel = 2 * L * num_tokens * H * D
     if encoding == RAW:
-        return numel * TORCH_DTYPES[spec.dtype].itemsize, 0
+        return numel * DTYPE_BYTES[spec.dtype], 0
     scales = 4 * (L * H * D + L * num_tokens * H)
     return (numel if encoding == INT8 else (numel + 1) // 2), scales
 
@@ -179,32 +226,11 @@ def validate_block(block: common_pb2.KvBlock, spec: common_pb2.ModelSpec) -> Non
         raise InvalidArgument(f"KV block {h.block_index}: checksum mismatch (corrupted payload)")
 
 
-def decode_block(block: common_pb2.KvBlock, spec: common_pb2.ModelSpec) -> torch.Tensor:
-    """A validated block as a tensor `[2, L, n, H, D]` in the spec's dtype (CPU)."""
+def decode_block(block: common_pb2.KvBlock, spec: common_pb2.ModelSpec) -> bytes:
+    """A validated block as RAW model-dtype bytes (`[2, L, n, H, D]`, shape in its header)."""
     validate_block(block, spec)
     h = block.header
-    shape = tuple(h.shape)
-    dtype = TORCH_DTYPES[spec.dtype]
     encoding = h.encoding or RAW
-    if encoding == RAW:
-        return torch.frombuffer(bytearray(block.data), dtype=dtype).reshape(shape)
-    if encoding == INT8:
-        q = torch.frombuffer(bytearray(block.data), dtype=torch.int8).reshape(shape).float()
-    else:
-        packed = torch.frombuffer(bytearray(block.data), dtype=torch.uint8)
-        nibbles = torch.stack([packed & 0xF, packed >> 4], dim=1).reshape(-1)[: h.byte_length * 2]
-        q = (nibbles[: _numel(shape)].to(torch.int16) - 8).float().reshape(shape)
-    L, n, H, D = shape[1:]
-    scales = torch.frombuffer(bytearray(block.scales), dtype=torch.float32)
-    if not bool(torch.isfinite(scales).all()):
+    if encoding != RAW and not np.isfinite(np.frombuffer(block.scales, dtype="<f4")).all():
         raise InvalidArgument(f"KV block {h.block_index}: scales are not all finite")
-    k_scale = scales[: L * H * D].reshape(L, 1, H, D)
-    v_scale = scales[L * H * D :].reshape(L, n, H, 1)
-    return torch.stack([q[0] * k_scale, q[1] * v_scale]).to(dtype)
-
-
-def _numel(shape: Sequence[int]) -> int:
-    out = 1
-    for s in shape:
-        out *= s
-    return out
+    return transcode(block.data, block.scales, spec.dtype, tuple(h.shape), encoding, RAW)[0]

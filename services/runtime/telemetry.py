@@ -27,6 +27,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 # Attribute that ties spans to the gateway's request id; `kvmesh trace` lists requests by it.
 REQUEST_ID_ATTRIBUTE = "kvmesh.request_id"
+CLIENT_REQUEST_ID_ATTRIBUTE = "kvmesh.client_request_id"  # the caller's X-Request-Id: correlation only
 
 # gRPC codes that mark a server span as failed (OpenTelemetry semantic conventions); the rest
 # (NOT_FOUND, INVALID_ARGUMENT, ...) are the caller's business.

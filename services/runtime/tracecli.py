@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .telemetry import REQUEST_ID_ATTRIBUTE
+from .telemetry import CLIENT_REQUEST_ID_ATTRIBUTE, REQUEST_ID_ATTRIBUTE
 
 DEFAULT_TRACE_DIR = ".kvmesh/traces"
 ORPHAN_MARK = "~"
@@ -201,8 +201,9 @@ def list_requests(spans: Iterable[Span], limit: int) -> list[RequestSummary]:
 
 
 def _request_ids(span: Span) -> tuple[str, ...]:
-    """The request ids a span belongs to: its own, and the production request a canary replay mirrors."""
-    ids = (span.request_id, span.attributes.get(MIRRORED_REQUEST_ID_ATTRIBUTE))
+    """The request ids a span belongs to: its own, the client's X-Request-Id it carries, and the
+    production request a canary replay mirrors."""
+    ids = (span.request_id, span.attributes.get(CLIENT_REQUEST_ID_ATTRIBUTE), span.attributes.get(MIRRORED_REQUEST_ID_ATTRIBUTE))
     return tuple(str(i) for i in ids if i)
 
 

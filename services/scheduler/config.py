@@ -29,6 +29,9 @@ class SchedulerSettings(MeshSettings):
     metrics_port: int = Field(9101, description="Prometheus /metrics port")
     policy: str = Field("kv_aware", description="routing policy: round_robin, least_loaded, prefix_affinity, kv_aware, dualmap")
     heartbeat_timeout_s: float = Field(3.0, description="a worker silent this long is dropped (with its index entries)")
+    reconcile_grace_s: float = Field(
+        5.0, description="a routed request its decode worker's heartbeat still does not list after this is reclaimed (lost Complete)"
+    )
     # P/D
     local_prefill_max_tokens: int = Field(64, description="uncached prompt tokens up to which the decode worker prefills itself")
     prefill_queue_max_s: float = Field(2.0, description="prefill workers queued longer than this → prefill locally on the decode worker")
@@ -40,6 +43,9 @@ class SchedulerSettings(MeshSettings):
     aging_quota: int = Field(8, description="short_first: a waiting request is passed over at most this many times")
     # sticky sessions (0 = off)
     sticky_ttl_s: float = Field(300.0, description="session stickiness idle TTL in seconds (0 = off)")
+    sticky_overload_factor: float = Field(
+        2.0, description="a session's sticky worker yields when full or at this many times its fair share of load (0 = only when full)"
+    )
     # kv_aware
     kv_prefill_weight: float = Field(1.0, description="kv_aware: weight of blocks still to prefill")
     kv_decode_weight: float = Field(2.0, description="kv_aware: weight of the worker's decode load")
@@ -86,7 +92,7 @@ class SchedulerSettings(MeshSettings):
     def router_config(self) -> RouterConfig:
         cost = CostModel(self.prefill_s_per_token, self.decode_s_per_step, self.decode_s_per_seq, self.block_size)
         pd = PdConfig(self.local_prefill_max_tokens, self.prefill_queue_max_s, self.store_fetch_factor)
-        return RouterConfig(cost, pd, self.prediction_ttl_s)
+        return RouterConfig(cost, pd, self.prediction_ttl_s, self.sticky_overload_factor)
 
     def admission_config(self) -> AdmissionConfig:
         return AdmissionConfig(

@@ -26,6 +26,8 @@ def heartbeat_from_pb(hb: events_pb2.Heartbeat) -> HeartbeatInfo:
         started_at=hb.started_at,
         draining=hb.draining,
         kv_event_seq=hb.kv_event_seq,
+        live_request_ids=frozenset(hb.live_requests.request_ids) if hb.HasField("live_requests") else None,
+        max_model_len=hb.max_model_len,
     )
 
 

@@ -45,6 +45,8 @@ class HeartbeatInfo:
     started_at: float = 0.0
     draining: bool = False
     kv_event_seq: int = 0
+    live_request_ids: frozenset[str] | None = None  # decode workers that report what they hold
+    max_model_len: int = 0  # the worker engine's context length (0 = not reported)
 
 
 @dataclass(slots=True)
@@ -98,6 +100,7 @@ class Registry:
 
     heartbeat_timeout_s: float = 3.0
     clock: Clock = time.monotonic
+    reconcile_grace_s: float = 5.0  # a routed request the worker still does not hold after this is reclaimed
     split: PoolSplit = field(default_factory=PoolSplit)  # production pool (and a canary's share)
     _workers: dict[str, Worker] = field(default_factory=dict)
     _assignments: dict[str, Assignment] = field(default_factory=dict)
@@ -117,6 +120,7 @@ class Registry:
         if worker is not None and worker.info.started_at == hb.started_at and worker.info.role == hb.role:
             worker.info, worker.last_seen, worker.routed_since_heartbeat = hb, now, 0
             worker.completed_since_heartbeat = 0
+            self._reconcile(worker, now)
             return Seen.UPDATED
         seen = Seen.NEW if worker is None else Seen.RESTARTED
         if worker is not None:
@@ -204,6 +208,24 @@ class Registry:
 
     def open_assignments(self) -> int:
         return len(self._assignments)
+
+    def _reconcile(self, worker: Worker, now: float) -> None:
+        """Reclaims requests routed to `worker` that it no longer holds, by its own report.
+
+        NOTE: a lost Complete (a gateway that crashed, a partition) used to leave the assignment
+        and the worker's in-flight count forever: the worker looked busier each time, and its
+        admission slot stayed taken. Requests routed within `reconcile_grace_s` are spared: the
+        heartbeat may have been taken before they arrived."""
+        live = worker.info.live_request_ids
+        if live is None:
+            return
+        stale = [
+            a for a in self._assignments.values()
+            if a.decode_id == worker.worker_id and a.request_id not in live and now - a.routed_at > self.reconcile_grace_s
+        ]
+        for a in stale:
+            self.complete(a.request_id)
+        self._orphaned.extend(stale)
 
     def _drop_assignments(self, worker_id: str) -> list[Assignment]:
         gone = [a for a in self._assignments.values() if a.decode_id == worker_id]

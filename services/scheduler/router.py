@@ -12,7 +12,7 @@ from .index import BlockIndex
 from .pd import PdConfig, PdDecision, decide
 from .policy import CostModel, Policy, RequestView, RoutingState, WorkerView
 from .registry import Assignment, HeartbeatInfo, Registry, Role, Seen, Worker
-from .sticky import StickySessions
+from .sticky import StickySessions, overloaded
 
 MAX_HASH_BYTES = 64
 
@@ -60,6 +60,7 @@ class RouterConfig:
     cost: CostModel = field(default_factory=CostModel)
     pd: PdConfig = field(default_factory=PdConfig)
     prediction_ttl_s: float = 2.0   # predicted index entries count this long after routing
+    sticky_overload_factor: float = 2.0  # a sticky worker at this many times its fair share of load yields
 
 
 def validate(query: RouteQuery, block_size: int) -> None:
@@ -141,6 +142,8 @@ class Router:
 
         sticky_id = self.sticky.get(query.session_id, now)
         by_id = {w.worker_id: w for w in decodes}
+        if sticky_id in by_id and self._sticky_overloaded(by_id[sticky_id], decodes):
+            sticky_id = None
         if sticky_id in by_id:
             decode_id = sticky_id
         else:
@@ -168,6 +171,10 @@ class Router:
         return self.registry.complete(request_id)
 
     # --- internals ---
+
+    def _sticky_overloaded(self, worker: Worker, decodes: Sequence[Worker]) -> bool:
+        loads = [w.load for w in decodes]
+        return overloaded(worker.load, worker.capacity, loads, self.config.sticky_overload_factor)
 
     def _view(self, worker: Worker, overlap: dict[str, int], now: float) -> WorkerView:
         return WorkerView(worker.worker_id, worker.load, worker.capacity, overlap.get(worker.worker_id, 0), worker.backlog(now))

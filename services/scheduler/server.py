@@ -147,6 +147,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 last_seen_age_s=max(0.0, now - w.last_seen),
                 draining=info.draining,
                 inflight=w.inflight,
+                max_model_len=info.max_model_len,
             )
         return reply
 

@@ -1,4 +1,5 @@
-"""Sticky sessions: a session keeps its decode worker while it is used within `ttl_s`."""
+"""Sticky sessions: a session keeps its decode worker while it is used within `ttl_s`, unless
+that worker is overloaded (`overloaded`): stickiness is a cache-locality hint and always yields to load."""
 
 from __future__ import annotations
 
@@ -45,3 +46,18 @@ class StickySessions:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+
+def overloaded(load: int, capacity: int, loads: list[int], factor: float) -> bool:
+    """True when a sticky worker must yield: it is full (`load >= capacity`, its max_num_seqs), or
+    it carries at least `factor` times its fair share of the pool's load (the mean, at least 1).
+
+    NOTE: without this, one app sending a constant session (or OpenAI `user`) pinned all of its
+    traffic to one decode worker while the others idled.
+    """
+    if load >= capacity:
+        return True
+    if factor <= 0 or len(loads) < 2:
+        return False
+    fair_share = max(1.0, sum(loads) / len(loads))
+    return load >= factor * fair_share

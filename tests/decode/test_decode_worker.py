@@ -10,6 +10,7 @@ import torch
 
 from kvmesh.decode.receive import PendingKv
 from kvmesh.runtime import kvwire
+from kvmesh.worker import kvtensor
 from kvmesh.runtime.pb import common_pb2, decode_pb2
 
 from .helpers import BLOCK_SIZE, PROMPT, collect, generate_request, greedy
@@ -120,7 +121,7 @@ def _block(decode, index: int = 0, **header) -> decode_pb2.KvPushMessage:
     spec = decode.worker.spec
     kv = torch.randn(2, spec.num_layers, BLOCK_SIZE, spec.num_kv_heads, spec.head_dim)
     hashes = decode.worker.hasher.hashes(PROMPT[:12])
-    block = kvwire.encode_block(kv, block_hash=hashes[index], block_index=index)
+    block = kvtensor.encode_block(kv, block_hash=hashes[index], block_index=index)
     for k, v in header.items():
         setattr(block.header, k, v)
     return decode_pb2.KvPushMessage(block=block)

@@ -136,3 +136,4 @@ def test_chaos_loses_nothing(start_mesh, reference):
     assert len(outcomes) >= 10
     assert failed == []
     assert wrong == []
+    assert rss_after - rss_before < 64 * 2**20, "the gateway's memory grew under chaos"

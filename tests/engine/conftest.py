@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from kvmesh.engine.tiny import ensure_tiny_model
+
+# NOTE: without a GPU, Triton kernels run in Triton's interpreter on CPU tensors. Triton reads this
+# when a kernel is defined, so it is set before any test module imports the kernels.
+if not os.environ.get("CUDA_VISIBLE_DEVICES") and not os.path.exists("/dev/nvidia0"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

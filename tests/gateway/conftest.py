@@ -60,7 +60,7 @@ async def run_gateway(mesh: FakeMesh | None, **overrides) -> AsyncIterator[Runni
     overrides.setdefault("nats_url", "")
     settings = GatewaySettings(**overrides)
     model = tiny_model(settings)
-    backend = Backend(settings, model.hasher, model.tokenizer.eos_token_ids, model.tokenizer.decode)
+    backend = Backend(settings, model.hasher, model.tokenizer.eos_token_ids, model.tokenizer)
     metrics = GatewayMetrics()
     app = create_app(settings, backend, model=model, metrics=metrics)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

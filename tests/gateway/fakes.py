@@ -1,6 +1,6 @@
 """Scripted in-process stand-ins for the scheduler and decode workers (real gRPC on 127.0.0.1:0).
 
-The fake decode worker "generates" letters: the token after `ids` is `97 + len(ids) % 26`, a
+The fake decode worker serves the token stream (`DecodeWorker.Stream`) and "generates" letters: the token after `ids` is `97 + len(ids) % 26`, a
 function of the sequence length only, so a request moved to another worker mid-stream continues
 exactly where the first left off.
 """
@@ -74,46 +74,78 @@ class FakeDecode(decode_pb2_grpc.DecodeWorkerServicer):
     def __init__(self, worker_id: str) -> None:
         self.worker_id = worker_id
         self.requests: list[decode_pb2.GenerateRequest] = []
-        self.metadata: list[dict[str, str]] = []
         self.aborts: list[str] = []
         self.cancelled: list[str] = []
         self.fail_after: int | None = None  # tokens sent before failing
         self.fail_code = grpc.StatusCode.UNAVAILABLE
         self.die_after: int | None = None  # tokens sent before the whole server stops
         self.delay_s = 0.0
-        self.hold_text = False  # each token's text arrives with the next message (like a detokenizer mid-character)
+        self.next_token = next_token  # the token after `ids` (a function of the sequence only)
         self.drop_finish = False  # die right after the last token, before its finish message
         self.cached_tokens = 0
         self.error: tuple[grpc.StatusCode, str] | None = None
         self.server: GrpcServer | None = None
         self.aborted = asyncio.Event()
 
-    async def Generate(self, request, context):
+    async def Stream(self, request_iterator, context):
+        """The token stream: each request runs as its own task; their deltas leave as they come."""
+        outbox: asyncio.Queue = asyncio.Queue()
+        tasks: dict[str, asyncio.Task] = {}
+
+        async def read() -> None:
+            async for msg in request_iterator:
+                if msg.WhichOneof("msg") == "generate":
+                    rid = msg.generate.request_id
+                    tasks[rid] = asyncio.create_task(self._run(msg.generate, outbox))
+                else:
+                    rid = msg.abort.request_id
+                    self.aborts.append(rid)
+                    self.aborted.set()
+                    if rid in tasks and not tasks[rid].done():
+                        tasks[rid].cancel()
+                        outbox.put_nowait(decode_pb2.RequestDelta(request_id=rid, finish_reason="abort"))
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                delta = await outbox.get()
+                if delta is None:
+                    await asyncio.sleep(30)  # the server is stopping under us
+                yield decode_pb2.StepOutput(deltas=[delta])
+        finally:
+            reader.cancel()
+            for task in tasks.values():
+                task.cancel()
+
+    async def _run(self, request, outbox: asyncio.Queue) -> None:
+        rid = request.request_id
         self.requests.append(request)
-        self.metadata.append({k: v for k, v in context.invocation_metadata()})
         if self.error is not None:
-            await context.abort(*self.error)
+            outbox.put_nowait(decode_pb2.RequestDelta(request_id=rid, error_code=self.error[0].value[0], error_message=self.error[1]))
+            return
         ids = list(request.prompt_token_ids)
         n = request.sampling.max_tokens
         try:
             for i in range(n):
                 if self.fail_after is not None and i >= self.fail_after:
-                    await context.abort(self.fail_code, "decode worker failing on purpose")
+                    outbox.put_nowait(decode_pb2.RequestDelta(
+                        request_id=rid, error_code=self.fail_code.value[0], error_message="decode worker failing on purpose"))
+                    return
                 if self.die_after is not None and i >= self.die_after:
                     asyncio.get_running_loop().create_task(self.server.stop(0))
-                    await asyncio.sleep(30)
-                tok = next_token(ids)
+                    outbox.put_nowait(None)
+                    return
+                tok = self.next_token(ids)
                 ids.append(tok)
-                text = chr(tok)
-                if self.hold_text:
-                    text = (chr(ids[-2]) if i > 0 else "") + (chr(tok) if i == n - 1 else "")
-                msg = decode_pb2.GenerateResponse(token_ids=[tok], text=text)
+                msg = decode_pb2.RequestDelta(request_id=rid, token_ids=[tok], cached_tokens=self.cached_tokens)
                 if request.sampling.HasField("logprobs"):
                     top = [common_pb2.TopLogprob(token_id=tok, logprob=-0.5), common_pb2.TopLogprob(token_id=tok + 1, logprob=-1.5)]
                     msg.logprobs.append(common_pb2.TokenLogprob(token_id=tok, logprob=-0.5, top=top[: request.sampling.logprobs]))
                 if i == n - 1 and self.drop_finish:
-                    yield msg
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, "died before finishing")
+                    outbox.put_nowait(msg)
+                    outbox.put_nowait(decode_pb2.RequestDelta(
+                        request_id=rid, error_code=grpc.StatusCode.UNAVAILABLE.value[0], error_message="died before finishing"))
+                    return
                 if i == n - 1:
                     msg.finish_reason = "length"
                     msg.usage.CopyFrom(
@@ -121,11 +153,10 @@ class FakeDecode(decode_pb2_grpc.DecodeWorkerServicer):
                             prompt_tokens=len(request.prompt_token_ids), completion_tokens=n, cached_tokens=self.cached_tokens
                         )
                     )
-                yield msg
-                if self.delay_s:
-                    await asyncio.sleep(self.delay_s)
+                outbox.put_nowait(msg)
+                await asyncio.sleep(self.delay_s)
         except asyncio.CancelledError:
-            self.cancelled.append(request.request_id)
+            self.cancelled.append(rid)
             raise
 
     async def Abort(self, request, context):

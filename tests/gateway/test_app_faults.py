@@ -111,13 +111,15 @@ async def test_migrations_exhausted_non_stream_is_503(mesh: FakeMesh) -> None:
     assert len(mesh.scheduler.routes) == 3
 
 
-async def test_text_the_failed_worker_held_back_is_not_lost(gateway: RunningGateway, mesh: FakeMesh) -> None:
+async def test_a_character_split_across_tokens_and_a_migration_is_whole(gateway: RunningGateway, mesh: FakeMesh) -> None:
+    target = list("xé日本y".encode())  # 10 byte-level tokens; é's two bytes end up on two workers
     first, second = mesh.decodes
-    first.hold_text = second.hold_text = True
-    first.fail_after = 4
+    first.next_token = second.next_token = lambda ids: target[len(ids) - 3]
+    first.fail_after = 2
     async with gateway.client() as client:
         resp = await client.post("/v1/completions", json=BODY | {"stream": True})
-    assert stream_text(resp.text) == expected_text(3, 10)
+    assert stream_text(resp.text) == "xé日本y"
+    assert "\ufffd" not in resp.text and len(mesh.scheduler.routes) == 2
 
 
 async def test_lost_finish_after_the_last_token_needs_no_migration(gateway: RunningGateway, mesh: FakeMesh) -> None:

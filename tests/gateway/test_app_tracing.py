@@ -23,13 +23,15 @@ async def test_traceparent_flows_to_scheduler_and_decode(mesh: FakeMesh, tmp_pat
         telemetry.flush()
     finally:
         telemetry.shutdown()
-    for metadata in (mesh.scheduler.metadata[0], mesh.decodes[0].metadata[0]):
-        assert metadata["traceparent"].split("-")[1] == TRACE_ID
-        assert metadata["x-request-id"] == "t-1"
+    metadata = mesh.scheduler.metadata[0]
+    assert metadata["traceparent"].split("-")[1] == TRACE_ID and metadata["x-request-id"].startswith("cmpl-")  # the gateway's own id, not the client's
+    generate = mesh.decodes[0].requests[0]  # on the shared token stream the context travels per request
+    assert generate.trace_context["traceparent"].split("-")[1] == TRACE_ID and generate.request_id == metadata["x-request-id"]
     spans = [json.loads(line) for f in tmp_path.glob("*.jsonl") for line in f.read_text().splitlines()]
     (span,) = [s for s in spans if s["name"] == "gateway.request"]
     assert span["trace_id"] == TRACE_ID and span["parent_id"] == "00f067aa0ba902b7"
     attrs = span["attributes"]
-    assert attrs["kvmesh.request_id"] == "t-1" and attrs["kvmesh.session_id"] == "s-1"
+    assert attrs["kvmesh.request_id"] == resp.json()["id"] and attrs["kvmesh.client_request_id"] == "t-1"
+    assert attrs["kvmesh.session_id"] == "s-1"
     assert attrs["gen_ai.request.model"] == "tiny" and attrs["http.route"] == "/v1/completions"
     assert (attrs["gen_ai.usage.input_tokens"], attrs["gen_ai.usage.output_tokens"]) == (3, 2)

@@ -77,7 +77,7 @@ async def test_app_mirrors_finished_requests(mesh: FakeMesh) -> None:
             resp = await client.post("/v1/completions", json=body, headers={"X-Request-Id": "m-1"})
         await eventually(lambda: len(bus.published) == 1)
     rec = bus.published[0][1]
-    assert (rec.request_id, rec.model, rec.finish_reason, rec.error, rec.pool) == ("m-1", "tiny", "length", "", "production")
+    assert (rec.request_id, rec.model, rec.finish_reason, rec.error, rec.pool) == (resp.json()["id"], "tiny", "length", "", "production")
     assert list(rec.prompt_token_ids) == [256, 104, 105]
     assert [chr(t) for t in rec.output_token_ids] == list(resp.json()["choices"][0]["text"])
     assert (rec.sampling.seed, rec.sampling.max_tokens, rec.sampling.temperature) == (11, 3, 0.0)
@@ -145,12 +145,12 @@ async def test_admin_key_turns_mirroring_on_and_off_at_run_time(mesh: FakeMesh) 
         body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
         await client.post("/v1/completions", json=body)
         assert (await client.put("/admin/mirror", json={"sample": 1.0}, headers=admin)).json() == {"sample": 1.0}
-        await client.post("/v1/completions", json=body, headers={"X-Request-Id": "on"})
+        mirrored = (await client.post("/v1/completions", json=body, headers={"X-Request-Id": "on"})).json()["id"]
         await eventually(lambda: len(bus.published) == 1)
         assert (await client.put("/admin/mirror", json={"sample": 0}, headers=admin)).json() == {"sample": 0.0}
         await client.post("/v1/completions", json=body)
         assert (await client.get("/admin/mirror", headers=admin)).json() == {"sample": 0.0}
-    assert [m.request_id for _, m in bus.published] == ["on"]
+    assert [m.request_id for _, m in bus.published] == [mirrored]
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kvmesh.gateway.errors import ApiError
 from kvmesh.gateway.outputs import Delta, TokenLogprob, Usage
 from kvmesh.gateway.protocol import Limits
@@ -75,3 +77,15 @@ def test_chat_logprobs() -> None:
     assert chunk["choices"][0]["logprobs"] == {
         "content": [{"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": [{"token": "a", "logprob": -0.5, "bytes": [97]}]}]
     }
+
+
+
+@pytest.mark.parametrize("chat", [True, False])
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_pre_encoded_text_chunk_is_byte_for_byte_the_generic_chunk(chat: bool, include_usage: bool) -> None:
+    body = {"model": "tiny", "stream": True, "stream_options": {"include_usage": include_usage}}
+    request = parse_chat(body | {"messages": [{"role": "user", "content": "x"}]}, Limits()) if chat else parse_completion(body | {"prompt": "x"}, Limits())
+    b = ResponseBuilder(request, 'id-"1', "m\u00e9", 1700000000, token_text=chr)
+    delta = Delta([1, 2], 'a "q"\n\u00e9\U0001f642\x00')
+    assert b.chunk_bytes(delta) == sse(b.chunk(delta))
+    assert b.chunk_bytes(Delta([1], "")) is None

@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 from kvmesh.kvstore import codec
+from kvmesh.runtime import kvwire
 from kvmesh.kvstore.blocks import Encoding, check_block, make_block
 
 from .conftest import SPEC, block, h
 
 
 def values(b):
-    return codec.to_float32(b.data, b.header.dtype).reshape(b.header.shape)
+    return kvwire.to_float32(b.data, b.header.dtype).reshape(b.header.shape)
 
 
 @pytest.mark.parametrize("encoding, tolerance", [(Encoding.INT8, 0.5 / 127), (Encoding.INT4, 0.5 / 7)])
@@ -52,7 +53,7 @@ def test_int4_packs_the_even_element_in_the_low_nibble():
     x = np.zeros(SPEC.block_shape, dtype=np.float32)
     x[0, 0, 0, 0, 0], x[0, 0, 0, 0, 1] = 1.0, -1.0  # K channels scale 1/7 each
     x[0, 0, 1, 0, 0], x[0, 0, 1, 0, 1] = 1.0, -1.0
-    data, _ = codec.quantize(x, Encoding.INT4)
+    data, _ = kvwire.quantize(x, int(Encoding.INT4))
     assert data[0] == (7 + 8) | ((-7 + 8) << 4)  # stored as q + 8
 
 
@@ -62,7 +63,7 @@ def test_half_precision_blocks_convert_through_float32(dtype):
     raw = block("a", spec=spec)
     assert len(raw.data) == spec.raw_block_bytes
     # decoding an exactly representable value gives the same bytes back
-    assert codec.from_float32(codec.to_float32(raw.data, dtype), dtype) == raw.data
+    assert kvwire.from_float32(kvwire.to_float32(raw.data, dtype), dtype) == raw.data
     back = codec.convert(codec.convert(raw, Encoding.INT8), Encoding.RAW)
     check_block(spec, back)
     np.testing.assert_allclose(values(back), values(raw), atol=0.05)
@@ -70,26 +71,26 @@ def test_half_precision_blocks_convert_through_float32(dtype):
 
 def test_bfloat16_rounds_to_nearest_even():
     x = np.array([1.0 + 2**-8, 1.0 + 3 * 2**-8], dtype=np.float32)  # halfway cases
-    out = np.frombuffer(codec.from_float32(x, "bfloat16"), dtype="<u2")
+    out = np.frombuffer(kvwire.from_float32(x, "bfloat16"), dtype="<u2")
     assert list(out) == [0x3F80, 0x3F82]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("encoding", [Encoding.INT8, Encoding.INT4])
-def test_numpy_codec_matches_the_workers_torch_codec_byte_for_byte(dtype, encoding):
+def test_the_store_and_the_workers_tensor_side_agree_byte_for_byte(dtype, encoding):
     torch = pytest.importorskip("torch")
-    from kvmesh.runtime import kvwire
+    from kvmesh.worker import kvtensor  # noqa: PLC0415
 
     spec = dataclasses.replace(SPEC, dtype=dtype)
     raw = block("a", spec=spec)
-    kv = torch.frombuffer(bytearray(raw.data), dtype=kvwire.TORCH_DTYPES[dtype]).reshape(spec.block_shape)
+    kv = torch.frombuffer(bytearray(raw.data), dtype=kvtensor.TORCH_DTYPES[dtype]).reshape(spec.block_shape)
     kv[0, 1, :, 1, 2] = 0  # an all-zero K channel
-    raw = make_block(spec, raw.header.block_hash, 0, kvwire._to_bytes(kv))
-    theirs = kvwire.encode_block(kv, encoding=int(encoding), block_hash=raw.header.block_hash)
+    raw = make_block(spec, raw.header.block_hash, 0, kvtensor.to_bytes(kv))
+    theirs = kvtensor.encode_block(kv, encoding=int(encoding), block_hash=raw.header.block_hash)
     ours = codec.convert(raw, encoding)
     assert (ours.data, ours.scales, ours.header.checksum) == (theirs.data, theirs.scales, theirs.header.checksum)
-    decoded = kvwire.decode_block(theirs, kvwire.model_spec("m", _Args(), dtype, SPEC.block_size))
-    assert codec.convert(ours, Encoding.RAW).data == kvwire._to_bytes(decoded)
+    decoded = kvtensor.decode_block(theirs, kvwire.model_spec("m", _Args(), dtype, SPEC.block_size))
+    assert codec.convert(ours, Encoding.RAW).data == kvtensor.to_bytes(decoded)
 
 
 class _Args:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kvmesh.runtime import kvwire
+from kvmesh.worker import kvtensor
 from kvmesh.runtime.errors import InvalidArgument
 from kvmesh.runtime.pb import common_pb2
 
@@ -26,43 +27,43 @@ def kv_block(n: int = BS, dtype: torch.dtype = torch.float32, seed: int = 0) -> 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_raw_round_trip_is_exact(dtype: str) -> None:
-    kv = kv_block(dtype=kvwire.TORCH_DTYPES[dtype])
-    msg = kvwire.encode_block(kv, block_hash=HASH, block_index=3)
+    kv = kv_block(dtype=kvtensor.TORCH_DTYPES[dtype])
+    msg = kvtensor.encode_block(kv, block_hash=HASH, block_index=3)
     assert msg.header.dtype == dtype
     assert list(msg.header.shape) == [2, L, BS, H, D]
     assert msg.header.byte_length == kv.numel() * kv.element_size()
-    out = kvwire.decode_block(msg, spec(dtype))
+    out = kvtensor.decode_block(msg, spec(dtype))
     assert out.dtype == kv.dtype
     assert torch.equal(out, kv)
 
 
 def test_partial_tail_block_round_trips_without_hash() -> None:
     kv = kv_block(n=3)
-    msg = kvwire.encode_block(kv, block_index=5)
+    msg = kvtensor.encode_block(kv, block_index=5)
     assert msg.header.num_tokens == 3 and msg.header.block_hash == b""
-    assert torch.equal(kvwire.decode_block(msg, spec()), kv)
+    assert torch.equal(kvtensor.decode_block(msg, spec()), kv)
 
 
 @pytest.mark.parametrize("encoding,tol", [(kvwire.INT8, 1 / 127), (kvwire.INT4, 1 / 7)])
 def test_quantized_error_is_bounded_by_half_a_step(encoding: int, tol: float) -> None:
     kv = kv_block(n=3)
-    msg = kvwire.encode_block(kv, encoding=encoding)
-    out = kvwire.decode_block(msg, spec())
+    msg = kvtensor.encode_block(kv, encoding=encoding)
+    out = kvtensor.decode_block(msg, spec())
     k_amax = kv[0].abs().amax(dim=1, keepdim=True)  # per channel
     v_amax = kv[1].abs().amax(dim=3, keepdim=True)  # per token
     assert ((out[0] - kv[0]).abs() <= k_amax * tol / 2 + 1e-6).all()
     assert ((out[1] - kv[1]).abs() <= v_amax * tol / 2 + 1e-6).all()
-    raw_bytes = kvwire.wire_bytes(kvwire.encode_block(kv))
+    raw_bytes = kvwire.wire_bytes(kvtensor.encode_block(kv))
     assert kvwire.wire_bytes(msg) < raw_bytes
 
 
 def test_int8_keeps_zero_blocks_exact() -> None:
     kv = torch.zeros(2, L, BS, H, D)
-    assert torch.equal(kvwire.decode_block(kvwire.encode_block(kv, encoding=kvwire.INT8), spec()), kv)
+    assert torch.equal(kvtensor.decode_block(kvtensor.encode_block(kv, encoding=kvwire.INT8), spec()), kv)
 
 
 def _corrupt(field: str, value) -> common_pb2.KvBlock:
-    msg = kvwire.encode_block(kv_block(), encoding=kvwire.INT8, block_hash=HASH)
+    msg = kvtensor.encode_block(kv_block(), encoding=kvwire.INT8, block_hash=HASH)
     if field == "shape":
         del msg.header.shape[:]
         msg.header.shape.extend(value)
@@ -101,22 +102,22 @@ def _flip(b: bytes) -> bytes:
 def test_every_corrupted_field_is_refused(field: str, value, words: str) -> None:
     msg = _corrupt(field, value)
     with pytest.raises(InvalidArgument, match=words):
-        kvwire.decode_block(msg, spec())
+        kvtensor.decode_block(msg, spec())
 
 
 def test_a_flipped_raw_byte_is_refused() -> None:
-    msg = kvwire.encode_block(kv_block(), block_hash=HASH)
+    msg = kvtensor.encode_block(kv_block(), block_hash=HASH)
     msg.data = _flip(msg.data)
     with pytest.raises(InvalidArgument, match="checksum"):
-        kvwire.decode_block(msg, spec())
+        kvtensor.decode_block(msg, spec())
 
 
 def test_non_finite_scales_are_refused_even_with_a_matching_checksum() -> None:
-    msg = kvwire.encode_block(kv_block(), encoding=kvwire.INT8)
+    msg = kvtensor.encode_block(kv_block(), encoding=kvwire.INT8)
     msg.scales = torch.full((len(msg.scales) // 4,), float("nan")).numpy().tobytes()
     msg.header.checksum = zlib.crc32(msg.scales, zlib.crc32(msg.data))
     with pytest.raises(InvalidArgument, match="finite"):
-        kvwire.decode_block(msg, spec())
+        kvtensor.decode_block(msg, spec())
 
 
 def test_spec_mismatch_names_the_field() -> None:

@@ -98,3 +98,37 @@ def test_grace_after_our_own_outage_keeps_silent_workers():
     assert registry.expire() == []
     clock.advance(registry.heartbeat_timeout_s + 1)
     assert registry.expire() == ["d1"]
+
+
+def test_requests_a_decode_worker_no_longer_holds_are_reclaimed_from_its_heartbeat():
+    """A lost Complete must not hold the worker's load and admission slot forever."""
+    registry, clock = make()
+    registry.observe(hb("d1"))
+    registry.assign("lost", "d1", None, prefill_s=0.0)
+    registry.assign("running", "d1", None, prefill_s=0.0)
+    clock.advance(6.0)
+    registry.assign("just-routed", "d1", None, prefill_s=0.0)  # not at the worker yet: spared
+    registry.observe(hb("d1", live_request_ids=frozenset({"running"})))
+    assert [a.request_id for a in registry.drain_orphaned()] == ["lost"]
+    assert registry.open_assignments() == 2 and registry.get("d1").inflight == 2
+    assert registry.complete("lost") is None
+
+
+def test_a_worker_that_does_not_report_its_requests_keeps_them():
+    registry, clock = make()
+    registry.observe(hb("d1"))
+    registry.assign("r1", "d1", None, prefill_s=0.0)
+    clock.advance(60.0)
+    registry.observe(hb("d1"))  # live_request_ids unset: an older or foreign worker
+    assert registry.open_assignments() == 1 and registry.drain_orphaned() == []
+
+
+def test_the_heartbeat_message_says_whether_it_lists_live_requests():
+    from kvmesh.runtime.pb import events_pb2
+    from kvmesh.scheduler.events import heartbeat_from_pb
+
+    listing = events_pb2.Heartbeat(worker_id="d1", role=2, live_requests=events_pb2.LiveRequests(request_ids=["a", "b"]))
+    empty = events_pb2.Heartbeat(worker_id="d1", role=2, live_requests=events_pb2.LiveRequests())
+    assert heartbeat_from_pb(listing).live_request_ids == {"a", "b"}
+    assert heartbeat_from_pb(empty).live_request_ids == frozenset()
+    assert heartbeat_from_pb(events_pb2.Heartbeat(worker_id="d1", role=2)).live_request_ids is None

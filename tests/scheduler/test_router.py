@@ -53,6 +53,22 @@ def test_sticky_sessions_keep_their_worker():
     assert (second.decode.worker_id, second.sticky) == (first, True)
 
 
+def test_a_sticky_session_yields_when_its_worker_is_well_past_its_fair_share():
+    router, _ = make("round_robin", sticky_ttl_s=60.0)
+    decisions = [router.route(query(f"r{i}", session_id="one-app")) for i in range(8)]
+    # one app, one session: a worker keeps it until its load reaches 2x the mean (at least 1),
+    # then the session moves on (d1 at 2 of 2 in flight; d2 at 4 of 6)
+    assert [d.decode.worker_id for d in decisions] == ["d1", "d1", "d2", "d2", "d2", "d2", "d3", "d3"]
+    assert [d.sticky for d in decisions] == [False, True, False, True, True, True, False, True]
+
+
+def test_a_sticky_session_yields_when_its_worker_is_full():
+    router, _ = make("round_robin", workers=("d1", "d2"), sticky_ttl_s=60.0)
+    router.config = RouterConfig(router.config.cost, router.config.pd, 2.0, sticky_overload_factor=0.0)
+    routed = [router.route(query(f"r{i}", session_id="s")).decode.worker_id for i in range(9)]
+    assert routed[:8] == ["d1"] * 8 and routed[8] == "d2"  # hb() gives max_num_seqs 8
+
+
 def test_no_decode_worker_is_unavailable_with_a_clear_message():
     router, _ = make(workers=())
     with pytest.raises(NoWorkerAvailable, match="no decode worker available in pool 'production'"):

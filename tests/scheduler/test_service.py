@@ -37,11 +37,11 @@ async def scheduler(nats_url: str, **overrides):
 
 
 @contextlib.asynccontextmanager
-async def heartbeats(bus: Bus, worker_id: str, max_num_seqs: int = 8, role=common_pb2.WORKER_ROLE_DECODE):
+async def heartbeats(bus: Bus, worker_id: str, max_num_seqs: int = 8, role=common_pb2.WORKER_ROLE_DECODE, max_model_len: int = 0):
     """Publishes a worker's heartbeat every 0.1 s while the block runs."""
     beat = events_pb2.Heartbeat(
         worker_id=worker_id, role=role, endpoint=f"127.0.0.1:1{len(worker_id)}00{worker_id[-1]}", pool="production",
-        block_size=16, max_num_seqs=max_num_seqs, started_at=1.0,
+        block_size=16, max_num_seqs=max_num_seqs, started_at=1.0, max_model_len=max_model_len,
     )
     subject = HEARTBEAT_SUBJECT.format(role="decode", worker_id=worker_id)
 
@@ -88,6 +88,16 @@ async def test_heartbeats_register_a_worker_that_routes_then_disappears(nats_ser
             await stub.Route(route_request("r2"), timeout=DEADLINE_S)
         assert unavailable.value.code() is grpc.StatusCode.UNAVAILABLE
         assert "no decode worker" in unavailable.value.details()
+    await bus.close()
+
+
+async def test_list_workers_carries_each_workers_reported_max_model_len(nats_server):
+    bus = await Bus.connect(nats_server.url, "test")
+    async with scheduler(nats_server.url) as (_app, stub):
+        async with heartbeats(bus, "d1", max_model_len=6144), heartbeats(bus, "d2"):
+            await eventually(lambda: _has(stub, "d1", "d2"), timeout_s=2.0)
+            reply = await stub.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=DEADLINE_S)
+            assert {w.worker_id: w.max_model_len for w in reply.workers} == {"d1": 6144, "d2": 0}
     await bus.close()
 
 

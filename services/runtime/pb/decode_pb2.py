@@ -25,29 +25,39 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as kvmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/decode.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/common.proto\"\xd3\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.kvmesh.v1.SamplingParams\x12%\n\x07prefill\x18\x04 \x01(\x0b\x32\x14.kvmesh.v1.WorkerRef\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12*\n\x0bkv_encoding\x18\x06 \x01(\x0e\x32\x15.kvmesh.v1.KvEncoding\"\x96\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12)\n\x08logprobs\x18\x04 \x03(\x0b\x32\x17.kvmesh.v1.TokenLogprob\x12\x1f\n\x05usage\x18\x05 \x01(\x0b\x32\x10.kvmesh.v1.Usage\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"m\n\nKvPushOpen\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\"\n\x04spec\x18\x02 \x01(\x0b\x32\x14.kvmesh.v1.ModelSpec\x12\x12\n\nnum_tokens\x18\x03 \x01(\r\x12\x13\n\x0bstart_block\x18\x04 \x01(\r\"0\n\x0bKvPushClose\x12\x12\n\nnum_blocks\x18\x01 \x01(\r\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"\x8b\x01\n\rKvPushMessage\x12%\n\x04open\x18\x01 \x01(\x0b\x32\x15.kvmesh.v1.KvPushOpenH\x00\x12#\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x12.kvmesh.v1.KvBlockH\x00\x12\'\n\x05\x63lose\x18\x03 \x01(\x0b\x32\x16.kvmesh.v1.KvPushCloseH\x00\x42\x05\n\x03msg\"A\n\x0ePushKvResponse\x12\x17\n\x0f\x62locks_received\x18\x01 \x01(\r\x12\x16\n\x0e\x62ytes_received\x18\x02 \x01(\x04\x32\xd2\x01\n\x0c\x44\x65\x63odeWorker\x12\x45\n\x08Generate\x12\x1a.kvmesh.v1.GenerateRequest\x1a\x1b.kvmesh.v1.GenerateResponse0\x01\x12:\n\x05\x41\x62ort\x12\x17.kvmesh.v1.AbortRequest\x1a\x18.kvmesh.v1.AbortResponse\x12?\n\x06PushKv\x12\x18.kvmesh.v1.KvPushMessage\x1a\x19.kvmesh.v1.PushKvResponse(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/decode.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/common.proto\"\xcd\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.kvmesh.v1.SamplingParams\x12%\n\x07prefill\x18\x04 \x01(\x0b\x32\x14.kvmesh.v1.WorkerRef\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12*\n\x0bkv_encoding\x18\x06 \x01(\x0e\x32\x15.kvmesh.v1.KvEncoding\x12\x43\n\rtrace_context\x18\x07 \x03(\x0b\x32,.kvmesh.v1.GenerateRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x96\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12)\n\x08logprobs\x18\x04 \x03(\x0b\x32\x17.kvmesh.v1.TokenLogprob\x12\x1f\n\x05usage\x18\x05 \x01(\x0b\x32\x10.kvmesh.v1.Usage\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"m\n\nKvPushOpen\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\"\n\x04spec\x18\x02 \x01(\x0b\x32\x14.kvmesh.v1.ModelSpec\x12\x12\n\nnum_tokens\x18\x03 \x01(\r\x12\x13\n\x0bstart_block\x18\x04 \x01(\r\"0\n\x0bKvPushClose\x12\x12\n\nnum_blocks\x18\x01 \x01(\r\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"\x8b\x01\n\rKvPushMessage\x12%\n\x04open\x18\x01 \x01(\x0b\x32\x15.kvmesh.v1.KvPushOpenH\x00\x12#\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x12.kvmesh.v1.KvBlockH\x00\x12\'\n\x05\x63lose\x18\x03 \x01(\x0b\x32\x16.kvmesh.v1.KvPushCloseH\x00\x42\x05\n\x03msg\"A\n\x0ePushKvResponse\x12\x17\n\x0f\x62locks_received\x18\x01 \x01(\r\x12\x16\n\x0e\x62ytes_received\x18\x02 \x01(\x04\"p\n\rStreamRequest\x12.\n\x08generate\x18\x01 \x01(\x0b\x32\x1a.kvmesh.v1.GenerateRequestH\x00\x12(\n\x05\x61\x62ort\x18\x02 \x01(\x0b\x32\x17.kvmesh.v1.AbortRequestH\x00\x42\x05\n\x03msg\"\xf1\x01\n\x0cRequestDelta\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12)\n\x08logprobs\x18\x03 \x03(\x0b\x32\x17.kvmesh.v1.TokenLogprob\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x1f\n\x05usage\x18\x05 \x01(\x0b\x32\x10.kvmesh.v1.Usage\x12\x12\n\nerror_code\x18\x06 \x01(\x05\x12\x15\n\rerror_message\x18\x07 \x01(\t\x12\x15\n\rretry_after_s\x18\x08 \x01(\x02\x12\x15\n\rcached_tokens\x18\t \x01(\r\"5\n\nStepOutput\x12\'\n\x06\x64\x65ltas\x18\x01 \x03(\x0b\x32\x17.kvmesh.v1.RequestDelta2\x91\x02\n\x0c\x44\x65\x63odeWorker\x12\x45\n\x08Generate\x12\x1a.kvmesh.v1.GenerateRequest\x1a\x1b.kvmesh.v1.GenerateResponse0\x01\x12:\n\x05\x41\x62ort\x12\x17.kvmesh.v1.AbortRequest\x1a\x18.kvmesh.v1.AbortResponse\x12?\n\x06PushKv\x12\x18.kvmesh.v1.KvPushMessage\x1a\x19.kvmesh.v1.PushKvResponse(\x01\x12=\n\x06Stream\x12\x18.kvmesh.v1.StreamRequest\x1a\x15.kvmesh.v1.StepOutput(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvmesh.v1.decode_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_GENERATEREQUEST_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_GENERATEREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_GENERATEREQUEST']._serialized_start=62
-  _globals['_GENERATEREQUEST']._serialized_end=273
-  _globals['_GENERATERESPONSE']._serialized_start=276
-  _globals['_GENERATERESPONSE']._serialized_end=426
-  _globals['_ABORTREQUEST']._serialized_start=428
-  _globals['_ABORTREQUEST']._serialized_end=462
-  _globals['_ABORTRESPONSE']._serialized_start=464
-  _globals['_ABORTRESPONSE']._serialized_end=494
-  _globals['_KVPUSHOPEN']._serialized_start=496
-  _globals['_KVPUSHOPEN']._serialized_end=605
-  _globals['_KVPUSHCLOSE']._serialized_start=607
-  _globals['_KVPUSHCLOSE']._serialized_end=655
-  _globals['_KVPUSHMESSAGE']._serialized_start=658
-  _globals['_KVPUSHMESSAGE']._serialized_end=797
-  _globals['_PUSHKVRESPONSE']._serialized_start=799
-  _globals['_PUSHKVRESPONSE']._serialized_end=864
-  _globals['_DECODEWORKER']._serialized_start=867
-  _globals['_DECODEWORKER']._serialized_end=1077
+  _globals['_GENERATEREQUEST']._serialized_end=395
+  _globals['_GENERATEREQUEST_TRACECONTEXTENTRY']._serialized_start=344
+  _globals['_GENERATEREQUEST_TRACECONTEXTENTRY']._serialized_end=395
+  _globals['_GENERATERESPONSE']._serialized_start=398
+  _globals['_GENERATERESPONSE']._serialized_end=548
+  _globals['_ABORTREQUEST']._serialized_start=550
+  _globals['_ABORTREQUEST']._serialized_end=584
+  _globals['_ABORTRESPONSE']._serialized_start=586
+  _globals['_ABORTRESPONSE']._serialized_end=616
+  _globals['_KVPUSHOPEN']._serialized_start=618
+  _globals['_KVPUSHOPEN']._serialized_end=727
+  _globals['_KVPUSHCLOSE']._serialized_start=729
+  _globals['_KVPUSHCLOSE']._serialized_end=777
+  _globals['_KVPUSHMESSAGE']._serialized_start=780
+  _globals['_KVPUSHMESSAGE']._serialized_end=919
+  _globals['_PUSHKVRESPONSE']._serialized_start=921
+  _globals['_PUSHKVRESPONSE']._serialized_end=986
+  _globals['_STREAMREQUEST']._serialized_start=988
+  _globals['_STREAMREQUEST']._serialized_end=1100
+  _globals['_REQUESTDELTA']._serialized_start=1103
+  _globals['_REQUESTDELTA']._serialized_end=1344
+  _globals['_STEPOUTPUT']._serialized_start=1346
+  _globals['_STEPOUTPUT']._serialized_end=1399
+  _globals['_DECODEWORKER']._serialized_start=1402
+  _globals['_DECODEWORKER']._serialized_end=1675
 # @@protoc_insertion_point(module_scope)

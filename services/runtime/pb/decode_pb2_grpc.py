@@ -50,6 +50,11 @@ class DecodeWorkerStub(object):
                 request_serializer=kvmesh_dot_v1_dot_decode__pb2.KvPushMessage.SerializeToString,
                 response_deserializer=kvmesh_dot_v1_dot_decode__pb2.PushKvResponse.FromString,
                 _registered_method=True)
+        self.Stream = channel.stream_stream(
+                '/kvmesh.v1.DecodeWorker/Stream',
+                request_serializer=kvmesh_dot_v1_dot_decode__pb2.StreamRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_decode__pb2.StepOutput.FromString,
+                _registered_method=True)
 
 
 class DecodeWorkerServicer(object):
@@ -75,6 +80,15 @@ class DecodeWorkerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Stream(self, request_iterator, context):
+        """The token path: one multiplexed stream per gateway-worker pair. The client opens and aborts
+        requests on it; the worker answers with one StepOutput per engine step that carries every
+        request's new token ids (text is made by the client). Contract: docs/token-stream.md.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DecodeWorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +106,11 @@ def add_DecodeWorkerServicer_to_server(servicer, server):
                     servicer.PushKv,
                     request_deserializer=kvmesh_dot_v1_dot_decode__pb2.KvPushMessage.FromString,
                     response_serializer=kvmesh_dot_v1_dot_decode__pb2.PushKvResponse.SerializeToString,
+            ),
+            'Stream': grpc.stream_stream_rpc_method_handler(
+                    servicer.Stream,
+                    request_deserializer=kvmesh_dot_v1_dot_decode__pb2.StreamRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_decode__pb2.StepOutput.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +195,33 @@ class DecodeWorker(object):
             '/kvmesh.v1.DecodeWorker/PushKv',
             kvmesh_dot_v1_dot_decode__pb2.KvPushMessage.SerializeToString,
             kvmesh_dot_v1_dot_decode__pb2.PushKvResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/kvmesh.v1.DecodeWorker/Stream',
+            kvmesh_dot_v1_dot_decode__pb2.StreamRequest.SerializeToString,
+            kvmesh_dot_v1_dot_decode__pb2.StepOutput.FromString,
             options,
             channel_credentials,
             insecure,

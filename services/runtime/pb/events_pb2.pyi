@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Heartbeat(_message.Message):
-    __slots__ = ("worker_id", "role", "endpoint", "pool", "model", "block_size", "num_running", "num_waiting", "kv_blocks_total", "kv_blocks_free", "max_num_seqs", "timestamp", "started_at", "draining", "kv_event_seq")
+    __slots__ = ("worker_id", "role", "endpoint", "pool", "model", "block_size", "num_running", "num_waiting", "kv_blocks_total", "kv_blocks_free", "max_num_seqs", "timestamp", "started_at", "draining", "kv_event_seq", "live_requests", "max_model_len")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,8 @@ class Heartbeat(_message.Message):
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     KV_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: _common_pb2.WorkerRole
     endpoint: str
@@ -38,7 +40,15 @@ class Heartbeat(_message.Message):
     started_at: float
     draining: bool
     kv_event_seq: int
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.WorkerRole, str]] = ..., endpoint: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., timestamp: _Optional[float] = ..., started_at: _Optional[float] = ..., draining: bool = ..., kv_event_seq: _Optional[int] = ...) -> None: ...
+    live_requests: LiveRequests
+    max_model_len: int
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.WorkerRole, str]] = ..., endpoint: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., timestamp: _Optional[float] = ..., started_at: _Optional[float] = ..., draining: bool = ..., kv_event_seq: _Optional[int] = ..., live_requests: _Optional[_Union[LiveRequests, _Mapping]] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+
+class LiveRequests(_message.Message):
+    __slots__ = ("request_ids",)
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class BlockStored(_message.Message):
     __slots__ = ("block_hashes", "parent_hash")

@@ -2,7 +2,8 @@
 
 The engine is not thread-safe, so one `EngineLoop` thread owns it: it runs queued commands
 between steps and calls `engine.step()` while there is work. The asyncio side submits commands
-with `await loop.call(fn)` and receives each request's outputs through an `OutputStream`.
+with `await loop.call(fn)` and receives each request's outputs through an `OutputStream` or a
+`deliver` callback, all of one step's outputs in one hand-over to the event loop.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from typing import Any, TypeVar
 
 from pydantic import Field
 
-from .bus import HEARTBEAT_SUBJECT, Bus
-from .blockhash import resolve_dtype
-from .config import MeshSettings
-from .grpcutil import advertised_endpoint
-from .pb import common_pb2, events_pb2
+from kvmesh.runtime.bus import HEARTBEAT_SUBJECT, Bus
+from kvmesh.runtime.blockhash import resolve_dtype
+from kvmesh.runtime.config import MeshSettings
+from kvmesh.runtime.grpcutil import advertised_endpoint
+from kvmesh.runtime.pb import common_pb2, events_pb2
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -44,8 +45,11 @@ class WorkerSettings(MeshSettings):
     kvstore_timeout_s: float = Field(0.5, description="deadline for KV store lookups")
     kv_encoding: str = Field("raw", description="KV wire encoding: raw | int8 | int4")
     device: str = Field("auto", description="torch device: auto | cpu | cuda[:n]")
-    num_kv_blocks: int = Field(0, description="KV cache blocks (0 = from kv_cache_memory_bytes)")
-    kv_cache_memory_bytes: int = Field(256 * 1024 * 1024, description="KV cache budget in bytes")
+    num_kv_blocks: int = Field(0, description="KV cache blocks (0 = from free GPU memory on CUDA, kv_cache_memory_bytes on CPU)")
+    kv_cache_memory_bytes: int = Field(256 * 1024 * 1024, description="KV cache budget in bytes on CPU")
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="share of GPU memory for weights, activations and the KV cache (CUDA)")
+    attention_backend: str = Field("auto", description="attention kernels: auto (triton on CUDA, torch on CPU) | torch | triton")
+    enforce_eager: bool = Field(False, description="no CUDA graphs for decode steps")
     max_num_seqs: int = Field(64, description="most sequences in one batch")
     max_num_batched_tokens: int = Field(2048, description="token budget of one engine step")
     max_model_len: int = Field(0, description="context length cap (0 = the model's)")
@@ -81,6 +85,9 @@ def engine_config(settings: WorkerSettings) -> Any:
         block_size=settings.block_size,
         num_kv_blocks=settings.num_kv_blocks or None,
         kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        attention_backend=settings.attention_backend,
+        enforce_eager=settings.enforce_eager,
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_model_len=settings.max_model_len or None,
@@ -109,12 +116,25 @@ class OutputStream:
 
 @dataclass(slots=True)
 class _Subscription:
-    stream: OutputStream
-    on_output: Callable[[Any, Any], Any] | None
+    deliver: Callable[[Any], None]  # runs on the event loop
+    on_output: Callable[[Any, Any], Any] | None  # runs on the engine thread
+
+
+def _dispatch(items: list[tuple[Callable[[Any], None], Any]]) -> None:
+    for deliver, item in items:
+        try:
+            deliver(item)
+        except Exception:  # noqa: BLE001 - one consumer's bug must not starve the others
+            log.exception("delivering an engine output failed")
 
 
 class EngineLoop:
-    """One thread that owns the engine; see the module docstring."""
+    """One thread that owns the engine; see the module docstring.
+
+    NOTE: a step's outputs cross to the event loop in ONE `call_soon_threadsafe`, whatever the
+    batch size; each request's consumer (`deliver`) then runs on the event loop. Per-request
+    cross-thread calls per step cost more than the model step itself on a small model.
+    """
 
     def __init__(
         self,
@@ -173,15 +193,22 @@ class EngineLoop:
         self._commands.put(run)
 
     async def add_request(
-        self, request_id: str, add: Callable[[Any], None], on_output: Callable[[Any, Any], Any] | None = None
-    ) -> OutputStream:
-        """`add(engine)` then stream the request's outputs; `on_output(engine, output)` (on the
-        engine thread, right after the step) turns each output into the item delivered."""
-        stream = OutputStream()
+        self,
+        request_id: str,
+        add: Callable[[Any], None],
+        on_output: Callable[[Any, Any], Any] | None = None,
+        deliver: Callable[[Any], None] | None = None,
+    ) -> OutputStream | None:
+        """`add(engine)` then stream the request's outputs. `on_output(engine, output)` (on the
+        engine thread, right after the step) turns each output into the item delivered.
+        `deliver(item)` (on the event loop) receives each item, or an exception when the engine
+        failed; without it the items go to the returned OutputStream."""
+        stream = OutputStream() if deliver is None else None
+        sub = _Subscription(deliver or stream.put, on_output)
 
         def run(engine: Any) -> None:
             add(engine)
-            self._subs[request_id] = _Subscription(stream, on_output)
+            self._subs[request_id] = sub
 
         await self.call(run)
         return stream
@@ -234,11 +261,13 @@ class EngineLoop:
             outputs = self.engine.step()
         except Exception as exc:  # noqa: BLE001 - fail the requests, keep the worker alive
             log.exception("engine step failed; failing %d requests", len(self._subs))
-            for request_id, sub in list(self._subs.items()):
-                self._deliver(lambda s=sub.stream, e=exc: s.put(e))
+            failed = [(sub.deliver, exc) for sub in self._subs.values()]
+            for request_id in list(self._subs):
                 self.engine.abort_request(request_id)
             self._subs.clear()
+            self._deliver(lambda: _dispatch(failed))
             return
+        items: list[tuple[Callable[[Any], None], Any]] = []
         for out in outputs:
             sub = self._subs.get(out.request_id)
             if sub is None:
@@ -249,7 +278,9 @@ class EngineLoop:
                 item = sub.on_output(self.engine, out) if sub.on_output else out
             except Exception as exc:  # noqa: BLE001 - handed to the request's consumer
                 item = exc
-            self._deliver(lambda s=sub.stream, i=item: s.put(i))
+            items.append((sub.deliver, item))
+        if items:
+            self._deliver(lambda: _dispatch(items))
         for hook in self.step_hooks:
             try:
                 hook(self.engine, outputs)
@@ -270,6 +301,7 @@ class HeartbeatInfo:
     block_size: int
     max_num_seqs: int
     started_at: float
+    max_model_len: int = 0  # the engine's real context length
 
 
 class Heartbeater:
@@ -295,6 +327,7 @@ class Heartbeater:
             block_size=i.block_size, num_running=s.num_running, num_waiting=s.num_waiting,
             kv_blocks_total=s.num_total_blocks, kv_blocks_free=s.num_free_blocks, max_num_seqs=i.max_num_seqs,
             timestamp=time.time(), started_at=i.started_at, draining=self.draining, kv_event_seq=self._kv_event_seq(),
+            max_model_len=i.max_model_len,
         )
 
     async def beat(self) -> None:

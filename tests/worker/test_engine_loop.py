@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kvmesh.runtime.worker import EngineLoop
+from kvmesh.worker.worker import EngineLoop
 from tests.fakeclock import FakeClock
 
 

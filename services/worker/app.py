@@ -10,14 +10,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from . import kvwire
-from .bus import Bus
-from .cacheevents import CacheEvents
-from .config import settings_from_argv
-from .grpcutil import ChannelPool, GrpcServer, TlsConfig
-from .process import init_process
-from .shutdown import GracefulShutdown
-from .telemetry import Telemetry
+from kvmesh.runtime import kvwire
+from kvmesh.runtime.bus import Bus
+from kvmesh.runtime.cacheevents import CacheEvents
+from kvmesh.runtime.config import settings_from_argv
+from kvmesh.runtime.grpcutil import ChannelPool, GrpcServer, TlsConfig
+from kvmesh.runtime.process import init_process
+from kvmesh.runtime.shutdown import GracefulShutdown
+from kvmesh.runtime.telemetry import Telemetry
 from .worker import EngineLoop, HeartbeatInfo, Heartbeater, WorkerSettings, engine_config
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ async def announce(
     """Starts publishing the worker's KV cache events and heartbeats on NATS."""
     info = HeartbeatInfo(
         parts.worker_id, role, endpoint, settings.pool, settings.served_model_name(), parts.engine.block_size,
-        settings.max_num_seqs, time.time(),
+        settings.max_num_seqs, time.time(), max_model_len=parts.engine.max_model_len,
     )
     events = CacheEvents(parts.loop)
     if bus is not None and not await events.start(bus, parts.worker_id):

@@ -1,0 +1,192 @@
+"""CPU time per output token in every mesh process, beside the in-process engine, in one run.
+
+    nice -n 5 .venv/bin/python bench/tokcost.py [--model tiny|DIR] [--requests 128] [--max-tokens 128] [--concurrency 32,64]
+
+Starts `kvmesh up --prefill 0 --decode 1` (gateway, scheduler, one decode worker, kvstore, NATS),
+drives it with streamed chat requests from a client in its own process, and reads each mesh
+process's CPU time (user + system, all threads, via psutil) before and after the load. Then runs
+the in-process engine (its own process too) on the same prompt token ids and reads its CPU time
+the same way. Prints CPU µs per output token per process, the mesh total over the engine's, and
+the throughput ratio. CPU time per token is much less sensitive to a loaded machine than wall
+time; the throughput ratio is not, so compare it only within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+USER_TEXTS = ["Tell me a story about a lighthouse.", "What is a mesh?", "Count to ten, slowly.",
+              "Write a haiku about GPUs.", "Explain KV caches to a child.", "Why is the sky blue?"]
+
+
+def messages(i: int) -> list[dict]:
+    return [{"role": "user", "content": f"{USER_TEXTS[i % len(USER_TEXTS)]} (#{i})"}]
+
+
+# -- the client (its own process) -------------------------------------------------------------
+async def _client(url: str, model: str, requests: int, concurrency: int, max_tokens: int) -> dict:
+    import httpx
+
+    sem = asyncio.Semaphore(concurrency)
+    tokens = 0
+    failures = 0
+
+    async def one(client: httpx.AsyncClient, i: int) -> None:
+        nonlocal tokens, failures
+        body = {"model": model, "messages": messages(i), "max_tokens": max_tokens, "temperature": 0,
+                "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+        async with sem:
+            async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as reply:
+                usage = None
+                async for line in reply.aiter_lines():
+                    if line.startswith("data: {") and '"usage":{' in line:
+                        usage = json.loads(line[6:])["usage"]
+                if reply.status_code != 200 or usage is None:
+                    failures += 1
+                else:
+                    tokens += usage["completion_tokens"]
+
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(client, i) for i in range(requests)))
+        wall = time.perf_counter() - t0
+    return {"tokens": tokens, "wall_s": wall, "failures": failures}
+
+
+def run_client(url: str, model: str, requests: int, concurrency: int, max_tokens: int) -> dict:
+    """Runs the load in a child process; returns its result."""
+    argv = [sys.executable, __file__, "--client", url, "--served", model, "--requests", str(requests),
+            "--concurrency", str(concurrency), "--max-tokens", str(max_tokens)]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+# -- the in-process engine (its own process) --------------------------------------------------
+def engine_child(model: str, requests: int, concurrency: int, max_tokens: int) -> dict:
+    import psutil
+    import torch
+
+    from kvmesh.engine.llm import EngineConfig, LLMEngine
+    from kvmesh.engine.sampling import SamplingParams
+    from kvmesh.engine.tiny import resolve_model
+    from kvmesh.engine.tokenizer import Tokenizer
+    from kvmesh.runtime.launcher import worker_threads
+
+    torch.set_num_threads(worker_threads(os.cpu_count() or 1, 1))  # what a lone mesh worker gets
+    tok = Tokenizer.from_dir(resolve_model(model))
+    prompts = [_chat_ids(tok, messages(i)) for i in range(requests)]
+    engine = LLMEngine(EngineConfig(model=model))
+    engine.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=4))  # warm up
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    pending, inflight, tokens = list(enumerate(prompts)), 0, 0
+    me = psutil.Process()
+    cpu0, t0 = _cpu(me), time.perf_counter()
+    while pending or engine.has_unfinished_requests():
+        while pending and inflight < concurrency:
+            i, prompt = pending.pop(0)
+            engine.add_request(f"r{i}", prompt, params)
+            inflight += 1
+        for out in engine.step():
+            tokens += len(out.new_token_ids)
+            inflight -= out.finished
+    return {"tokens": tokens, "wall_s": time.perf_counter() - t0, "cpu_s": _cpu(me) - cpu0}
+
+
+def _chat_ids(tok, msgs: list[dict]) -> list[int]:
+    """The prompt token ids the gateway makes of these chat messages."""
+    text = tok.apply_chat_template(msgs, add_generation_prompt=True)
+    return tok.encode(text, add_special_tokens=not (tok.bos_token and text.startswith(tok.bos_token)))
+
+
+def run_engine(model: str, requests: int, concurrency: int, max_tokens: int) -> dict:
+    argv = [sys.executable, __file__, "--engine-child", "--model", model, "--requests", str(requests),
+            "--concurrency", str(concurrency), "--max-tokens", str(max_tokens)]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _cpu(proc) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+# -- the mesh ---------------------------------------------------------------------------------
+def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens: int, settings: list[str]) -> dict:
+    import psutil
+
+    from kvmesh.runtime.launcher import MeshOptions, free_port
+    from kvmesh.runtime.supervisor import Mesh
+
+    served = Path(model).name if model != "tiny" else "tiny"
+    results = {}
+    with tempfile.TemporaryDirectory() as run_dir:
+        mesh = Mesh(MeshOptions(model=model, port=free_port(), run_dir=run_dir, prefill=0, decode=1, settings=settings))
+        mesh.start(timeout_s=180)
+        try:
+            procs = {r.spec.name: psutil.Process(r.proc.pid) for r in mesh.procs}
+            run_client(mesh.gateway_url, served, 8, 8, 8)  # warm up
+            for c in concurrencies:
+                before = {name: _cpu(p) for name, p in procs.items()}
+                load = run_client(mesh.gateway_url, served, requests, c, max_tokens)
+                cpu = {name: _cpu(p) - before[name] for name, p in procs.items()}
+                results[c] = {**load, "cpu_s": cpu}
+        finally:
+            mesh.stop()
+    return results
+
+
+def report(c: int, mesh: dict, engine: dict) -> None:
+    tokens = max(1, mesh["tokens"])
+    per = {name: cpu / tokens * 1e6 for name, cpu in sorted(mesh["cpu_s"].items(), key=lambda kv: -kv[1])}
+    eng = engine["cpu_s"] / max(1, engine["tokens"]) * 1e6
+    total = sum(per.values())
+    thr_mesh, thr_eng = mesh["tokens"] / mesh["wall_s"], engine["tokens"] / engine["wall_s"]
+    print(f"\nconcurrency {c}: mesh {mesh['tokens']} tokens ({mesh['failures']} failed requests), "
+          f"engine {engine['tokens']} tokens")
+    print(f"| process | CPU µs per token |\n|---|---|")
+    for name, us in per.items():
+        print(f"| {name} | {us:.0f} |")
+    print(f"| **mesh total** | **{total:.0f}** |")
+    print(f"| in-process engine, same prompts | {eng:.0f} |")
+    decode = sum(us for name, us in per.items() if name.startswith("decode"))
+    print(f"mesh total / engine: {total / eng:.2f}x; decode worker above engine: {decode - eng:+.0f} µs; "
+          f"throughput mesh {thr_mesh:.0f} tok/s / engine {thr_eng:.0f} tok/s = {thr_mesh / thr_eng:.2f}x")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny", help="'tiny' or an HF model directory")
+    p.add_argument("--requests", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--concurrency", default="32,64", help="comma-separated concurrency levels")
+    p.add_argument("--set", action="append", default=[], metavar="SERVICE.FIELD=VALUE", help="mesh settings")
+    p.add_argument("--client", help=argparse.SUPPRESS)
+    p.add_argument("--served", help=argparse.SUPPRESS)
+    p.add_argument("--engine-child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.client:
+        print(json.dumps(asyncio.run(_client(args.client, args.served, args.requests, int(args.concurrency), args.max_tokens))))
+        return 0
+    if args.engine_child:
+        print(json.dumps(engine_child(args.model, args.requests, int(args.concurrency), args.max_tokens)))
+        return 0
+    levels = [int(c) for c in args.concurrency.split(",")]
+    mesh = measure_mesh(args.model, args.requests, levels, args.max_tokens, args.set)
+    print(f"{args.requests} streamed chat requests x {args.max_tokens} tokens, model {args.model}, "
+          f"{os.cpu_count()} CPUs, niceness {os.nice(0)}")
+    for c in levels:
+        report(c, mesh[c], run_engine(args.model, args.requests, c, args.max_tokens))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

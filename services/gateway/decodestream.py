@@ -1,0 +1,171 @@
+"""The gateway side of the multiplexed token stream (docs/token-stream.md).
+
+One `DecodeStream` per decode worker carries every request the gateway runs there: `open`
+sends a `generate`, `abort` an `abort`, and one reader task hands each `StepOutput`'s deltas to
+the requests' `RequestFeed`s. A feed merges what arrives until its reader takes it, so a slow
+client's tokens coalesce into one chunk while other requests keep their pace. When the stream
+breaks (the worker died) every open feed fails with the stream's status, and each request
+migrates on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import grpc
+
+from kvmesh.runtime.pb import decode_pb2, decode_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class StreamFailed(Exception):
+    """The request's stream (or the request on it) failed; `code` says how."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, retry_after_s: float | None = None) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+        self.retry_after_s = retry_after_s
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class RequestFeed:
+    """What one request has received and not yet read (merged); `read()` waits for more."""
+
+    __slots__ = ("token_ids", "logprobs", "finish_reason", "usage", "cached_tokens", "error", "_event")
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
+        self.logprobs: list = []  # common_pb2.TokenLogprob
+        self.finish_reason = ""
+        self.usage = None  # common_pb2.Usage on the last delta
+        self.cached_tokens: int | None = None
+        self.error: StreamFailed | None = None
+        self._event = asyncio.Event()
+
+    def push(self, delta: decode_pb2.RequestDelta) -> None:
+        self.token_ids.extend(delta.token_ids)
+        if delta.logprobs:
+            self.logprobs.extend(delta.logprobs)
+        if self.cached_tokens is None and (delta.token_ids or delta.finish_reason):
+            self.cached_tokens = delta.cached_tokens
+        if delta.error_code:
+            code = _CODES.get(delta.error_code, grpc.StatusCode.UNKNOWN)
+            self.error = StreamFailed(code, delta.error_message, delta.retry_after_s or None)
+        elif delta.finish_reason:
+            self.finish_reason = delta.finish_reason
+            self.usage = delta.usage
+        self._event.set()
+
+    def fail(self, error: StreamFailed) -> None:
+        if self.error is None and not self.finish_reason:
+            self.error = error
+            self._event.set()
+
+    async def read(self) -> tuple[list[int], list, str]:
+        """(new token ids, their logprobs, finish reason or ""); raises StreamFailed after the
+        tokens that came before the failure were read."""
+        while not self.token_ids and not self.finish_reason and self.error is None:
+            self._event.clear()
+            await self._event.wait()
+        tokens, logprobs, self.token_ids, self.logprobs = self.token_ids, self.logprobs, [], []
+        if not tokens and self.error is not None:
+            raise self.error
+        finish = self.finish_reason if self.error is None else ""
+        return tokens, logprobs, finish
+
+
+class DecodeStream:
+    """One open `DecodeWorker.Stream` call; see the module docstring."""
+
+    def __init__(self, endpoint: str, stub: decode_pb2_grpc.DecodeWorkerStub) -> None:
+        self.endpoint = endpoint
+        self.closed = False
+        self._feeds: dict[str, RequestFeed] = {}
+        self._outbox: asyncio.Queue[decode_pb2.StreamRequest | None] = asyncio.Queue()
+        # NOTE: no deadline on the stream itself: it lives as long as the connection; every
+        # request on it has its own deadline, enforced here (abort) by its Generation.
+        self._call = stub.Stream(self._requests())
+        self._reader = asyncio.create_task(self._read(), name=f"decode-stream-{endpoint}")
+
+    @property
+    def num_open(self) -> int:
+        return len(self._feeds)
+
+    def open(self, request: decode_pb2.GenerateRequest) -> RequestFeed:
+        feed = RequestFeed()
+        if self.closed:
+            feed.fail(StreamFailed(grpc.StatusCode.UNAVAILABLE, "the token stream is closed"))
+            return feed
+        self._feeds[request.request_id] = feed
+        self._outbox.put_nowait(decode_pb2.StreamRequest(generate=request))
+        return feed
+
+    def abort(self, request_id: str) -> None:
+        """Stop the request on the worker; nothing more is delivered for it."""
+        if self._feeds.pop(request_id, None) is not None and not self.closed:
+            self._outbox.put_nowait(decode_pb2.StreamRequest(abort=decode_pb2.AbortRequest(request_id=request_id)))
+
+    def forget(self, request_id: str) -> None:
+        self._feeds.pop(request_id, None)
+
+    async def close(self) -> None:
+        self._outbox.put_nowait(None)
+        self._call.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._reader
+
+    async def _requests(self):
+        while (msg := await self._outbox.get()) is not None:
+            yield msg
+
+    async def _read(self) -> None:
+        error = StreamFailed(grpc.StatusCode.UNAVAILABLE, "the token stream ended")
+        try:
+            async for out in self._call:
+                feeds = self._feeds
+                for delta in out.deltas:
+                    feed = feeds.get(delta.request_id)
+                    if feed is None:
+                        continue  # aborted or forgotten: late tokens are dropped
+                    feed.push(delta)
+                    if delta.finish_reason or delta.error_code:
+                        del feeds[delta.request_id]
+        except grpc.aio.AioRpcError as exc:
+            error = StreamFailed(exc.code(), exc.details() or "the token stream failed")
+        except asyncio.CancelledError:
+            error = StreamFailed(grpc.StatusCode.CANCELLED, "the gateway closed the token stream")
+        except Exception as exc:  # noqa: BLE001 - every request on it must hear about it
+            log.exception("token stream to %s failed", self.endpoint)
+            error = StreamFailed(grpc.StatusCode.INTERNAL, f"token stream error: {exc}")
+        finally:
+            self.closed = True
+            feeds, self._feeds = self._feeds, {}
+            if feeds:
+                log.warning("token stream to %s ended (%s) with %d open requests", self.endpoint, error, len(feeds))
+            for feed in feeds.values():
+                feed.fail(error)
+
+
+class DecodeStreams:
+    """One live DecodeStream per worker endpoint, reopened after it ends."""
+
+    def __init__(self, stub_for) -> None:
+        self._stub_for = stub_for
+        self._streams: dict[str, DecodeStream] = {}
+
+    def get(self, endpoint: str) -> DecodeStream:
+        stream = self._streams.get(endpoint)
+        if stream is None or stream.closed:
+            stream = self._streams[endpoint] = DecodeStream(endpoint, self._stub_for(endpoint))
+        return stream
+
+    async def close(self) -> None:
+        streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            await stream.close()

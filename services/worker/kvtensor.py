@@ -1,0 +1,33 @@
+"""KV blocks as torch tensors on the workers' side of the one codec (`kvmesh.runtime.kvwire`):
+a tensor becomes model-dtype bytes (`torch.frombuffer` on the way back); the codec does the rest."""
+
+from __future__ import annotations
+
+import torch
+
+from kvmesh.runtime import kvwire
+from kvmesh.runtime.pb import common_pb2
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def to_bytes(t: torch.Tensor) -> bytes:
+    """The tensor's elements as little-endian bytes (copied to CPU, contiguous)."""
+    return t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def encode_block(
+    kv: torch.Tensor, *, encoding: int = kvwire.RAW, block_hash: bytes = b"", block_index: int = 0, layer_start: int = 0
+) -> common_pb2.KvBlock:
+    """One block `[2, L, n, H, D]` as a wire message (full blocks carry their chained hash)."""
+    dtype = str(kv.dtype).removeprefix("torch.")
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"KV dtype {dtype} is not one of {sorted(TORCH_DTYPES)}")
+    return kvwire.encode_block(to_bytes(kv), dtype, tuple(kv.shape), encoding=encoding, block_hash=block_hash,
+                               block_index=block_index, layer_start=layer_start)
+
+
+def decode_block(block: common_pb2.KvBlock, spec: common_pb2.ModelSpec) -> torch.Tensor:
+    """A validated block as a tensor `[2, L, n, H, D]` in the spec's dtype (CPU)."""
+    data = kvwire.decode_block(block, spec)
+    return torch.frombuffer(bytearray(data), dtype=TORCH_DTYPES[spec.dtype]).reshape(tuple(block.header.shape))

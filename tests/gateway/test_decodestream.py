@@ -1,0 +1,29 @@
+"""A request's feed on the token stream: what a slow reader has not taken yet merges into one read."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from kvmesh.gateway.decodestream import RequestFeed, StreamFailed
+from kvmesh.runtime.pb import common_pb2, decode_pb2
+
+
+async def test_tokens_a_slow_reader_has_not_taken_coalesce_into_one_read() -> None:
+    feed = RequestFeed()
+    for tok in range(5):
+        feed.push(decode_pb2.RequestDelta(request_id="r", token_ids=[tok], cached_tokens=3))
+    feed.push(decode_pb2.RequestDelta(request_id="r", token_ids=[5], finish_reason="length",
+                                      usage=common_pb2.Usage(prompt_tokens=2, completion_tokens=6)))
+    assert await feed.read() == ([0, 1, 2, 3, 4, 5], [], "length")
+    assert feed.cached_tokens == 3 and feed.usage.completion_tokens == 6
+
+
+async def test_tokens_before_a_failure_are_read_first_then_the_failure() -> None:
+    feed = RequestFeed()
+    feed.push(decode_pb2.RequestDelta(request_id="r", token_ids=[7, 8]))
+    feed.fail(StreamFailed(grpc.StatusCode.UNAVAILABLE, "worker gone"))
+    assert await feed.read() == ([7, 8], [], "")
+    with pytest.raises(StreamFailed) as failed:
+        await feed.read()
+    assert failed.value.code is grpc.StatusCode.UNAVAILABLE
