@@ -15,7 +15,9 @@ docker_tools() {
     return 1
   fi
   echo "test-compose: apt-get install ${missing[*]}"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  local log=/var/log/kvmesh-apt.log
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } >"$log" 2>&1 \
+    || { tail -20 "$log" >&2; echo "test-compose: apt-get install ${missing[*]} failed" >&2; return 1; }
 }
 
 ENGINE_STARTED=0
