@@ -1,25 +1,77 @@
 # One image for every kvmesh service: `docker run kvmesh:local kvmesh <command> ...`.
-# The install steps are the README's / Makefile's (a torch pin, then the project with its extras);
-# torch comes from the CPU wheel index unless TORCH_INDEX_URL names a CUDA one (compose.gpu.yaml).
-FROM python:3.11-slim
+#
+# Two stages on one base: `build` makes a virtualenv (the torch pin, then the project, like the
+# Makefile but without the test extras); the runtime stage copies only that virtualenv, so it
+# carries no pip, no compilers, no test packages and none of the build's pip settings.
+#
+# Build args (all optional; empty = pip's defaults):
+#   BASE_IMAGE           any Debian-like image with python3 >= 3.11 and its venv module
+#                        (`make docker-base` builds one from Debian packages where no registry answers)
+#   TORCH_SPEC           the torch pin (the Makefile's)
+#   TORCH_INDEX_URL      where torch comes from: the CPU wheel index, a CUDA one (e.g.
+#                        https://download.pytorch.org/whl/cu128, compose.gpu.yaml), or empty:
+#                        then the pip index / find-links below
+#   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_TRUSTED_HOST, PIP_FIND_LINKS
+#                        a mirror or an offline index for everything else
+# Files for pip go in deploy/pip/ (the only files of it the build context sends):
+#   deploy/pip/ca.crt    a CA bundle pip trusts (a TLS-intercepting proxy, a private mirror)
+#   deploy/pip/wheels/   a find-links folder (e.g. a torch wheel to install offline)
+# They reach the build stage only. See README.md, "Docker Compose".
+ARG BASE_IMAGE=python:3.11-slim
+
+# The project's runtime dependencies as a requirements file: a layer that changes only with them.
+FROM ${BASE_IMAGE} AS requirements
+COPY pyproject.toml /tmp/
+RUN python3 -c "import tomllib; print(*tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
+    > /tmp/requirements.txt
+
+
+FROM ${BASE_IMAGE} AS build
 
 ARG TORCH_SPEC=torch==2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG PIP_INDEX_URL=""
+ARG PIP_EXTRA_INDEX_URL=""
+ARG PIP_TRUSTED_HOST=""
+ARG PIP_FIND_LINKS=""
 
-ENV PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
+ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    KVMESH_TRACE_DIR=/tmp/kvmesh/traces
+    PIP_ROOT_USER_ACTION=ignore \
+    VIRTUAL_ENV=/opt/kvmesh/venv \
+    PATH=/opt/kvmesh/venv/bin:$PATH
 
-WORKDIR /opt/kvmesh
+COPY deploy/pip/ /tmp/pip/
+RUN python3 -m venv "$VIRTUAL_ENV"
+# NOTE: empty build args are unset here so that pip keeps its own defaults.
+RUN . /tmp/pip/env.sh && python -m pip install --upgrade pip
+RUN . /tmp/pip/env.sh && python -m pip install "${TORCH_SPEC}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 
-RUN python -m pip install --upgrade pip
-RUN python -m pip install "${TORCH_SPEC}" --index-url "${TORCH_INDEX_URL}"
+# NOTE: the dependencies first, in their own layer, so a code change reinstalls only the project.
+COPY --from=requirements /tmp/requirements.txt /tmp/
+RUN . /tmp/pip/env.sh && python -m pip install -r /tmp/requirements.txt
 
+WORKDIR /tmp/kvmesh
 COPY pyproject.toml README.md ./
 COPY proto ./proto
 COPY services ./services
-RUN python -m pip install ".[test]"
+RUN . /tmp/pip/env.sh && python -m pip install --no-deps .
+# What serving never runs: torch's C++ headers, test binaries and protoc; pip itself. (The
+# bytecode pip compiled stays: the runtime user cannot write it, and every start would recompile.)
+RUN site="$VIRTUAL_ENV/lib/python3.11/site-packages" \
+    && rm -rf "$site/torch/include" "$site/torch/test" \
+    && find "$site/torch/bin" -type f ! -name torch_shm_manager -delete \
+    && python -m pip uninstall --yes --quiet pip setuptools wheel
+
+
+FROM ${BASE_IMAGE}
+
+ENV PYTHONUNBUFFERED=1 \
+    VIRTUAL_ENV=/opt/kvmesh/venv \
+    PATH=/opt/kvmesh/venv/bin:$PATH \
+    KVMESH_TRACE_DIR=/tmp/kvmesh/traces
+
+COPY --from=build /opt/kvmesh/venv /opt/kvmesh/venv
 
 RUN useradd --create-home --uid 10001 kvmesh \
     && mkdir -p /var/lib/kvmesh/kvstore \

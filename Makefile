@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # itself accepts any recent torch.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: up test install system-deps proto proto-check proto-compat bench clean
+.PHONY: up test test-compose docker-images install system-deps proto proto-check proto-compat bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,14 @@ system-deps:
 test: install system-deps
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
+
+# compose.yaml under a real Docker engine (installs docker.io/docker-compose when missing, as root;
+# builds a Debian base image when python:3.11-slim cannot be pulled); see deploy/docker/.
+test-compose: install
+	PY=$(PY) deploy/docker/test-compose.sh
+
+docker-images:
+	deploy/docker/images.sh
 
 proto: install
 	$(PY) -m kvmesh.runtime.protogen

@@ -160,7 +160,7 @@ def pip_installs(lines: list[str], variables: dict[str, str]) -> list[list[str]]
                 skip = False
             elif word in ("--index-url", "--extra-index-url", "-i", "-c", "-r", "--find-links", "-f"):
                 skip = True
-            elif not word.startswith("-"):
+            elif not word.startswith("-") and "${" not in word:  # shell expansions are options
                 reqs.append(word)
         installs.append(reqs)
     return installs

@@ -104,7 +104,7 @@ def test_endpoints_name_compose_services_at_their_ports(name: str, settings_of) 
             continue
         host, port = target
         if host == "nats":
-            assert port == 4222 and any(str(p).endswith(":4222:4222") for p in SPEC["services"]["nats"]["ports"])
+            assert port == 4222 and any(p.endswith(":4222:4222") for p in df.interpolate(SPEC["services"]["nats"]["ports"]))
         elif host == "otel-collector":
             collector = df.load_yaml(df.ROOT / "deploy" / "otel-collector.yaml")
             assert collector["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].endswith(f":{port}")
@@ -227,24 +227,61 @@ def test_histogram_and_counter_suffixes_follow_metric_types() -> None:
 
 
 # -- image ----------------------------------------------------------------------------------------
-def test_dockerfile_installs_like_the_makefile() -> None:
+def test_dockerfile_installs_like_the_makefile_without_test_extras() -> None:
     make, docker = df.makefile_installs(), df.dockerfile_installs()
-    assert make == docker, f"Makefile installs {make}, Dockerfile {docker}"
-    pinned = [r for reqs in docker for r in reqs if r.startswith("torch")]
-    assert pinned and all("==" in r for r in pinned)
+    torch = lambda installs: [r for reqs in installs for r in reqs if r.startswith("torch")]  # noqa: E731
+    assert torch(docker) == torch(make) and all("==" in r for r in torch(docker)), "the Makefile's torch pin"
+    assert [".[test]"] in make and ["."] in docker, "the image installs the project, without the test extras"
+    assert not any("[" in r for reqs in docker for r in reqs)
     text = (df.ROOT / "Dockerfile").read_text()
     requires = tomllib.loads((df.ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
-    base = re.search(r"^FROM python:(\d+\.\d+)", text, re.M).group(1)
+    base = re.search(r"^ARG BASE_IMAGE=python:(\d+\.\d+)-slim$", text, re.M).group(1)
     assert requires == f">={base}", "the image runs the oldest supported Python"
+    stages = re.findall(r"^FROM (\S+)(?: AS (\w+))?$", text, re.M)
+    assert stages[-2:] == [("${BASE_IMAGE}", "build"), ("${BASE_IMAGE}", "")], "a build stage, then the runtime on its base"
+    assert all(base == "${BASE_IMAGE}" for base, _ in stages)
+    runtime = text[text.rindex("\nFROM "):]
+    assert "pip install" not in runtime and "apt-get" not in runtime, "the runtime stage installs nothing"
+    assert re.findall(r"^COPY --from=build (\S+)", runtime, re.M) == ["/opt/kvmesh/venv"], "only the virtualenv"
 
 
 def test_dockerignore_keeps_what_the_image_copies() -> None:
     ignore = (df.ROOT / ".dockerignore").read_text().splitlines()
-    copied = re.findall(r"^COPY\s+(.+?)\s+\S+$", (df.ROOT / "Dockerfile").read_text(), re.M)
+    copied = re.findall(r"^COPY\s+(?!--from)(.+?)\s+\S+$", (df.ROOT / "Dockerfile").read_text(), re.M)
     for sources in copied:
         for source in sources.split():
             assert f"!{source.rstrip('/')}" in [line.rstrip("/") for line in ignore], f".dockerignore drops {source}"
             assert (df.ROOT / source).exists(), f"the Dockerfile copies missing {source}"
+
+
+def test_compose_files_suit_docker_compose_1_29() -> None:
+    for name in ("compose.yaml", "compose.gpu.yaml", "compose.test.yaml", "deploy/compose.workers.yaml"):
+        spec = df.compose(name)
+        assert "name" not in spec and "version" not in spec, f"{name}: docker-compose 1.29 rejects a top-level name"
+
+
+def test_every_port_is_published_on_the_publish_host() -> None:
+    for name, service in SPEC["services"].items():
+        for mapping in service.get("ports", []):
+            port = mapping.rsplit(":", 1)[-1]
+            assert df.interpolate(mapping) == f"127.0.0.1:{port}:{port}", f"{name}: {mapping}"
+            free = df.interpolate(mapping, {"KVMESH_PUBLISH_HOST": "0.0.0.0"})
+            assert free == f"0.0.0.0:{port}:{port}", f"{name}: {mapping} must follow KVMESH_PUBLISH_HOST"
+
+
+def test_test_override_replaces_only_what_cannot_be_pulled() -> None:
+    test = df.compose("compose.test.yaml")["services"]
+    assert set(test) <= set(SPEC["services"])
+    pulled = {name for name, s in SPEC["services"].items() if "build" not in s}
+    assert pulled == {"nats", "nats-1", "nats-2", "otel-collector", "tempo", "prometheus", "grafana"}
+    for name in pulled - {"grafana"}:
+        assert test[name]["image"] in ("kvmesh:local", "kvmesh-prometheus:local"), f"{name} needs a local image"
+    assert test["grafana"]["profiles"]
+    for node in ("nats", "nats-1", "nats-2"):  # the same cluster, from the image's own nats-server
+        assert test[node]["command"][0] == "nats-server"
+        assert test[node]["command"][1:] == ["--port", "4222", *SPEC["services"][node]["command"]]
+    for name in KVMESH:
+        assert test[name] == {"environment": {"KVMESH_OTLP_ENDPOINT": ""}}, f"{name}: only OTLP is turned off"
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="no `promtool` (Debian's prometheus package) on PATH")
