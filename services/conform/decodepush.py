@@ -75,7 +75,7 @@ async def learnt_spec(ctx) -> common_pb2.ModelSpec:  # noqa: ANN001 - decode.Ses
     need(ctx.store, "needs --kv-spec or --kvstore-port (the worker's ModelSpec is learnt from its hand-back)")
     if not ctx.store.puts:
         await ctx.generate(ctx.request(max_tokens=2))   # a finished turn: something to hand back
-        await wait_for(lambda: ctx.store.puts, 5.0)
+        await wait_for(lambda: ctx.store.puts, 3.0)
     specs = [f[0].open.spec for f in ctx.store.puts if f and f[0].WhichOneof("msg") == "open"]
     need(specs and specs[0].num_layers, "the worker handed nothing back and no --kv-spec: its ModelSpec is unknown")
     return specs[0]

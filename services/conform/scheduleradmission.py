@@ -13,7 +13,7 @@ import grpc
 
 from kvmesh.runtime.pb import scheduler_pb2
 
-from .clauses import expect, expect_status
+from .clauses import ClauseFailed, expect, expect_status
 from .scheduler import DECODE, EXPIRY_S, Session, clause
 
 MAX_OUTSTANDING = 32   # contracts.md S17: with one max_num_seqs = 1 mesh-wide, refused by this many Routes
@@ -55,9 +55,8 @@ class Admission:
         for _ in range(MAX_OUTSTANDING):
             if (refused := await self.offer()) is not None:
                 return refused
-        expect(False, f"{MAX_OUTSTANDING} outstanding Routes with one decode worker of max_num_seqs 1: never refused "
-                      f"({len(self.held)} admitted, {len(self.queued)} queued)")
-        raise AssertionError  # unreachable
+        raise ClauseFailed(f"{MAX_OUTSTANDING} outstanding Routes with one decode worker of max_num_seqs 1: never "
+                           f"refused ({len(self.held)} admitted, {len(self.queued)} queued)")
 
     async def complete(self, request_id: str) -> None:
         await self.ctx.stub.Complete(scheduler_pb2.CompleteRequest(request_id=request_id, status="ok"), timeout=10)
