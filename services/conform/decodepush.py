@@ -70,8 +70,8 @@ async def learnt_spec(ctx) -> common_pb2.ModelSpec:  # noqa: ANN001 - decode.Ses
     """The worker's ModelSpec: `--kv-spec`, else the open of a hand-back Put (D12); skips without."""
     if ctx.opts.kv_spec:
         model_id, dtype, layers, heads, head_dim = ctx.opts.kv_spec.split(",")
-        return common_pb2.ModelSpec(model_id=model_id, dtype=dtype, block_size=ctx.opts.block_size, num_layers=int(layers),
-                                    num_kv_heads=int(heads), head_dim=int(head_dim))
+        return common_pb2.ModelSpec(model_id=model_id, dtype=dtype, block_size=ctx.opts.block_size,
+                                    num_layers=int(layers), num_kv_heads=int(heads), head_dim=int(head_dim))
     need(ctx.store, "needs --kv-spec or --kvstore-port (the worker's ModelSpec is learnt from its hand-back)")
     if not ctx.store.puts:
         await ctx.generate(ctx.request(max_tokens=2))   # a finished turn: something to hand back
@@ -95,7 +95,8 @@ async def check_push(ctx, pushed_prompt: list[int]) -> None:  # noqa: ANN001 - d
     expect(not pusher.errors, f"the worker refused a valid push: {pusher.errors}")
     reply, (blocks, nbytes) = pusher.replies[0], pusher.sent[0]
     expect((reply.blocks_received, reply.bytes_received) == (blocks, nbytes),
-           f"PushKvResponse says {reply.blocks_received} blocks / {reply.bytes_received} bytes, sent {blocks} / {nbytes}")
+           f"PushKvResponse says {reply.blocks_received} blocks / {reply.bytes_received} bytes, "
+           f"sent {blocks} / {nbytes}")
     full = (len(pushed_prompt) - 1) // spec.block_size - pusher.requests[0].start_block
     again = await ctx.generate(ctx.request(prompt=pushed_prompt, max_tokens=2))
     cached = again[-1].usage.cached_tokens

@@ -35,11 +35,12 @@ class Admission:
             request_id=request_id, num_prompt_tokens=8, max_tokens=16, pool=self.ctx.pool, model=self.ctx.opts.model,
         ), timeout=timeout_s)
 
-    async def offer(self, timeout_s: float = 30.0) -> grpc.aio.AioRpcError | None:
-        """One more Route: admitted (held), queued, or refused (the error is returned)."""
+    async def offer(self, wait_s: float = QUEUED_AFTER_S) -> grpc.aio.AioRpcError | None:
+        """One more Route: admitted (held), queued (no answer within `wait_s`), or refused (the
+        error is returned)."""
         request_id = f"conform-adm-{uuid.uuid4().hex[:10]}"
-        task = asyncio.ensure_future(self.call(request_id, timeout_s))
-        done, _ = await asyncio.wait({task}, timeout=QUEUED_AFTER_S)
+        task = asyncio.ensure_future(self.call(request_id, 30.0))
+        done, _ = await asyncio.wait({task}, timeout=wait_s)
         if not done:
             self.queued[request_id] = task
             return None
@@ -50,10 +51,20 @@ class Admission:
         self.held.append(request_id)
         return None
 
+    def settle(self) -> grpc.aio.AioRpcError | None:
+        """Queued Routes that have answered since (a slow admission) move to held; returns an error one got."""
+        for request_id, task in list(self.queued.items()):
+            if task.done():
+                del self.queued[request_id]
+                if isinstance(task.exception(), grpc.aio.AioRpcError):
+                    return task.exception()
+                self.held.append(request_id)
+        return None
+
     async def fill(self) -> grpc.aio.AioRpcError:
         """Routes until one is refused; fails the clause when none is within MAX_OUTSTANDING."""
         for _ in range(MAX_OUTSTANDING):
-            if (refused := await self.offer()) is not None:
+            if (refused := await self.offer() or self.settle()) is not None:
                 return refused
         raise ClauseFailed(f"{MAX_OUTSTANDING} outstanding Routes with one decode worker of max_num_seqs 1: never "
                            f"refused ({len(self.held)} admitted, {len(self.queued)} queued)")
@@ -96,7 +107,8 @@ async def admission_full(ctx: Session) -> None:
     adm = Admission(ctx)
     try:
         refused = await adm.fill()
-        expect(refused.code() == EXHAUSTED, f"a Route beyond the limit failed {refused.code().name} ({refused.details()})")
+        expect(refused.code() == EXHAUSTED,
+               f"a Route beyond the limit failed {refused.code().name} ({refused.details()})")
         trailers = dict(refused.trailing_metadata() or ())
         try:
             retry_after = float(trailers.get("retry-after", ""))
@@ -115,7 +127,7 @@ async def admission_full(ctx: Session) -> None:
             adm.held.append(first_id)
             del adm.queued[first_id]
         await adm.release_all()
-        expect(await adm.offer(timeout_s=3.0) is None and adm.held,
+        expect(await adm.offer(wait_s=3.0) is None and adm.held,
                "with every Route Completed, a new Route is not admitted at once (Complete did not free the slot)")
     finally:
         await adm.release_all()
@@ -127,7 +139,8 @@ async def admission_deadline(ctx: Session) -> None:
     await only_one_slot(ctx)
     adm = Admission(ctx)
     try:
-        expect(await adm.offer() is None and adm.held, "the first Route on an idle admission was not admitted")
+        expect(await adm.offer(wait_s=3.0) is None and adm.held,
+               "the first Route on an idle admission was not admitted within 3 s")
         await expect_status(adm.call(f"conform-late-{uuid.uuid4().hex[:10]}", 0.5), DEADLINE,
                             what="a Route queued past its 0.5 s deadline")
         cancelled = asyncio.ensure_future(adm.call(f"conform-cancel-{uuid.uuid4().hex[:10]}", 30.0))
@@ -135,11 +148,12 @@ async def admission_deadline(ctx: Session) -> None:
         if done:
             outcome = cancelled.exception()
             expect(False, f"a Route offered behind the timed-out one answered at once "
-                          f"({outcome.code().name if outcome else 'admitted'}): the timed-out Route still holds its place")
+                          f"({outcome.code().name if outcome else 'admitted'}): "
+                          "the timed-out Route still holds its place")
         cancelled.cancel()
         await asyncio.sleep(0.3)
         await adm.release_all()
-        expect(await adm.offer(timeout_s=3.0) is None and adm.held,
+        expect(await adm.offer(wait_s=3.0) is None and adm.held,
                "after the holder Completed, a new Route is not admitted at once: the timed-out or cancelled Route "
                "still holds the queue or the slot")
     finally:
