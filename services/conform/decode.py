@@ -14,7 +14,7 @@ import grpc
 from kvmesh.runtime.blockhash import BlockHasher
 from kvmesh.runtime.pb import common_pb2, decode_pb2, decode_pb2_grpc
 
-from . import natsclauses
+from . import decodepush, natsclauses
 from .clauses import Registry, collect_stream, expect, expect_status
 from .doubles import FailingPrefill, RecordingStore, Served, add, serve
 from .handback import check_handback
@@ -315,6 +315,12 @@ async def stream_errors(ctx: Session) -> None:
         check_deltas(await client.finished(ok.request_id), len(ctx.prompt))
     finally:
         await client.close()
+
+
+@clause(22, "PushKv happy path: valid KV of the worker's spec for a waiting request is accepted (counts answered) "
+            "and used: its full blocks serve the next Generate of the prompt from cache")
+async def push_happy(ctx: Session) -> None:
+    await decodepush.check_push(ctx, [(t * 5 + 11) % 200 + 20 for t in ctx.prompt])
 
 
 @clause(21, "drain: SIGTERM → draining heartbeat, health not SERVING, the in-flight stream still finishes")

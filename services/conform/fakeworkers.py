@@ -34,6 +34,11 @@ class FakeWorker:
     _sub: object = None
 
     @property
+    def running(self) -> bool:
+        """True while it heartbeats (started and not stopped)."""
+        return self._task is not None
+
+    @property
     def endpoint(self) -> str:
         return f"conform.invalid:{abs(hash(self.worker_id)) % 60000 + 1024}"
 

@@ -31,6 +31,7 @@ class Options:
     block_size: int = 16
     drain_pid: int = 0          # SIGTERM this process for the drain clause (last)
     store_bytes: int = 0        # kvstore: bytes it holds in all (the lease clause fills it)
+    kv_spec: str = ""           # decode: "MODEL_ID,DTYPE,LAYERS,KV_HEADS,HEAD_DIM" (else learnt from a hand-back)
     only: tuple[str, ...] = ()
     clause_timeout_s: float = 60.0
 
@@ -86,11 +87,13 @@ def parse(argv: Sequence[str]) -> Options:
     p.add_argument("--drain-pid", type=int, default=0, help="send SIGTERM to this pid to check draining (runs last)")
     p.add_argument("--store-bytes", type=int, default=0,
                    help="kvstore: its capacity in bytes (memory + disk), for the lease clause K17, which fills it")
+    p.add_argument("--kv-spec", default="", metavar="MODEL_ID,DTYPE,LAYERS,KV_HEADS,HEAD_DIM",
+                   help="decode: the worker's ModelSpec for the PushKv clause D22 (default: learnt from its hand-back)")
     p.add_argument("--only", action="append", default=[], metavar="ID", help="run only these clause ids (repeatable)")
     p.add_argument("--clause-timeout", type=float, default=60.0, help="seconds one clause may take")
     a = p.parse_args(argv)
     return Options(a.role, a.endpoint, a.nats, a.scheduler_port, a.kvstore_port, a.model, a.dtype, a.block_size,
-                   a.drain_pid, a.store_bytes, tuple(a.only), a.clause_timeout)
+                   a.drain_pid, a.store_bytes, a.kv_spec, tuple(a.only), a.clause_timeout)
 
 
 def conform_main(argv: Sequence[str]) -> int:

@@ -286,3 +286,6 @@ async def reconcile(ctx: Session) -> None:
     finally:
         if request_id:
             await ctx.stub.Complete(scheduler_pb2.CompleteRequest(request_id=request_id, status="error"), timeout=10)
+
+
+from . import scheduleradmission  # noqa: E402, F401 - registers S17, S18 (admission) after S16

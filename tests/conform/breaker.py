@@ -3,6 +3,7 @@ exactly one rule (rewrites one request or reply), so a suite must fail exactly t
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,14 +24,18 @@ Rewrite = Callable[[Any], Any]
 @dataclass
 class Breaker(grpc.GenericRpcHandler):
     """Forwards every call to `target`; `requests`/`replies` rewrite messages of one method
-    ("Service/Method", e.g. "KvStore/Put"); a rewrite returning None drops the message."""
+    ("Service/Method", e.g. "KvStore/Put"); a rewrite returning None drops the message. Unary
+    methods in `detached` are forwarded without the caller's deadline and go on upstream when the
+    caller gives up (a server that forgets a request's deadline and cancellation)."""
 
     target: str
     requests: dict[str, Rewrite] = field(default_factory=dict)
     replies: dict[str, Rewrite] = field(default_factory=dict)
+    detached: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self.channel = grpc.aio.insecure_channel(self.target)
+        self.orphans: set[asyncio.Future] = set()   # detached upstream calls still running
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         full = details.method.lstrip("/")                       # "kvmesh.v1.KvStore/Put"
@@ -67,17 +72,22 @@ class Breaker(grpc.GenericRpcHandler):
             return grpc.stream_unary_rpc_method_handler(stream_unary, req_cls.FromString, rep_cls.SerializeToString)
 
         async def unary_unary(request, context):  # noqa: ANN001, ANN202
+            if key in self.detached:
+                upstream = asyncio.ensure_future(self.channel.unary_unary(path, ser, de)(fix_req(request), timeout=60))
+                self.orphans.add(upstream)
+                upstream.add_done_callback(self.orphans.discard)
+                return fix_rep(await _upstream(asyncio.shield(upstream), context))
             call = self.channel.unary_unary(path, ser, de)(fix_req(request), timeout=context.time_remaining())
             return fix_rep(await _upstream(call, context))
         return grpc.unary_unary_rpc_method_handler(unary_unary, req_cls.FromString, rep_cls.SerializeToString)
 
 
 async def _upstream(call: Any, context: grpc.aio.ServicerContext) -> Any:
-    """The upstream reply; an upstream error is passed on with its own status."""
+    """The upstream reply; an upstream error is passed on with its own status and trailers."""
     try:
         return await call
     except grpc.aio.AioRpcError as exc:
-        await context.abort(exc.code(), exc.details())
+        await context.abort(exc.code(), exc.details(), tuple(exc.trailing_metadata() or ()))
 
 
 async def start_breaker(breaker: Breaker) -> tuple[grpc.aio.Server, str]:

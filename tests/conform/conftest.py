@@ -92,11 +92,14 @@ async def broken_suite(role: str, target: str, only: tuple[str, ...], breaker_kw
     """`role`'s clauses `only` against a Breaker in front of `target`."""
     from .breaker import Breaker, start_breaker  # noqa: PLC0415
 
-    server, endpoint = await start_breaker(Breaker(target, **breaker_kwargs))
+    breaker = Breaker(target, **breaker_kwargs)
+    server, endpoint = await start_breaker(breaker)
     try:
         return await suite(role, endpoint, only=only, **options)
     finally:
         await server.stop(0)
+        for orphan in list(breaker.orphans):
+            orphan.cancel()
 
 
 def assert_fails_only(results: dict[str, Result], clause_id: str) -> None:

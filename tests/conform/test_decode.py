@@ -45,15 +45,41 @@ def _no_usage(reply):  # noqa: ANN001, ANN202
     return out
 
 
+def _no_cached_tokens(reply):  # noqa: ANN001, ANN202
+    out = changed(reply)
+    if out.HasField("usage"):
+        out.usage.cached_tokens = 0
+    return out
+
+
 BROKEN = {
     "D2": {"replies": {"DecodeWorker/Generate": _no_usage}},
     "D6": {"replies": {"DecodeWorker/Abort": lambda r: changed(r, found=False)}},
+    # a worker that never serves a pushed prompt from its cache (reports no cached tokens)
+    "D22": {"replies": {"DecodeWorker/Generate": _no_cached_tokens}},
 }
+ONLY = {"D22": ("D1", "D2", "D22")}
+
+
+def kv_spec() -> str:
+    """--kv-spec of the fixture's worker (default settings), so the broken D22 case need not wait
+    for a hand-back through the store channel earlier sessions left in reconnect backoff."""
+    from kvmesh.decode.config import DecodeSettings  # noqa: PLC0415
+    from kvmesh.engine.config import ModelArgs  # noqa: PLC0415
+    from kvmesh.engine.tiny import resolve_model  # noqa: PLC0415
+    from kvmesh.runtime.blockhash import resolve_dtype  # noqa: PLC0415
+
+    settings = DecodeSettings()
+    args = ModelArgs.from_dir(resolve_model(settings.model))
+    dtype = resolve_dtype(settings.dtype, args.torch_dtype)
+    return f"{settings.served_model_name()},{dtype},{args.num_layers},{args.num_kv_heads},{args.head_dim}"
 
 
 @pytest.mark.parametrize("clause_id", sorted(BROKEN))
 async def test_broken_decode_fails_the_clause(worker, clause_id: str) -> None:  # noqa: ANN001
-    results = await broken_suite("decode", worker[1], ("D1", "D2", "D6"), BROKEN[clause_id], kvstore_port=worker[2])
+    spec = {"kv_spec": kv_spec()} if clause_id == "D22" else {}
+    results = await broken_suite("decode", worker[1], ONLY.get(clause_id, ("D1", "D2", "D6")), BROKEN[clause_id],
+                                 kvstore_port=worker[2], **spec)
     assert_fails_only(results, clause_id)
 
 

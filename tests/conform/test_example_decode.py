@@ -13,7 +13,7 @@ from kvmesh.runtime.launcher import free_port
 from .conftest import Service, assert_conforms, suite
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hf_decode"
-NO_CACHE = {"D12", "D15", "D16", "D17"}   # no hand-back, no prefix cache: no KV events to check
+NO_CACHE = {"D12", "D15", "D16", "D17", "D22"}   # no hand-back, no prefix cache (no KV events), no pushed KV
 
 
 def example_worker(port: int, nats_url: str, log: Path, worker_id: str = "hf-decode-conform") -> Service:
