@@ -85,7 +85,11 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.CompleteResponse()
 
     async def ListWorkers(self, request, context):  # noqa: ANN001, N802
-        return scheduler_pb2.ListWorkersResponse(production_pool=self.production_pool)
+        # The decode worker it routes to is listed as live in production: a gateway is ready (G1).
+        workers = [scheduler_pb2.WorkerStatus(worker_id=self.decode.worker_id or "conform-decode",
+                                              role=common_pb2.WORKER_ROLE_DECODE, endpoint=self.decode.endpoint,
+                                              pool=self.production_pool)]
+        return scheduler_pb2.ListWorkersResponse(production_pool=self.production_pool, workers=workers)
 
     async def SetProductionPool(self, request, context):  # noqa: ANN001, N802
         self.pool_changes.append(request)

@@ -89,7 +89,7 @@ def openai_error(reply: httpx.Response, status: int, what: str) -> None:
            f"{what}: body is not OpenAI error JSON: {reply.text[:200]}")
 
 
-@clause(1, "GET /health answers 200 while the scheduler is SERVING")
+@clause(1, "GET /health answers 200 while the scheduler is SERVING and lists a live decode worker in its pool")
 async def health(ctx: Session) -> None:
     status = None
     for _ in range(300):  # NOTE: the gateway may still be starting (it was started beside the suite)
