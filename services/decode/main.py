@@ -47,7 +47,7 @@ async def start(settings: DecodeSettings, bus: Bus | None = None) -> WorkerApp:
         tls=tls,
     )
     worker.endpoint = settings.endpoint(server.port)
-    events, heartbeater = await announce("decode", settings, parts, worker.endpoint, bus)
+    events, heartbeater = await announce("decode", settings, parts, worker.endpoint, bus, worker.live_request_ids)
     gauges = asyncio.create_task(_refresh_gauges(loop, settings.heartbeat_interval_s), name="decode-gauges")
     metrics_port = serve_metrics(settings.host, settings.metrics_port) if settings.metrics_port >= 0 else None
     log.info("decode worker %s serving on %s (model %s)", worker_id, worker.endpoint, settings.model)

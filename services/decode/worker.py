@@ -10,6 +10,7 @@ one-request-per-call `Generate` RPC (coalesced when the consumer is slower than 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 import uuid
@@ -69,6 +70,7 @@ class DecodeCounters:
 class _Inflight:
     job: GenerateJob
     tokens: list[int]  # prompt + output so far (for the KV hand-back)
+    engine_id: str  # this call's id inside the engine: never shared with an earlier call of the same request id
     aborted: bool = False
     in_engine: bool = False
 
@@ -115,10 +117,15 @@ class DecodeWorker:
         self.max_model_len = loop.engine.max_model_len
         self.max_num_seqs = loop.engine.config.max_num_seqs
         self._inflight: dict[str, _Inflight] = {}
+        self._starts = itertools.count()
 
     @property
     def num_inflight(self) -> int:
         return len(self._inflight)
+
+    def live_request_ids(self) -> list[str]:
+        """The request ids this worker holds (prefilling, waiting or running): heartbeat `live_requests`."""
+        return list(self._inflight)
 
     def validate(self, job: GenerateJob) -> None:
         if self.draining:
@@ -146,19 +153,30 @@ class DecodeWorker:
         self.validate(job)
         if job.request_id in self._inflight:
             raise InvalidArgument(f"request id {job.request_id!r} is already running on this worker")
-        state = self._inflight[job.request_id] = _Inflight(job, list(job.prompt))
+        # NOTE: the engine knows this call by its own id, so that an abort or a final output of an
+        # earlier call with the same request id (cancelled moments ago) never reaches this one.
+        engine_id = f"{job.request_id}#{next(self._starts)}"
+        state = self._inflight[job.request_id] = _Inflight(job, list(job.prompt), engine_id)
         try:
             with trace.use_span(span, end_on_exit=False):
                 received = await self._remote_prefill(job) if job.prefill_endpoint else None
             if state.aborted:
                 return False
-            await self._add(job, received, deliver)
+            adding = asyncio.ensure_future(self._add(job, engine_id, received, deliver))
+            try:
+                await asyncio.shield(adding)
+            except asyncio.CancelledError:
+                # NOTE: the add command is queued on the engine thread and runs anyway; the
+                # cancel queued after it takes the request out again (commands run in order).
+                self.loop.cancel(engine_id)
+                raise
         except BaseException:
-            self._inflight.pop(job.request_id, None)
+            if self._inflight.get(job.request_id) is state:
+                del self._inflight[job.request_id]
             raise
         state.in_engine = True
         if state.aborted:  # NOTE: aborted while it was being added
-            self.loop.call_nowait(lambda engine: engine.abort_request(job.request_id))
+            self.loop.call_nowait(lambda engine: engine.abort_request(engine_id))
         return True
 
     def finished(self, job: GenerateJob, out: RequestOutput | None) -> None:
@@ -169,7 +187,7 @@ class DecodeWorker:
         del self._inflight[job.request_id]
         if out is None:
             if state.in_engine:
-                self.loop.cancel(job.request_id)
+                self.loop.cancel(state.engine_id)
         elif self.handback is not None and out.finish_reason not in ("abort", None):
             self.handback.offer(state.tokens)
 
@@ -230,7 +248,8 @@ class DecodeWorker:
             return False
         state.aborted = True
         if state.in_engine:
-            self.loop.call_nowait(lambda engine: engine.abort_request(request_id))
+            engine_id = state.engine_id
+            self.loop.call_nowait(lambda engine: engine.abort_request(engine_id))
         return True
 
     async def drain(self, timeout_s: float) -> None:
@@ -238,7 +257,7 @@ class DecodeWorker:
         while self._inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
-    async def _add(self, job: GenerateJob, received: _Received | None, deliver: Callable) -> None:
+    async def _add(self, job: GenerateJob, engine_id: str, received: _Received | None, deliver: Callable) -> None:
         bs, counters, prompt = self.block_size, self.counters, job.prompt
 
         def add(engine) -> None:
@@ -249,7 +268,7 @@ class DecodeWorker:
                     kv = assemble(local[: received.start_block], received.blocks)
                 else:  # NOTE: our cached prefix was evicted meanwhile; recompute here.
                     counters.prefill_fallbacks += 1
-            engine.add_request(job.request_id, prompt, job.params, computed_kv=kv, detokenize=job.detokenize)
+            engine.add_request(engine_id, prompt, job.params, computed_kv=kv, detokenize=job.detokenize)
             if kv is None:
                 counters.local_prefills += 1
                 metrics.LOCAL_PREFILLS.inc()
@@ -258,7 +277,7 @@ class DecodeWorker:
                 metrics.REMOTE_PREFILLS.inc()
 
         try:
-            await self.loop.add_request(job.request_id, add, deliver=deliver)
+            await self.loop.add_request(engine_id, add, deliver=deliver)
         except ValueError as exc:  # ContextLengthError included
             raise InvalidArgument(str(exc)) from exc
 

@@ -130,9 +130,11 @@ async def start_engine(role: str, settings: WorkerSettings) -> EngineParts:
 
 
 async def announce(
-    role: str, settings: WorkerSettings, parts: EngineParts, endpoint: str, bus: Bus | None
+    role: str, settings: WorkerSettings, parts: EngineParts, endpoint: str, bus: Bus | None,
+    live_requests: Callable[[], list[str]] | None = None,
 ) -> tuple[CacheEvents, Heartbeater]:
-    """Starts publishing the worker's KV cache events and heartbeats on NATS."""
+    """Starts publishing the worker's KV cache events and heartbeats on NATS; `live_requests`
+    (decode workers) lists the request ids the worker holds, on every beat."""
     info = HeartbeatInfo(
         parts.worker_id, role, endpoint, settings.pool, settings.served_model_name(), parts.engine.block_size,
         settings.max_num_seqs, time.time(), max_model_len=parts.engine.max_model_len,
@@ -140,6 +142,7 @@ async def announce(
     events = CacheEvents(parts.loop)
     if bus is not None and not await events.start(bus, parts.worker_id):
         log.warning("engine exposes no KV cache events; this worker's prefix cache is not announced")
-    heartbeater = Heartbeater(bus, info, lambda: parts.loop.stats, settings.heartbeat_interval_s, lambda: events.seq)
+    heartbeater = Heartbeater(bus, info, lambda: parts.loop.stats, settings.heartbeat_interval_s, lambda: events.seq,
+                              live_requests)
     heartbeater.start()
     return events, heartbeater
