@@ -15,7 +15,8 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from opentelemetry import trace
@@ -27,11 +28,13 @@ from kvmesh.runtime.errors import InvalidArgument, MeshError, ResourceExhausted,
 from kvmesh.runtime.grpcutil import ChannelPool
 from kvmesh.runtime.pb import common_pb2, prefill_pb2, prefill_pb2_grpc
 from kvmesh.runtime.telemetry import inject_metadata, tracer
+from kvmesh.worker import kvtensor
+from kvmesh.worker.offload import CodecPool
 from kvmesh.worker.worker import EngineLoop, OutputStream
 
 from . import metrics
 from .handback import Handback
-from .receive import KvReceiver, PendingKv, assemble
+from .receive import KvReceiver, PendingKv, fill_prefix
 
 log = logging.getLogger(__name__)
 
@@ -92,14 +95,14 @@ def _merge(outs: list[RequestOutput]) -> Delta:
 @dataclass(slots=True)
 class _Received:
     start_block: int
-    blocks: list = field(default_factory=list)
+    kv: Any  # [2, L, num_tokens, H, D]: received blocks in place, the local prefix still to copy in
 
 
 class DecodeWorker:
     def __init__(
         self, loop: EngineLoop, spec: common_pb2.ModelSpec, worker_id: str, endpoint: str,
         channels: ChannelPool, prefill_timeout_s: float = 30.0, handback: Handback | None = None,
-        kv_encoding: int = kvwire.RAW,
+        kv_encoding: int = kvwire.RAW, codec: CodecPool | None = None,
     ) -> None:
         self.loop = loop
         self.spec = spec
@@ -110,6 +113,7 @@ class DecodeWorker:
         self.handback = handback
         self.kv_encoding = kv_encoding
         self.receiver = KvReceiver()
+        self.codec = codec or CodecPool()
         self.counters = DecodeCounters()
         self.draining = False
         self.block_size = loop.engine.block_size
@@ -265,7 +269,7 @@ class DecodeWorker:
             if received is not None:
                 local = engine.export_cached_blocks(prompt[: received.start_block * bs])
                 if len(local) >= received.start_block:
-                    kv = assemble(local[: received.start_block], received.blocks)
+                    kv = fill_prefix(received.kv, local[: received.start_block])
                 else:  # NOTE: our cached prefix was evicted meanwhile; recompute here.
                     counters.prefill_fallbacks += 1
             engine.add_request(engine_id, prompt, job.params, computed_kv=kv, detokenize=job.detokenize)
@@ -301,8 +305,8 @@ class DecodeWorker:
             stub = prefill_pb2_grpc.PrefillWorkerStub(self.channels.get(job.prefill_endpoint))
             await stub.Prefill(request, timeout=self.prefill_timeout_s, metadata=inject_metadata())
             if not pending.complete:
-                raise Unavailable(pending.error or f"{len(pending.blocks)}/{pending.num_expected} KV blocks arrived")
-            return _Received(start_block, pending.blocks)
+                raise Unavailable(pending.error or f"{pending.num_received}/{pending.num_expected} KV blocks arrived")
+            return _Received(start_block, pending.kv)
         except (grpc.aio.AioRpcError, MeshError) as exc:
             detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
             log.warning("remote prefill of %s on %s failed (%s); prefilling locally", job.request_id, job.prefill_endpoint, detail)
@@ -323,7 +327,10 @@ class DecodeWorker:
             async for msg in messages:
                 kind = msg.WhichOneof("msg")
                 if kind == "block":
-                    pending.add(msg.block, self.spec)
+                    index = pending.check(msg.block)
+                    # NOTE: crc, copies and dequantization on the codec pool, not the event loop
+                    kv = await self.codec.run(kvtensor.decode_block, msg.block, self.spec)
+                    pending.store(index, kv, kvwire.wire_bytes(msg.block))
                     label = kvwire.encoding_name(msg.block.header.encoding)
                     metrics.KV_BLOCKS_RECEIVED.labels(label).inc()
                     metrics.KV_BYTES_RECEIVED.labels(label).inc(kvwire.wire_bytes(msg.block))
@@ -337,6 +344,6 @@ class DecodeWorker:
         except MeshError as exc:
             pending.error = pending.error or str(exc)
             raise
-        self.counters.blocks_received += len(pending.blocks)
+        self.counters.blocks_received += pending.num_received
         self.counters.bytes_received += pending.bytes_received
-        return len(pending.blocks), pending.bytes_received
+        return pending.num_received, pending.bytes_received

@@ -12,6 +12,7 @@ from kvmesh.runtime.grpcutil import start_server
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import prefill_pb2_grpc
 from kvmesh.runtime.telemetry import TracingServerInterceptor
+from kvmesh.worker.offload import CodecPool
 from kvmesh.worker.app import WorkerApp, announce, serve_worker, start_engine, worker_main
 from kvmesh.worker.worker import EngineLoop
 
@@ -28,9 +29,10 @@ async def start(settings: PrefillSettings, bus: Bus | None = None) -> WorkerApp:
     """Build the engine (off the event loop), start the gRPC server and the heartbeat."""
     parts = await start_engine("prefill", settings)
     loop, worker_id, spec, tls, channels = parts.loop, parts.worker_id, parts.spec, parts.tls, parts.channels
-    store = StoreReader(settings.kvstore, channels, spec, settings.kvstore_timeout_s) if settings.kvstore else None
+    codec = CodecPool()  # KV block encode/decode off the event loop, bounded
+    store = StoreReader(settings.kvstore, channels, spec, settings.kvstore_timeout_s, codec) if settings.kvstore else None
     worker = PrefillWorker(
-        loop, spec, channels, store, settings.push_timeout_s, kvwire.encoding_from_name(settings.kv_encoding)
+        loop, spec, channels, store, settings.push_timeout_s, kvwire.encoding_from_name(settings.kv_encoding), codec
     )
     server = await start_server(
         settings.host,

@@ -12,6 +12,7 @@ import torch
 
 from kvmesh.runtime import kvwire
 from kvmesh.worker import kvtensor
+from kvmesh.worker.offload import CodecPool
 from kvmesh.runtime.errors import MeshError
 from kvmesh.runtime.grpcutil import ChannelPool
 from kvmesh.runtime.pb import common_pb2, kvstore_pb2, kvstore_pb2_grpc
@@ -21,8 +22,12 @@ log = logging.getLogger(__name__)
 
 
 class StoreReader:
-    def __init__(self, endpoint: str, channels: ChannelPool, spec: common_pb2.ModelSpec, timeout_s: float) -> None:
+    def __init__(
+        self, endpoint: str, channels: ChannelPool, spec: common_pb2.ModelSpec, timeout_s: float,
+        codec: CodecPool | None = None,
+    ) -> None:
         self.endpoint = endpoint
+        self.codec = codec or CodecPool()
         self.spec = spec
         self.timeout_s = timeout_s
         self.failures = 0
@@ -66,5 +71,5 @@ class StoreReader:
                     raise ValueError(f"store sent an unexpected block at position {skip + i}")
                 if block.header.num_tokens != self.spec.block_size:
                     raise ValueError(f"store sent a partial block at position {skip + i}")
-                blocks.append(kvtensor.decode_block(block, self.spec))
+                blocks.append(await self.codec.run(kvtensor.decode_block, block, self.spec))  # off the event loop
         return blocks
