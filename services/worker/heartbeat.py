@@ -37,6 +37,7 @@ class Heartbeater:
     def __init__(
         self, bus: Bus | None, info: HeartbeatInfo, stats: Callable[[], Any], interval_s: float,
         kv_event_seq: Callable[[], int] = lambda: 0, live_requests: Callable[[], list[str]] | None = None,
+        progress: Callable[[], int] | None = None,
     ) -> None:
         self.bus = bus
         self.info = info
@@ -44,6 +45,7 @@ class Heartbeater:
         self._stats = stats
         self._kv_event_seq = kv_event_seq
         self._live_requests = live_requests  # None = not reported (a prefill worker)
+        self._progress = progress  # engine steps that advanced a request; None = not reported
         self._interval_s = interval_s
         self._task: asyncio.Task | None = None
         self.subject = HEARTBEAT_SUBJECT.format(role=info.role, worker_id=info.worker_id)
@@ -57,6 +59,8 @@ class Heartbeater:
             timestamp=time.time(), started_at=i.started_at, draining=self.draining, kv_event_seq=self._kv_event_seq(),
             max_model_len=i.max_model_len,
         )
+        if self._progress is not None:
+            hb.engine_progress, hb.reports_progress = self._progress(), True
         if self._live_requests is not None:  # NOTE: set even when empty: "holds nothing" (S16)
             hb.live_requests.SetInParent()
             hb.live_requests.request_ids.extend(self._live_requests())
