@@ -4,8 +4,9 @@
 
 Prints throughput (output tok/s) and TTFT p50/p99 for: the in-process engine, the mesh with a
 prefill and a decode worker (KV pushed over gRPC), the mesh with one decode worker prefilling
-locally, and the disaggregated mesh with tracing off; then the ratios. Ratios, not absolute
-numbers, are the result: the machine is shared and noisy.
+locally, and the disaggregated mesh with tracing off; then the ratios, and what tracing costs
+as mesh CPU time per output token (robust on a loaded machine, where wall-time ratios are not).
+Ratios, not absolute numbers, are the result: the machine is shared and noisy.
 """
 
 from __future__ import annotations
@@ -29,10 +30,15 @@ class Result:
     output_tokens: int
     ttfts: list[float]
     span_ms: dict[str, float] | None = None  # mean duration per span name, from the mesh's traces
+    cpu_s: float = 0.0  # CPU time of every mesh process during the load (user + system)
 
     @property
     def throughput(self) -> float:
         return self.output_tokens / self.wall_s
+
+    @property
+    def cpu_us_per_token(self) -> float:
+        return self.cpu_s / max(1, self.output_tokens) * 1e6
 
     def pct(self, q: float) -> float:
         xs = sorted(self.ttfts)
@@ -81,6 +87,7 @@ def run_in_process(model: str, prompts: list[list[int]], max_tokens: int, concur
 
 def run_mesh(name: str, model: str, prompts: list[list[int]], max_tokens: int, concurrency: int, **options) -> Result:
     import openai
+    import psutil
 
     from kvmesh.runtime.launcher import MeshOptions, free_port
     from kvmesh.runtime.supervisor import Mesh
@@ -113,13 +120,21 @@ def run_mesh(name: str, model: str, prompts: list[list[int]], max_tokens: int, c
                     ttfts.append(first or 0.0)
                     tokens += count
 
+            procs = [psutil.Process(r.proc.pid) for r in mesh.procs]
+            cpu0 = sum(_cpu(p) for p in procs)
             t0 = time.perf_counter()
             with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
                 list(pool.map(one, prompts))
             wall = time.perf_counter() - t0
+            cpu = sum(_cpu(p) for p in procs) - cpu0
         finally:
             mesh.stop()  # flushes every process's spans
-        return Result(name, wall, tokens, ttfts, span_means(Path(run_dir) / "traces"))
+        return Result(name, wall, tokens, ttfts, span_means(Path(run_dir) / "traces"), cpu)
+
+
+def _cpu(proc) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
 
 
 def span_means(trace_dir: Path) -> dict[str, float]:
@@ -171,7 +186,9 @@ def run_all(args: argparse.Namespace, model: str) -> int:
         for span, ms in sorted(results[1].span_ms.items(), key=lambda kv: -kv[1]):
             print(f"  {ms:9.1f}  {span}")
     traced, untraced = results[1], results[3]
-    print(f"\ntracing overhead: throughput with tracing / without = {traced.throughput / untraced.throughput:.2f}")
+    print(f"\ntracing overhead: throughput with tracing / without = {traced.throughput / untraced.throughput:.2f}; "
+          f"mesh CPU per output token with / without = {traced.cpu_us_per_token:.0f} / {untraced.cpu_us_per_token:.0f} µs "
+          f"= {traced.cpu_us_per_token / untraced.cpu_us_per_token:.3f} (less sensitive to a loaded machine)")
     return 0
 
 

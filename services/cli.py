@@ -17,11 +17,15 @@ USAGE = """usage: kvmesh COMMAND [ARGS]
   up                run a whole mesh on this machine (NATS + every service), Ctrl-C stops it
   gateway|scheduler|prefill|decode|kvstore|canary
                     run one service (flags: `kvmesh SERVICE --help`)
+  canary rollout start|status|abort
+                    drive a running canary's automatic rollout (`kvmesh canary rollout --help`)
   health ENDPOINT   exit 0 when a gRPC host:port or an http(s) URL is healthy (for healthchecks)
   trace [ID]        list recent requests, or draw one request's trace waterfall
   sim               replay a trace against simulated workers with the real routing policies
   conform ROLE ENDPOINT
                     check a running implementation of a role against docs/contracts.md
+  sim calibrate     measure a running mesh through its gateway: the cost flags for `kvmesh sim`
+  sim replay TRACE  send a trace to a running mesh at its arrival times; the same table as `kvmesh sim`
 """
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -37,6 +39,10 @@ class CanarySettings(MeshSettings):
     latency_slack_s: float = Field(0.005, description="absolute latency slack added to the p99 limits")
     admin_key: str = Field("", description="bearer key that POST /promote and /rollback require (empty = none: keep the REST port private)")
     grace_s: float = Field(5.0, description="shutdown grace period for replays in flight")
+    state_file: str = Field(".kvmesh/canary-rollout.json", description="where the automatic rollout is kept across restarts (empty = nowhere)")
+    rollout_on_restart: Literal["resume", "rollback"] = Field("resume", description="a rollout running when the canary restarted: resume its step (window starts over) or roll back")
+    rollout_tick_s: float = Field(0.5, gt=0, description="how often the rollout judges its current step")
+    candidate_cpu_priority: Literal["normal", "low", "idle"] = Field("normal", description="CPU priority the candidate workers run at (kvmesh up passes its own); below normal their latency is not comparable and does not fail a rollout step unless the rollout asks (judge_latency)")
 
     def thresholds(self) -> Thresholds:
         return Thresholds(

@@ -1,4 +1,5 @@
-"""`kvmesh canary [flags]`: settings → service → serve until SIGTERM/SIGINT → graceful shutdown."""
+"""`kvmesh canary [flags]`: settings → service → serve until SIGTERM/SIGINT → graceful shutdown.
+`kvmesh canary rollout start|status|abort` drives a running canary's automatic rollout."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ from .service import CanaryService
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv and argv[0] == "rollout":
+        from .cli import rollout_main  # noqa: PLC0415
+
+        return rollout_main(argv[1:])
     settings = settings_from_argv(CanarySettings, argv, "kvmesh canary")
     init_process(settings)
     asyncio.run(serve(settings))

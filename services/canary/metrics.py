@@ -8,14 +8,16 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .rolloutdriver import RolloutDriver
 from .state import Report
 
 
 class CanaryCollector(Collector):
     """Exports verdict, comparison, latency deltas and mirror intake counters of `report()`."""
 
-    def __init__(self, report: Callable[[], Report]) -> None:
+    def __init__(self, report: Callable[[], Report], rollout: RolloutDriver | None = None) -> None:
         self._report = report
+        self._rollout = rollout
 
     def collect(self) -> Iterator[Metric]:
         r = self._report()
@@ -46,8 +48,35 @@ class CanaryCollector(Collector):
         )
 
 
-def canary_registry(report: Callable[[], Report]) -> CollectorRegistry:
+        if self._rollout is not None:
+            yield from rollout_metrics(self._rollout)
+
+
+def rollout_metrics(driver: RolloutDriver) -> Iterator[Metric]:
+    """The rollout's state, current step and weight, and each step's verdict and samples."""
+    yield GaugeMetricFamily(
+        "kvmesh_canary_rollout_state", "0 idle, 1 running, 2 completed, 3 rolled back, 4 aborted",
+        value=driver.state.metric_value,
+    )
+    rollout = driver.rollout
+    yield GaugeMetricFamily("kvmesh_canary_rollout_step", "current rollout step, from 1 (0 = none)",
+                            value=rollout.index + 1 if rollout else 0)
+    yield GaugeMetricFamily("kvmesh_canary_rollout_weight", "share of production traffic the rollout gives the candidate",
+                            value=rollout.desired_weight if rollout else 0.0)
+    verdict = GaugeMetricFamily("kvmesh_canary_rollout_step_verdict", "0 pending, 1 holding, 2 passed, 3 failed",
+                                labels=["step", "weight"])
+    samples = GaugeMetricFamily("kvmesh_canary_rollout_step_samples", "compared replays in the step's window",
+                                labels=["step", "weight"])
+    for i, step in enumerate(rollout.steps if rollout else ()):
+        labels = [str(i + 1), f"{step.weight:g}"]
+        verdict.add_metric(labels, step.state.metric_value)
+        samples.add_metric(labels, step.samples)
+    yield verdict
+    yield samples
+
+
+def canary_registry(report: Callable[[], Report], rollout: RolloutDriver | None = None) -> CollectorRegistry:
     """A registry of its own, so several canaries can live in one test process."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(CanaryCollector(report))
+    registry.register(CanaryCollector(report, rollout))
     return registry

@@ -42,3 +42,14 @@ def record_size(record: events_pb2.MirrorRecord) -> int:
 def production_outcome(record: events_pb2.MirrorRecord) -> Outcome:
     """The production run as the gateway saw it."""
     return Outcome(tuple(record.output_token_ids), record.ttft_s, record.tpot_s, record.error)
+
+
+def is_server_error(error: str) -> bool:
+    """Whether a served request's error is the server's fault (a 5xx), not the client's (4xx) or an
+    abort. The gateway records API errors as "<status>: <message>" and anything else by type."""
+    if not error or error in ("aborted", "cancelled"):
+        return False
+    status, _, _rest = error.partition(":")
+    if status.isdigit():
+        return int(status) >= 500
+    return True

@@ -1,4 +1,5 @@
-"""The REST face of the canary: GET /report, POST /promote, POST /rollback, GET /metrics, GET /health."""
+"""The REST face of the canary: GET /report, POST /promote, POST /rollback, POST/GET/DELETE /rollout,
+GET /metrics, GET /health."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from kvmesh.runtime.bearer import bearer_token, matching_key
 from kvmesh.runtime.errors import MeshError, status_for
 
 from .compare import LatencyDelta
+from .rolloutapi import plan_from_json
+from .rolloutdriver import RolloutDriver
 from .state import Pools, Report, check_weight
 
 _HTTP_STATUS = {"INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 409, "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504}
@@ -83,8 +86,11 @@ def build_app(
     registry: CollectorRegistry,
     healthy: Callable[[], dict[str, Any]],
     admin_key: str = "",
+    rollout: RolloutDriver | None = None,
+    default_min_samples: int = 20,
 ) -> FastAPI:
-    """`admin_key`, when set, is the bearer key POST /promote and /rollback require."""
+    """`admin_key`, when set, is the bearer key POST /promote, /rollback, /rollout and DELETE
+    /rollout require."""
     app = FastAPI(title="kvmesh canary", docs_url=None, redoc_url=None)
 
     def refused(request: Request) -> JSONResponse | None:
@@ -92,14 +98,17 @@ def build_app(
             return None
         if matching_key(bearer_token(request.headers.get("authorization")), [admin_key]) is not None:
             return None
-        return JSONResponse({"error": "promote and rollback need 'Authorization: Bearer <admin key>'"}, status_code=401)
+        return JSONResponse({"error": "promote, rollback and rollout need 'Authorization: Bearer <admin key>'"},
+                            status_code=401)
 
-    async def switch(action: Callable[[], Awaitable[Pools]]) -> JSONResponse:
+    async def switch(action: Callable[[], Awaitable[Any]]) -> JSONResponse:
         try:
             pools = await action()
         except MeshError as exc:
             status = _HTTP_STATUS.get(status_for(exc).name, 500)
             return JSONResponse({"error": str(exc)}, status_code=status)
+        if isinstance(pools, dict):
+            return JSONResponse(pools)
         return JSONResponse({
             "production_pool": pools.production,
             "candidate_pool": pools.candidate,
@@ -125,6 +134,28 @@ def build_app(
         if (denied := refused(request)) is not None:
             return denied
         return await switch(rollback)
+
+    if rollout is not None:
+
+        @app.post("/rollout")
+        async def post_rollout(request: Request) -> JSONResponse:
+            if (denied := refused(request)) is not None:
+                return denied
+            try:
+                plan = plan_from_json(await request.body(), default_min_samples)
+            except ValueError as exc:
+                return JSONResponse({"error": str(exc)}, status_code=400)
+            return await switch(lambda: rollout.start(plan))
+
+        @app.get("/rollout")
+        async def get_rollout() -> dict[str, Any]:
+            return rollout.status()
+
+        @app.delete("/rollout")
+        async def delete_rollout(request: Request) -> JSONResponse:
+            if (denied := refused(request)) is not None:
+                return denied
+            return await switch(rollout.abort)
 
     @app.get("/metrics")
     async def metrics() -> Response:

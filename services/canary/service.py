@@ -1,5 +1,5 @@
-"""The running canary: NATS intake → buffer → replay loop, plus the gRPC and REST servers and the
-promote / rollback calls to the scheduler."""
+"""The running canary: NATS intake → buffer → replay loop, plus the gRPC and REST servers, the
+promote / rollback calls to the scheduler and the automatic rollout that makes them itself."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ from .config import CanarySettings
 from .metrics import canary_registry
 from .replay import Replayer, ReplayLoop
 from .rest import build_app
+from .rolloutdriver import OnRestart, RolloutDriver
+from .rolloutstore import RolloutStore
 from .server import CanaryServicer
 from .state import CanaryState, Pools, Report, check_weight
 
@@ -62,7 +64,12 @@ class CanaryService:
         self.scheduler = scheduler_pb2_grpc.SchedulerStub(self.channels.get(settings.scheduler))
         replayer = Replayer(self.scheduler, self.channels, settings.replay_timeout_s)
         self.replays = ReplayLoop(self.state, replayer, settings.max_concurrency, settings.noise_sample, rng)
-        self.registry = canary_registry(self.report)
+        self.rollout = RolloutDriver(
+            self.state, RolloutStore(settings.state_file), self._switch, settings.thresholds(),
+            latency_comparable=settings.candidate_cpu_priority == "normal",
+            on_restart=OnRestart(settings.rollout_on_restart), tick_s=settings.rollout_tick_s,
+        )
+        self.registry = canary_registry(self.report, self.rollout)
         self.bus: Bus | None = None
         self.grpc: GrpcServer | None = None
         self.http_port = 0
@@ -79,7 +86,9 @@ class CanaryService:
         self.bus = await Bus.connect(s.nats_url, "kvmesh-canary")
         await self.bus.subscribe(MIRROR_SUBJECT, events_pb2.MirrorRecord, self._on_record)
         self.replays.start()
-        servicer = CanaryServicer(self.report, self.promote, self.rollback)
+        self.rollout.recover()
+        self.rollout.begin()
+        servicer = CanaryServicer(self.report, self.promote, self.rollback, self.rollout, s.admin_key, s.min_samples)
         self.grpc = await start_server(
             s.host,
             s.port,
@@ -94,7 +103,8 @@ class CanaryService:
         )
 
     async def _start_http(self) -> None:
-        app = build_app(self.report, self.promote, self.rollback, self.registry, self.health, self.settings.admin_key)
+        app = build_app(self.report, self.promote, self.rollback, self.registry, self.health, self.settings.admin_key,
+                        self.rollout, self.settings.min_samples)
         sock = _listen(self.settings.host, self.settings.http_port)
         self.http_port = sock.getsockname()[1]
         self._http = _HttpServer(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
@@ -124,6 +134,14 @@ class CanaryService:
             "replaying": self.replays.inflight,
         }
 
+    def _refuse_during_rollout(self) -> None:
+        if self.rollout.running:
+            raise FailedPrecondition("a rollout is running and moves the pools itself; DELETE /rollout aborts it")
+
+    async def _switch(self, weight: float) -> Pools:
+        """The rollout's own switch: 0 rolls back, anything else promotes that share."""
+        return await (self._promote(weight) if weight > 0 else self._rollback())
+
     async def promote(self, weight: float = 1.0) -> Pools:
         """weight 1: production traffic moves to the candidate pool and the comparison starts over.
         Below 1: the candidate takes that share of production traffic (by session) meanwhile."""
@@ -131,6 +149,10 @@ class CanaryService:
             check_weight(weight)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
+        self._refuse_during_rollout()
+        return await self._promote(weight)
+
+    async def _promote(self, weight: float) -> Pools:
         async with self._switch_lock:
             pools = self.state.pools
             if weight >= 1.0:
@@ -145,6 +167,10 @@ class CanaryService:
 
     async def rollback(self) -> Pools:
         """Production traffic goes back to the configured production pool, all of it."""
+        self._refuse_during_rollout()
+        return await self._rollback()
+
+    async def _rollback(self) -> Pools:
         async with self._switch_lock:
             request = scheduler_pb2.SetProductionPoolRequest(pool=self.state.configured.production)
             await self._set_production_pool(request)
@@ -170,6 +196,7 @@ class CanaryService:
         await self.replays.stop(grace_s)
 
     async def close(self) -> None:
+        await self.rollout.stop()
         await self.replays.stop(0)
         if self._http and self._http_task:
             self._http.should_exit = True

@@ -6,6 +6,9 @@ outcomes of replays started before it are ignored, so a verdict never mixes two 
 
 A stepwise promote (weight below 1) only gives the candidate that share of production traffic: the
 pools and the comparison stay, and mirrored requests the candidate served itself are not compared.
+
+Beside the comparison runs a `Window` (a rollout step's): `open_window()` starts a new one; only
+jobs taken after it opened count in it, and it counts the production requests each pool served.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from kvmesh.runtime.pb import events_pb2
 
 from .buffer import Admission, MirrorBuffer
 from .compare import Comparison, Outcome, Summary
-from .records import check_record, content_key, production_outcome, record_size
+from .records import check_record, content_key, is_server_error, production_outcome, record_size
 from .verdict import Decision, Thresholds, decide
+from .window import Window
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +41,7 @@ class Job:
     production: Outcome
     pools: Pools
     generation: int
+    window: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +83,7 @@ class CanaryState:
         self.candidate_served = 0
         self._latency_window = latency_window
         self._comparison = Comparison(latency_window)
+        self.window = Window(0, latency_window)
         self._warmup_replays = warmup_replays
         self.warmup_left = warmup_replays  # candidate replays still to discard: one-time start-up costs
 
@@ -88,7 +94,9 @@ class CanaryState:
         if check_record(record) is not None:
             self.malformed += 1
             return None
-        if record.pool and record.pool == self.pools.candidate:
+        on_candidate = bool(record.pool) and record.pool == self.pools.candidate
+        self.window.served.add(on_candidate, is_server_error(record.error))
+        if on_candidate:
             self.candidate_served += 1
             return None
         return self.buffer.offer(record.request_id, content_key(record), record_size(record), record)
@@ -97,7 +105,7 @@ class CanaryState:
         entry = self.buffer.pop()
         if entry is None:
             return None
-        return Job(entry.item, production_outcome(entry.item), self.pools, self.generation)
+        return Job(entry.item, production_outcome(entry.item), self.pools, self.generation, self.window.id)
 
     def record_candidate(self, job: Job, candidate: Outcome) -> bool:
         """Adds a candidate replay; False when the job predates the last promote/rollback, or when
@@ -108,6 +116,8 @@ class CanaryState:
             self.warmup_left -= 1
             return False
         self._comparison.add_candidate(job.production, candidate)
+        if job.window == self.window.id:
+            self.window.comparison.add_candidate(job.production, candidate)
         return True
 
     def record_noise(self, job: Job, replay: Outcome) -> bool:
@@ -115,7 +125,19 @@ class CanaryState:
         if job.generation != self.generation:
             return False
         self._comparison.add_noise(job.production, replay)
+        if job.window == self.window.id:
+            self.window.comparison.add_noise(job.production, replay)
         return True
+
+    def open_window(self) -> Window:
+        """Starts a new window (a rollout step's); replays of jobs taken before it do not count in it."""
+        self.window = Window(self.window.id + 1, self._latency_window)
+        return self.window
+
+    def noise_floor(self) -> tuple[float, int]:
+        """Production's agreement with itself over the whole comparison, and how many replays it rests on."""
+        summary = self._comparison.summary()
+        return summary.noise_floor_agreement, summary.noise_samples
 
     def promote(self, weight: float = 1.0) -> Pools:
         """weight 1: the candidate pool becomes production (and the former production the

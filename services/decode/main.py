@@ -18,6 +18,7 @@ from kvmesh.worker.worker import EngineLoop
 from . import metrics
 from .config import DecodeSettings
 from .handback import Handback
+from .prewarm import Prewarm
 from .server import DecodeServicer
 from .worker import DecodeWorker
 
@@ -47,11 +48,13 @@ async def start(settings: DecodeSettings, bus: Bus | None = None) -> WorkerApp:
         tls=tls,
     )
     worker.endpoint = settings.endpoint(server.port)
+    prewarm = Prewarm(loop, spec, settings.kvstore, channels)
+    await prewarm.start(bus, worker_id)  # NOTE: before the first heartbeat, which may trigger it
     events, heartbeater = await announce("decode", settings, parts, worker.endpoint, bus, worker.live_request_ids)
     gauges = asyncio.create_task(_refresh_gauges(loop, settings.heartbeat_interval_s), name="decode-gauges")
     metrics_port = serve_metrics(settings.host, settings.metrics_port) if settings.metrics_port >= 0 else None
     log.info("decode worker %s serving on %s (model %s)", worker_id, worker.endpoint, settings.model)
-    extra_close = [handback.close] if handback is not None else []
+    extra_close = [prewarm.close, *([handback.close] if handback is not None else [])]
     return WorkerApp(settings, loop, worker, server, heartbeater, channels, gauges, worker.endpoint, events,
                      metrics_port, extra_close)
 

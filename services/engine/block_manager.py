@@ -3,7 +3,9 @@
 A block is free when its ref count is 0. Free blocks sit in one queue: blocks that hold no
 cached content are reused first (front), cached ones are kept in LRU order (back) and evicted
 from the front of that LRU run only when nothing else is free. A cached block is found by its
-chained block hash and a hit is confirmed by comparing token ids.
+chained block hash and a hit is confirmed by comparing token ids. A block imported by hash alone
+(pre-warmed from the KV store, whose blocks carry no token ids) is confirmed by its chained hash on
+its first hit and takes that request's token ids.
 
 Every block that enters or leaves the cache is recorded as a KV event
 (`("stored", [hash], parent_hash)`, `("removed", [hash], None)`) for workers to publish.
@@ -60,9 +62,17 @@ class BlockManager:
     def lookup(self, block_hash: bytes, token_ids: Sequence[int]) -> int | None:
         """The cached block holding exactly `token_ids` under `block_hash`, if any."""
         block_id = self._cached.get(block_hash)
-        if block_id is None or self.blocks[block_id].token_ids != tuple(token_ids):
+        if block_id is None:
+            return None
+        block = self.blocks[block_id]
+        if block.token_ids is None:  # imported by hash alone: the chained hash confirms it
+            block.token_ids = tuple(token_ids)
+        elif block.token_ids != tuple(token_ids):
             return None
         return block_id
+
+    def is_cached(self, block_hash: bytes) -> bool:
+        return block_hash in self._cached
 
     def match_prefix(self, block_hashes: Sequence[bytes], token_ids: Sequence[int]) -> list[int]:
         """Block ids of the leading cached blocks of `token_ids` (does not take references)."""
@@ -113,7 +123,7 @@ class BlockManager:
                     self._free.move_to_end(block_id, last=False)
 
     def cache_block(
-        self, block_id: int, block_hash: bytes, token_ids: Sequence[int], parent_hash: bytes | None = None
+        self, block_id: int, block_hash: bytes, token_ids: Sequence[int] | None, parent_hash: bytes | None = None
     ) -> bool:
         """Register a full, computed block under its hash. False if that content is already cached."""
         if not self.enable_prefix_caching:
@@ -122,14 +132,17 @@ class BlockManager:
         if block.block_hash is not None or block_hash in self._cached:
             return False
         block.block_hash = block_hash
-        block.token_ids = tuple(token_ids)
+        block.token_ids = None if token_ids is None else tuple(token_ids)
         block.parent_hash = parent_hash
         self._cached[block_hash] = block_id
         self._record(("stored", [block_hash], parent_hash))
         return True
 
-    def import_block(self, block_hash: bytes, token_ids: Sequence[int], parent_hash: bytes | None = None) -> int | None:
+    def import_block(
+        self, block_hash: bytes, token_ids: Sequence[int] | None, parent_hash: bytes | None = None
+    ) -> int | None:
         """Reserve a block for content computed elsewhere; it ends up cached and free (LRU tail).
+        `token_ids` None: not at hand (a pre-warmed block); the first hit supplies them.
 
         Returns the block id to write the KV into, or None when the content is already cached
         or nothing can be evicted. The caller writes the KV right away (before any allocation).

@@ -25,6 +25,7 @@ HEARTBEAT_WILDCARD = "kvmesh.workers.*.*.heartbeat"
 KV_EVENTS_SUBJECT = "kvmesh.kv.events.{worker_id}"
 KV_EVENTS_WILDCARD = "kvmesh.kv.events.*"
 KV_REPLAY_SUBJECT = "kvmesh.kv.replay.{worker_id}"
+KV_PREWARM_SUBJECT = "kvmesh.kv.prewarm.{worker_id}"
 MIRROR_SUBJECT = "kvmesh.mirror.requests"
 
 

@@ -184,7 +184,9 @@ def plan_mesh(
         add("canary", "canary", ["--host", host, "--port", str(port), "--http-port", str(http_port),
                                  "--scheduler", scheduler],
             grpc_port=port, metrics_port=http_port, http_health=f"http://{host}:{http_port}/health",
-            env={"KVMESH_CPU_PRIORITY": opts.candidate_cpu_priority})
+            env={"KVMESH_CPU_PRIORITY": opts.candidate_cpu_priority,
+                 "KVMESH_CANARY_CANDIDATE_CPU_PRIORITY": opts.candidate_cpu_priority,
+                 "KVMESH_CANARY_STATE_FILE": f"{opts.run_dir}/canary-rollout.json"})
     if "gateway" not in external:
         add("gateway", "gateway", ["--host", host, "--port", str(opts.port), "--scheduler", scheduler],
             http_health=f"http://{host}:{opts.port}/health", metrics_port=opts.port)

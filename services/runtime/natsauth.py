@@ -16,10 +16,11 @@ INBOX = "_INBOX.>"
 # publish / subscribe allow-lists per service; "allow_responses" lets a service answer requests.
 PERMISSIONS: dict[str, dict[str, list[str] | bool]] = {
     "gateway": {"publish": ["kvmesh.mirror.requests"], "subscribe": [INBOX]},
-    "scheduler": {"publish": ["kvmesh.kv.replay.>"], "subscribe": ["kvmesh.workers.>", "kvmesh.kv.events.>", INBOX]},
+    "scheduler": {"publish": ["kvmesh.kv.replay.>", "kvmesh.kv.prewarm.>"], "subscribe": ["kvmesh.workers.>", "kvmesh.kv.events.>", INBOX]},
     "prefill": {"publish": ["kvmesh.workers.prefill.>", "kvmesh.kv.events.>"], "subscribe": ["kvmesh.kv.replay.>"],
                 "allow_responses": True},
-    "decode": {"publish": ["kvmesh.workers.decode.>", "kvmesh.kv.events.>"], "subscribe": ["kvmesh.kv.replay.>"],
+    "decode": {"publish": ["kvmesh.workers.decode.>", "kvmesh.kv.events.>"],
+               "subscribe": ["kvmesh.kv.replay.>", "kvmesh.kv.prewarm.>"],
                "allow_responses": True},
     "kvstore": {"publish": ["kvmesh.workers.kvstore.>", "kvmesh.kv.events.>"], "subscribe": ["kvmesh.kv.replay.>"],
                 "allow_responses": True},

@@ -130,6 +130,23 @@ class Mesh:
         self.procs.insert(0, self.procs.pop())  # NOTE: keep NATS first so stop() ends it last
         _wait_tcp(self.opts.host, self.nats_port, timeout_s=10)
 
+    def add(self, spec: ProcessSpec, timeout_s: float = 120.0) -> None:
+        """Starts one more service in the running mesh (e.g. a worker for a scale-up) and waits
+        until it is healthy; `stop()` stops it with the rest."""
+        self.specs.append(spec)
+        self._spawn(spec, [sys.executable, "-m", "kvmesh", spec.service, *spec.args])
+        self._wait_healthy(spec, time.monotonic() + timeout_s)
+
+    def restart(self, name: str, sig: int = signal.SIGKILL, timeout_s: float = 60.0) -> None:
+        """Kills one service with `sig` (a crash, by default), starts it again with the same
+        flags and waits until it is healthy (for restart tests)."""
+        running = next(r for r in self.procs if r.spec.name == name)
+        running.proc.send_signal(sig)
+        running.proc.wait(timeout=timeout_s)
+        self.procs.remove(running)
+        self._spawn(running.spec, [sys.executable, "-m", "kvmesh", running.spec.service, *running.spec.args])
+        self._wait_healthy(running.spec, time.monotonic() + timeout_s)
+
     def reap(self) -> list[tuple[str, int]]:
         """Processes that exited since the last call, as (name, exit code); they are forgotten."""
         gone = [(r.spec.name, r.proc.returncode) for r in self.procs if r.proc.poll() is not None]

@@ -13,6 +13,7 @@ from kvmesh.runtime.config import MeshSettings
 from .admission import AdmissionConfig, Order
 from .pd import PdConfig
 from .policy import POLICY_NAMES, CostModel, PolicyConfig
+from .prewarm import PrewarmConfig
 from .router import RouterConfig
 
 _COST = CostModel()
@@ -68,6 +69,11 @@ class SchedulerSettings(MeshSettings):
     decode_s_per_seq: float = Field(_COST.decode_s_per_seq, description="cost model: seconds per decode step per running sequence")
     # KV event repair
     replay_timeout_s: float = Field(2.0, description="deadline of a KV event replay request after a sequence gap")
+    # KV pre-warming of decode workers that join (docs/prewarm.md)
+    prewarm: bool = Field(True, description="pre-warm a decode worker that registers with the mesh's hottest prefixes from the KV store")
+    prewarm_budget_blocks: int = Field(256, ge=0, description="most KV blocks one joining worker is asked to fetch")
+    prewarm_half_life_s: float = Field(300.0, gt=0, description="prefix hit counts halve this often (what 'recent' means)")
+    prewarm_timeout_s: float = Field(30.0, gt=0, description="a worker still warming after this counts as warm (and the warm-up as timed out)")
 
     def check(self, environ: Mapping[str, str] = os.environ) -> None:
         if REMOVED_DECAY in environ:
@@ -96,6 +102,10 @@ class SchedulerSettings(MeshSettings):
         cost = CostModel(self.prefill_s_per_token, self.decode_s_per_step, self.decode_s_per_seq, self.block_size)
         pd = PdConfig(self.local_prefill_max_tokens, self.prefill_queue_max_s, self.store_fetch_factor)
         return RouterConfig(cost, pd, self.prediction_ttl_s, self.sticky_overload_factor)
+
+    def prewarm_config(self) -> PrewarmConfig:
+        return PrewarmConfig(self.prewarm and self.prewarm_budget_blocks > 0, self.prewarm_budget_blocks,
+                             self.prewarm_half_life_s)
 
     def admission_config(self) -> AdmissionConfig:
         return AdmissionConfig(

@@ -22,6 +22,8 @@ from .config import SchedulerSettings
 from .feeds import BusFeeds
 from .index import BlockIndex
 from .policy import make_policy
+from .prewarm import Prewarmer
+from .prewarmfeed import PrewarmSender
 from .registry import Registry
 from .router import Router
 from .server import AdmissionGate, SchedulerServicer, refresh
@@ -36,7 +38,8 @@ def build_router(settings: SchedulerSettings) -> Router:
                         reconcile_grace_s=settings.reconcile_grace_s,
                         stall_s=settings.engine_stall_s)
     policy = make_policy(settings.policy, settings.policy_config())
-    return Router(registry, BlockIndex(), policy, StickySessions(settings.sticky_ttl_s), settings.router_config())
+    return Router(registry, BlockIndex(), policy, StickySessions(settings.sticky_ttl_s), settings.router_config(),
+                  Prewarmer(settings.prewarm_config()))
 
 
 @dataclass(slots=True)
@@ -48,6 +51,7 @@ class SchedulerApp:
     server: GrpcServer
     bus: Bus
     feeds: BusFeeds
+    prewarm: PrewarmSender
 
     @property
     def port(self) -> int:
@@ -59,7 +63,8 @@ class SchedulerApp:
         gate = AdmissionGate(AdmissionQueue(settings.admission_config(), time.monotonic))
         counters = metrics.IndexCounters()
         bus = await Bus.connect(settings.nats_url, "scheduler")
-        feeds = BusFeeds(router, bus, lambda: refresh(router, gate, counters), settings.replay_timeout_s)
+        prewarm = PrewarmSender(router, bus, settings.prewarm_timeout_s)
+        feeds = BusFeeds(router, bus, lambda: (refresh(router, gate, counters), prewarm.kick()), settings.replay_timeout_s)
         await feeds.start()
         servicer = SchedulerServicer(router, gate)
         server = await start_server(
@@ -70,12 +75,13 @@ class SchedulerApp:
             tls=TlsConfig.from_settings(settings),
         )
         log.info("scheduler serving on %s:%d (policy %s)", settings.host, server.port, settings.policy)
-        return cls(router, gate, server, bus, feeds)
+        return cls(router, gate, server, bus, feeds, prewarm)
 
     async def stop(self, grace_s: float = 1.0) -> None:
         await self.server.set_serving(False)
         await self.server.stop(grace_s)
         await self.feeds.stop()
+        await self.prewarm.stop()
         await self.bus.close()
 
 

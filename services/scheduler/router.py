@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from .index import BlockIndex
 from .pd import PdConfig, PdDecision, decide
 from .policy import CostModel, Policy, RequestView, RoutingState, WorkerView
+from .prewarm import Prewarmer
 from .registry import Assignment, HeartbeatInfo, Registry, Role, Seen, Worker
 from .sticky import StickySessions, overloaded
 
@@ -79,12 +80,16 @@ def validate(query: RouteQuery, block_size: int) -> None:
 
 
 class Router:
-    def __init__(self, registry: Registry, index: BlockIndex, policy: Policy, sticky: StickySessions, config: RouterConfig) -> None:
+    def __init__(
+        self, registry: Registry, index: BlockIndex, policy: Policy, sticky: StickySessions, config: RouterConfig,
+        prewarm: Prewarmer | None = None,
+    ) -> None:
         self.registry = registry
         self.index = index
         self.policy = policy
         self.sticky = sticky
         self.config = config
+        self.prewarm = prewarm  # hot prefixes, and decode workers to pre-warm when they join
 
     @property
     def block_size(self) -> int:
@@ -94,9 +99,12 @@ class Router:
 
     def observe_heartbeat(self, hb: HeartbeatInfo) -> int | None:
         """Records a heartbeat; returns a replay `from_seq` when the worker's KV events have a gap."""
-        if self.registry.observe(hb) is Seen.RESTARTED:
+        seen = self.registry.observe(hb)
+        if seen is Seen.RESTARTED:
             self.index.drop_worker(hb.worker_id)
             self.sticky.forget_worker(hb.worker_id)
+        if seen is not Seen.UPDATED and hb.role is Role.DECODE and self.prewarm is not None:
+            self.prewarm.joined(hb.worker_id)
         return self.index.check_seq(hb.worker_id, hb.kv_event_seq)
 
     def sweep(self) -> list[str]:
@@ -105,6 +113,8 @@ class Router:
         for worker_id in dead:
             self.index.drop_worker(worker_id)
             self.sticky.forget_worker(worker_id)
+            if self.prewarm is not None:
+                self.prewarm.forget(worker_id)
         self.index.prune_predictions(self.registry.clock())
         return dead
 
@@ -133,6 +143,8 @@ class Router:
             raise NoWorkerAvailable(f"no decode worker available in pool {pool!r}{excluded}")
         self.registry.complete(query.request_id)  # NOTE: a retry replaces the previous attempt
         now = self.registry.clock()
+        if self.prewarm is not None:
+            self.prewarm.observe_route(query.block_hashes, now)
         prefills = self.registry.live(Role.PREFILL, pool, query.exclude)
         stores = self.registry.live(Role.KVSTORE)
         ids = [w.worker_id for w in (*decodes, *prefills, *stores)]
@@ -169,6 +181,14 @@ class Router:
 
     def complete(self, request_id: str) -> Assignment | None:
         return self.registry.complete(request_id)
+
+    def prewarm_plans(self) -> list[tuple[str, list[tuple[bytes, ...]]]]:
+        """Decode workers that joined since the last call, each with the hottest prefixes a KV store
+        holds (see prewarm.py); [] without pre-warming."""
+        if self.prewarm is None or not self.prewarm.pending:
+            return []
+        in_store: set[bytes] = set().union(*(self.index.held(s.worker_id) for s in self.registry.live(Role.KVSTORE)))
+        return self.prewarm.take(self.registry.clock(), in_store.__contains__)
 
     # --- internals ---
 

@@ -148,6 +148,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 draining=info.draining,
                 inflight=w.inflight,
                 max_model_len=info.max_model_len,
+                warming=bool(self.router.prewarm and self.router.prewarm.is_warming(info.worker_id)),
             )
         return reply
 

@@ -75,6 +75,14 @@ def _send_bad_put(endpoint: str) -> None:
             kvstore_pb2_grpc.KvStoreStub(channel).Put(iter(()), timeout=5)
 
 
+def _hold_a_rollout(canary: str) -> None:
+    """A rollout that holds at its first step (it never gets its samples), so its step metrics exist."""
+    import httpx  # noqa: PLC0415
+
+    body = {"steps": [0.5, 1.0], "min_samples": 1_000_000}
+    assert httpx.post(f"http://{canary}/rollout", json=body, timeout=10).status_code == 200
+
+
 @pytest.fixture(scope="module")
 def mesh_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prometheus, set[str]]]:
     # NOTE: no skips here: a service that cannot be imported, or the harness missing, is a failure.
@@ -90,6 +98,7 @@ def mesh_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
         prom.wait_for_samples(targets=len(targets), samples=2)
         _send_traffic(mesh.openai_client())
         _send_bad_put(mesh.spec("kvstore").grpc_endpoint)
+        _hold_a_rollout(mesh.spec("canary").metrics_target)
         time.sleep(1.5)  # the last requests' hand-back, KV events and idle evictions
         prom.wait_for_scrapes_after(time.time(), scrapes=3)
         down = prom.query("up == 0")

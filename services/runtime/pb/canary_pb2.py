@@ -24,15 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/canary.proto\x12\tkvmesh.v1\"\x12\n\x10GetReportRequest\"t\n\x0cLatencyDelta\x12\x18\n\x10production_p50_s\x18\x01 \x01(\x01\x12\x18\n\x10production_p99_s\x18\x02 \x01(\x01\x12\x17\n\x0f\x63\x61ndidate_p50_s\x18\x03 \x01(\x01\x12\x17\n\x0f\x63\x61ndidate_p99_s\x18\x04 \x01(\x01\"\xdf\x04\n\x0c\x43\x61naryReport\x12#\n\x07verdict\x18\x01 \x01(\x0e\x32\x12.kvmesh.v1.Verdict\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07samples\x18\x03 \x01(\x04\x12\x18\n\x10\x65xact_match_rate\x18\x04 \x01(\x01\x12\x17\n\x0ftoken_agreement\x18\x05 \x01(\x01\x12\x1d\n\x15noise_floor_agreement\x18\x06 \x01(\x01\x12\x1d\n\x15mean_first_divergence\x18\x07 \x01(\x01\x12%\n\x04ttft\x18\x08 \x01(\x0b\x32\x17.kvmesh.v1.LatencyDelta\x12%\n\x04tpot\x18\t \x01(\x0b\x32\x17.kvmesh.v1.LatencyDelta\x12\x1d\n\x15production_error_rate\x18\n \x01(\x01\x12\x1c\n\x14\x63\x61ndidate_error_rate\x18\x0b \x01(\x01\x12\x17\n\x0fmirror_received\x18\x0c \x01(\x04\x12\x16\n\x0emirror_dropped\x18\r \x01(\x04\x12\x18\n\x10mirror_malformed\x18\x0e \x01(\x04\x12\x17\n\x0fproduction_pool\x18\x0f \x01(\t\x12\x16\n\x0e\x63\x61ndidate_pool\x18\x10 \x01(\t\x12\x15\n\rnoise_samples\x18\x11 \x01(\x04\x12\x19\n\x11mirror_duplicates\x18\x12 \x01(\x04\x12\x10\n\x08\x62uffered\x18\x13 \x01(\x04\x12\x17\n\x0fpromoted_weight\x18\x14 \x01(\x01\x12\x1f\n\x17mirror_candidate_served\x18\x15 \x01(\x04\x12\x13\n\x0bwarmup_left\x18\x16 \x01(\x04\" \n\x0ePromoteRequest\x12\x0e\n\x06weight\x18\x01 \x01(\x01\"*\n\x0fPromoteResponse\x12\x17\n\x0fproduction_pool\x18\x01 \x01(\t\"\x11\n\x0fRollbackRequest\"+\n\x10RollbackResponse\x12\x17\n\x0fproduction_pool\x18\x01 \x01(\t*^\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x16\n\x12VERDICT_COLLECTING\x10\x01\x12\x10\n\x0cVERDICT_PASS\x10\x02\x12\x10\n\x0cVERDICT_FAIL\x10\x03\x32\xd2\x01\n\x06\x43\x61nary\x12\x41\n\tGetReport\x12\x1b.kvmesh.v1.GetReportRequest\x1a\x17.kvmesh.v1.CanaryReport\x12@\n\x07Promote\x12\x19.kvmesh.v1.PromoteRequest\x1a\x1a.kvmesh.v1.PromoteResponse\x12\x43\n\x08Rollback\x12\x1a.kvmesh.v1.RollbackRequest\x1a\x1b.kvmesh.v1.RollbackResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/canary.proto\x12\tkvmesh.v1\"\x12\n\x10GetReportRequest\"t\n\x0cLatencyDelta\x12\x18\n\x10production_p50_s\x18\x01 \x01(\x01\x12\x18\n\x10production_p99_s\x18\x02 \x01(\x01\x12\x17\n\x0f\x63\x61ndidate_p50_s\x18\x03 \x01(\x01\x12\x17\n\x0f\x63\x61ndidate_p99_s\x18\x04 \x01(\x01\"\xdf\x04\n\x0c\x43\x61naryReport\x12#\n\x07verdict\x18\x01 \x01(\x0e\x32\x12.kvmesh.v1.Verdict\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07samples\x18\x03 \x01(\x04\x12\x18\n\x10\x65xact_match_rate\x18\x04 \x01(\x01\x12\x17\n\x0ftoken_agreement\x18\x05 \x01(\x01\x12\x1d\n\x15noise_floor_agreement\x18\x06 \x01(\x01\x12\x1d\n\x15mean_first_divergence\x18\x07 \x01(\x01\x12%\n\x04ttft\x18\x08 \x01(\x0b\x32\x17.kvmesh.v1.LatencyDelta\x12%\n\x04tpot\x18\t \x01(\x0b\x32\x17.kvmesh.v1.LatencyDelta\x12\x1d\n\x15production_error_rate\x18\n \x01(\x01\x12\x1c\n\x14\x63\x61ndidate_error_rate\x18\x0b \x01(\x01\x12\x17\n\x0fmirror_received\x18\x0c \x01(\x04\x12\x16\n\x0emirror_dropped\x18\r \x01(\x04\x12\x18\n\x10mirror_malformed\x18\x0e \x01(\x04\x12\x17\n\x0fproduction_pool\x18\x0f \x01(\t\x12\x16\n\x0e\x63\x61ndidate_pool\x18\x10 \x01(\t\x12\x15\n\rnoise_samples\x18\x11 \x01(\x04\x12\x19\n\x11mirror_duplicates\x18\x12 \x01(\x04\x12\x10\n\x08\x62uffered\x18\x13 \x01(\x04\x12\x17\n\x0fpromoted_weight\x18\x14 \x01(\x01\x12\x1f\n\x17mirror_candidate_served\x18\x15 \x01(\x04\x12\x13\n\x0bwarmup_left\x18\x16 \x01(\x04\" \n\x0ePromoteRequest\x12\x0e\n\x06weight\x18\x01 \x01(\x01\"*\n\x0fPromoteResponse\x12\x17\n\x0fproduction_pool\x18\x01 \x01(\t\"\x11\n\x0fRollbackRequest\"+\n\x10RollbackResponse\x12\x17\n\x0fproduction_pool\x18\x01 \x01(\t\"y\n\x13StartRolloutRequest\x12\r\n\x05steps\x18\x01 \x03(\x01\x12\x13\n\x0bmin_samples\x18\x02 \x01(\x04\x12\x13\n\x0bmin_seconds\x18\x03 \x01(\x01\x12\x12\n\nmin_served\x18\x04 \x01(\x04\x12\x15\n\rjudge_latency\x18\x05 \x01(\x08\"\x13\n\x11GetRolloutRequest\"\x15\n\x13\x41\x62ortRolloutRequest\"n\n\x0cRolloutCheck\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01\x12\r\n\x05limit\x18\x03 \x01(\x01\x12\x0e\n\x06passed\x18\x04 \x01(\x08\x12\x12\n\ncomparable\x18\x05 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\"\xc5\x01\n\x0bRolloutStep\x12\x0e\n\x06weight\x18\x01 \x01(\x01\x12#\n\x05state\x18\x02 \x01(\x0e\x32\x14.kvmesh.v1.StepState\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07samples\x18\x04 \x01(\x04\x12\x0e\n\x06served\x18\x05 \x01(\x04\x12\x12\n\nstarted_at\x18\x06 \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\x07 \x01(\x01\x12\'\n\x06\x63hecks\x18\x08 \x03(\x0b\x32\x17.kvmesh.v1.RolloutCheck\"\x9f\x02\n\rRolloutStatus\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.kvmesh.v1.RolloutState\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\x0e\n\x06weight\x18\x03 \x01(\x01\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12%\n\x05steps\x18\x05 \x03(\x0b\x32\x16.kvmesh.v1.RolloutStep\x12\x0f\n\x07resumed\x18\x06 \x01(\r\x12\x1a\n\x12latency_comparable\x18\x07 \x01(\x08\x12\x0f\n\x07\x61pplied\x18\x08 \x01(\x08\x12\x13\n\x0bmin_samples\x18\t \x01(\x04\x12\x13\n\x0bmin_seconds\x18\n \x01(\x01\x12\x12\n\nmin_served\x18\x0b \x01(\x04\x12\x15\n\rjudge_latency\x18\x0c \x01(\x08*^\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x16\n\x12VERDICT_COLLECTING\x10\x01\x12\x10\n\x0cVERDICT_PASS\x10\x02\x12\x10\n\x0cVERDICT_FAIL\x10\x03*\xb7\x01\n\x0cRolloutState\x12\x1d\n\x19ROLLOUT_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12ROLLOUT_STATE_IDLE\x10\x01\x12\x19\n\x15ROLLOUT_STATE_RUNNING\x10\x02\x12\x1b\n\x17ROLLOUT_STATE_COMPLETED\x10\x03\x12\x1d\n\x19ROLLOUT_STATE_ROLLED_BACK\x10\x04\x12\x19\n\x15ROLLOUT_STATE_ABORTED\x10\x05*\x85\x01\n\tStepState\x12\x1a\n\x16STEP_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12STEP_STATE_PENDING\x10\x01\x12\x16\n\x12STEP_STATE_HOLDING\x10\x02\x12\x15\n\x11STEP_STATE_PASSED\x10\x03\x12\x15\n\x11STEP_STATE_FAILED\x10\x04\x32\xac\x03\n\x06\x43\x61nary\x12\x41\n\tGetReport\x12\x1b.kvmesh.v1.GetReportRequest\x1a\x17.kvmesh.v1.CanaryReport\x12@\n\x07Promote\x12\x19.kvmesh.v1.PromoteRequest\x1a\x1a.kvmesh.v1.PromoteResponse\x12\x43\n\x08Rollback\x12\x1a.kvmesh.v1.RollbackRequest\x1a\x1b.kvmesh.v1.RollbackResponse\x12H\n\x0cStartRollout\x12\x1e.kvmesh.v1.StartRolloutRequest\x1a\x18.kvmesh.v1.RolloutStatus\x12\x44\n\nGetRollout\x12\x1c.kvmesh.v1.GetRolloutRequest\x1a\x18.kvmesh.v1.RolloutStatus\x12H\n\x0c\x41\x62ortRollout\x12\x1e.kvmesh.v1.AbortRolloutRequest\x1a\x18.kvmesh.v1.RolloutStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvmesh.v1.canary_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_VERDICT']._serialized_start=927
-  _globals['_VERDICT']._serialized_end=1021
+  _globals['_VERDICT']._serialized_start=1696
+  _globals['_VERDICT']._serialized_end=1790
+  _globals['_ROLLOUTSTATE']._serialized_start=1793
+  _globals['_ROLLOUTSTATE']._serialized_end=1976
+  _globals['_STEPSTATE']._serialized_start=1979
+  _globals['_STEPSTATE']._serialized_end=2112
   _globals['_GETREPORTREQUEST']._serialized_start=37
   _globals['_GETREPORTREQUEST']._serialized_end=55
   _globals['_LATENCYDELTA']._serialized_start=57
@@ -47,6 +51,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROLLBACKREQUEST']._serialized_end=880
   _globals['_ROLLBACKRESPONSE']._serialized_start=882
   _globals['_ROLLBACKRESPONSE']._serialized_end=925
-  _globals['_CANARY']._serialized_start=1024
-  _globals['_CANARY']._serialized_end=1234
+  _globals['_STARTROLLOUTREQUEST']._serialized_start=927
+  _globals['_STARTROLLOUTREQUEST']._serialized_end=1048
+  _globals['_GETROLLOUTREQUEST']._serialized_start=1050
+  _globals['_GETROLLOUTREQUEST']._serialized_end=1069
+  _globals['_ABORTROLLOUTREQUEST']._serialized_start=1071
+  _globals['_ABORTROLLOUTREQUEST']._serialized_end=1092
+  _globals['_ROLLOUTCHECK']._serialized_start=1094
+  _globals['_ROLLOUTCHECK']._serialized_end=1204
+  _globals['_ROLLOUTSTEP']._serialized_start=1207
+  _globals['_ROLLOUTSTEP']._serialized_end=1404
+  _globals['_ROLLOUTSTATUS']._serialized_start=1407
+  _globals['_ROLLOUTSTATUS']._serialized_end=1694
+  _globals['_CANARY']._serialized_start=2115
+  _globals['_CANARY']._serialized_end=2543
 # @@protoc_insertion_point(module_scope)

@@ -50,6 +50,21 @@ class CanaryStub(object):
                 request_serializer=kvmesh_dot_v1_dot_canary__pb2.RollbackRequest.SerializeToString,
                 response_deserializer=kvmesh_dot_v1_dot_canary__pb2.RollbackResponse.FromString,
                 _registered_method=True)
+        self.StartRollout = channel.unary_unary(
+                '/kvmesh.v1.Canary/StartRollout',
+                request_serializer=kvmesh_dot_v1_dot_canary__pb2.StartRolloutRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_canary__pb2.RolloutStatus.FromString,
+                _registered_method=True)
+        self.GetRollout = channel.unary_unary(
+                '/kvmesh.v1.Canary/GetRollout',
+                request_serializer=kvmesh_dot_v1_dot_canary__pb2.GetRolloutRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_canary__pb2.RolloutStatus.FromString,
+                _registered_method=True)
+        self.AbortRollout = channel.unary_unary(
+                '/kvmesh.v1.Canary/AbortRollout',
+                request_serializer=kvmesh_dot_v1_dot_canary__pb2.AbortRolloutRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_canary__pb2.RolloutStatus.FromString,
+                _registered_method=True)
 
 
 class CanaryServicer(object):
@@ -74,6 +89,27 @@ class CanaryServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartRollout(self, request, context):
+        """Automatic rollout: steps of the stepwise split, each judged on its own window; advances on
+        pass, rolls back on the first failure. FAILED_PRECONDITION when one is already running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRollout(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortRollout(self, request, context):
+        """Stops the running rollout and rolls back. FAILED_PRECONDITION when none is running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CanaryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -91,6 +127,21 @@ def add_CanaryServicer_to_server(servicer, server):
                     servicer.Rollback,
                     request_deserializer=kvmesh_dot_v1_dot_canary__pb2.RollbackRequest.FromString,
                     response_serializer=kvmesh_dot_v1_dot_canary__pb2.RollbackResponse.SerializeToString,
+            ),
+            'StartRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartRollout,
+                    request_deserializer=kvmesh_dot_v1_dot_canary__pb2.StartRolloutRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_canary__pb2.RolloutStatus.SerializeToString,
+            ),
+            'GetRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRollout,
+                    request_deserializer=kvmesh_dot_v1_dot_canary__pb2.GetRolloutRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_canary__pb2.RolloutStatus.SerializeToString,
+            ),
+            'AbortRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortRollout,
+                    request_deserializer=kvmesh_dot_v1_dot_canary__pb2.AbortRolloutRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_canary__pb2.RolloutStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +226,87 @@ class Canary(object):
             '/kvmesh.v1.Canary/Rollback',
             kvmesh_dot_v1_dot_canary__pb2.RollbackRequest.SerializeToString,
             kvmesh_dot_v1_dot_canary__pb2.RollbackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvmesh.v1.Canary/StartRollout',
+            kvmesh_dot_v1_dot_canary__pb2.StartRolloutRequest.SerializeToString,
+            kvmesh_dot_v1_dot_canary__pb2.RolloutStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvmesh.v1.Canary/GetRollout',
+            kvmesh_dot_v1_dot_canary__pb2.GetRolloutRequest.SerializeToString,
+            kvmesh_dot_v1_dot_canary__pb2.RolloutStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvmesh.v1.Canary/AbortRollout',
+            kvmesh_dot_v1_dot_canary__pb2.AbortRolloutRequest.SerializeToString,
+            kvmesh_dot_v1_dot_canary__pb2.RolloutStatus.FromString,
             options,
             channel_credentials,
             insecure,

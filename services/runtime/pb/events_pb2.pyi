@@ -139,3 +139,31 @@ class MirrorRecord(_message.Message):
     session_id: str
     pool: str
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., ttft_s: _Optional[float] = ..., tpot_s: _Optional[float] = ..., error: _Optional[str] = ..., timestamp: _Optional[float] = ..., session_id: _Optional[str] = ..., pool: _Optional[str] = ...) -> None: ...
+
+class PrewarmPrefix(_message.Message):
+    __slots__ = ("block_hashes",)
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class PrewarmRequest(_message.Message):
+    __slots__ = ("prefixes", "num_blocks")
+    PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    prefixes: _containers.RepeatedCompositeFieldContainer[PrewarmPrefix]
+    num_blocks: int
+    def __init__(self, prefixes: _Optional[_Iterable[_Union[PrewarmPrefix, _Mapping]]] = ..., num_blocks: _Optional[int] = ...) -> None: ...
+
+class PrewarmReply(_message.Message):
+    __slots__ = ("blocks_requested", "blocks_fetched", "blocks_cached", "seconds", "error")
+    BLOCKS_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FETCHED_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_CACHED_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    blocks_requested: int
+    blocks_fetched: int
+    blocks_cached: int
+    seconds: float
+    error: str
+    def __init__(self, blocks_requested: _Optional[int] = ..., blocks_fetched: _Optional[int] = ..., blocks_cached: _Optional[int] = ..., seconds: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...

@@ -63,7 +63,7 @@ class ListWorkersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "role", "endpoint", "pool", "model", "num_running", "num_waiting", "kv_blocks_total", "kv_blocks_free", "last_seen_age_s", "draining", "inflight", "max_model_len")
+    __slots__ = ("worker_id", "role", "endpoint", "pool", "model", "num_running", "num_waiting", "kv_blocks_total", "kv_blocks_free", "last_seen_age_s", "draining", "inflight", "max_model_len", "warming")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,7 @@ class WorkerStatus(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    WARMING_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: _common_pb2.WorkerRole
     endpoint: str
@@ -90,7 +91,8 @@ class WorkerStatus(_message.Message):
     draining: bool
     inflight: int
     max_model_len: int
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.WorkerRole, str]] = ..., endpoint: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., last_seen_age_s: _Optional[float] = ..., draining: bool = ..., inflight: _Optional[int] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    warming: bool
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.WorkerRole, str]] = ..., endpoint: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., last_seen_age_s: _Optional[float] = ..., draining: bool = ..., inflight: _Optional[int] = ..., max_model_len: _Optional[int] = ..., warming: bool = ...) -> None: ...
 
 class ListWorkersResponse(_message.Message):
     __slots__ = ("workers", "production_pool", "canary_pool", "canary_weight")

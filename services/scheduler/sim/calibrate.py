@@ -1,8 +1,10 @@
-"""Measures the simulator's cost model on the real engine (`kvmesh.engine.llm`).
+"""Measures the simulator's engine cost model on the in-process engine (`kvmesh.engine.llm`).
 
 `python -m kvmesh.scheduler.sim.calibrate [--model tiny] [--device cpu] [--threads 1]` prints
 prefill seconds per token (slope of prefill time over prompt length) and decode seconds per step
 (intercept and per-sequence slope of step time over batch size), ready to pass to `kvmesh sim`.
+These are a LOWER BOUND on a mesh's costs (no HTTP, gRPC, routing or RPC loop); for a running
+mesh use `kvmesh sim calibrate --url GATEWAY` (meshprobe.py), which measures it end to end.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import statistics
 import time
 
 
-def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
     """Least-squares line y = a + b·x; returns (a, b)."""
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
@@ -50,9 +52,17 @@ def measure(model: str, device: str, repeats: int = 3) -> dict[str, float]:
     for batch in (1, 8, 32, 64):
         steps = run([[(i + j) % vocab for i in range(16)] for j in range(batch)], 33)
         decode.append((batch, statistics.median(steps[2:])))  # skip the prefill steps
-    _, per_token = _fit(prefill)
-    base, per_seq = _fit(decode)
+    _, per_token = fit_line(prefill)
+    base, per_seq = fit_line(decode)
     return {"prefill_s_per_token": per_token, "decode_s_per_step": base, "decode_s_per_seq": per_seq}
+
+
+def lower_bound(model: str, device: str = "cpu", threads: int = 1) -> dict[str, float]:
+    """`measure` with `threads` torch threads: the in-process engine's costs, a lower bound on a mesh's."""
+    import torch  # noqa: PLC0415
+
+    torch.set_num_threads(threads)
+    return measure(model, device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,10 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    import torch  # noqa: PLC0415
-
-    torch.set_num_threads(args.threads)
-    result = measure(args.model, args.device)
+    result = lower_bound(args.model, args.device, args.threads)
+    print("# in-process engine only: a lower bound on a mesh's costs (see `kvmesh sim calibrate --url`)")
     for name, value in result.items():
         print(f"--{name.replace('_', '-')} {value:.3g}")
     return 0

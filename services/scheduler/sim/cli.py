@@ -1,16 +1,27 @@
-"""`kvmesh sim`: replays a trace against N simulated workers with each routing policy."""
+"""`kvmesh sim`: replays a trace against N simulated workers with each routing policy.
+
+`kvmesh sim calibrate --url GATEWAY` measures a running mesh for the cost flags (meshprobe.py);
+`kvmesh sim replay TRACE --url GATEWAY` sends a trace to it and prints the same table (replay.py).
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable
 
 from ..pd import PdConfig
 from ..policy import POLICY_NAMES, CostModel, PolicyConfig
 from .cluster import SimConfig
-from .report import HEADER, RunSummary, capacity, row, simulate
-from .trace import SyntheticConfig, TraceRequest, mean_rate, read_jsonl, scale_rate, synthetic, write_jsonl
+from .meshcost import MeshCost
+from .scaleup import scale_up_main
+from .report import DETAIL_HEADER, HEADER, RunSummary, capacity, detail_row, row, simulate
+from .trace import (
+    SyntheticConfig, TraceRequest, mean_rate, read_jsonl, scale_rate, synthetic, without_output_blocks, write_jsonl,
+)
+
+SUBCOMMANDS = {"calibrate": ("meshprobe", "calibrate_main"), "replay": ("replay", "replay_main")}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,12 +53,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-s-per-token", type=float, default=cost.prefill_s_per_token)
     p.add_argument("--decode-s-per-step", type=float, default=cost.decode_s_per_step)
     p.add_argument("--decode-s-per-seq", type=float, default=cost.decode_s_per_seq)
+    mesh = MeshCost()
+    p.add_argument("--request-overhead-s", type=float, default=mesh.request_overhead_s,
+                   help="mesh: added to every TTFT (`kvmesh sim calibrate` measures it)")
+    p.add_argument("--request-busy-s", type=float, default=mesh.request_busy_s,
+                   help="mesh: per-request work outside the engine that requests queue for, mesh-wide")
+    p.add_argument("--prefill-share", type=float, default=mesh.prefill_share,
+                   help="mesh: a prefill takes (1 + this x other running streams) times as long")
+    p.add_argument("--ttft-noise", default="", help="mesh: comma-separated factors on prefill time and overhead, "
+                   "one per request by its id (the host's noise, from `kvmesh sim calibrate`)")
+    p.add_argument("--shared-host", action="store_true",
+                   help="mesh: all decode workers share one host's CPU (`kvmesh up` on one machine)")
+    p.add_argument("--token-overhead-s", type=float, default=mesh.token_overhead_s,
+                   help="mesh: added to a decode step per running sequence")
+    p.add_argument("--hit-s-per-token", type=float, default=mesh.hit_s_per_token, help="mesh: cost of a cached prompt token")
+    p.add_argument("--prefill-stall", type=float, default=mesh.prefill_stall,
+                   help="mesh: fraction of a local prefill during which the worker's streams stop (0..1)")
+    p.add_argument("--admission-limit", type=int, default=mesh.admission_limit,
+                   help="mesh: requests in flight mesh-wide before admission queues them (0 = only max_num_seqs per worker)")
+    p.add_argument("--admission-timeout-s", type=float, default=mesh.admission_timeout_s,
+                   help="mesh: a request queued in admission this long fails with 504")
+    p.add_argument("--no-output-blocks", action="store_true",
+                   help="ignore the trace's output_hash_ids (as a replay on a real mesh must)")
     p.add_argument("--local-prefill-max-tokens", type=int, default=pd.local_prefill_max_tokens)
     p.add_argument("--kv-decode-weight", type=float, default=pol.kv_decode_weight)
     p.add_argument("--kv-overlap-decay-requests", type=float, default=pol.kv_overlap_decay_requests)
     p.add_argument("--kv-temperature", type=float, default=pol.kv_temperature)
     p.add_argument("--kv-queue-weight", type=float, default=pol.kv_queue_weight)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scale-up", type=int, default=0,
+                   help="N decode workers join mid-trace; compares KV pre-warming off and on (see sim/scaleup.py)")
+    p.add_argument("--join-at-s", type=float, default=0.0, help="scale-up: when they join (0 = at --warmup-s)")
+    p.add_argument("--window-s", type=float, default=10.0, help="scale-up: mesh TTFT is measured this long after the join")
+    p.add_argument("--prewarm-budget-blocks", type=int, default=256, help="scale-up: blocks each joiner is pre-warmed with")
     return p
 
 
@@ -61,6 +99,13 @@ def _sim_config(args: argparse.Namespace, n: int) -> SimConfig:
         sticky_ttl_s=args.sticky_ttl_s,
         cost=CostModel(args.prefill_s_per_token, args.decode_s_per_step, args.decode_s_per_seq, args.block_size),
         pd=PdConfig(local_prefill_max_tokens=args.local_prefill_max_tokens),
+        mesh=MeshCost(
+            request_overhead_s=args.request_overhead_s, request_busy_s=args.request_busy_s,
+            token_overhead_s=args.token_overhead_s, hit_s_per_token=args.hit_s_per_token,
+            prefill_stall=args.prefill_stall, prefill_share=args.prefill_share, shared_host=args.shared_host,
+            noise=tuple(float(x) for x in args.ttft_noise.split(",") if x),
+            admission_limit=args.admission_limit, admission_timeout_s=args.admission_timeout_s,
+        ),
         policy=PolicyConfig(
             kv_decode_weight=args.kv_decode_weight, kv_overlap_decay_requests=args.kv_overlap_decay_requests,
             kv_temperature=args.kv_temperature, kv_queue_weight=args.kv_queue_weight, dualmap_ttft_slo_s=args.slo_ttft_s, seed=args.seed,
@@ -74,37 +119,49 @@ def _trace_source(args: argparse.Namespace) -> Callable[[float], tuple[list[Trac
         base = read_jsonl(args.trace)
         if not base:
             raise SystemExit(f"kvmesh sim: {args.trace} holds no requests")
+        base = without_output_blocks(base) if args.no_output_blocks else base
         return lambda rate: (scale_rate(base, rate / max(mean_rate(base), 1e-9)), None)
     synth = SyntheticConfig(
         duration_s=args.duration_s, num_system_prompts=args.system_prompts, skew=args.skew, turns_mean=args.turns,
         think_time_s=args.think_time_s, arrival=args.arrival, block_size=args.block_size, seed=args.seed,
     )
-    return lambda rate: (synthetic(synth, rate), (args.warmup_s, args.duration_s))
+    strip = without_output_blocks if args.no_output_blocks else list
+    return lambda rate: (strip(synthetic(synth, rate)), (args.warmup_s, args.duration_s))
 
 
 def sim_main(argv: list[str] | None = None) -> int:
     """Entry point for `kvmesh sim`: one table row per (worker count, policy)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in SUBCOMMANDS:
+        module, function = SUBCOMMANDS[argv[0]]
+        return getattr(importlib.import_module(f"{__package__}.{module}"), function)(argv[1:])
     args = build_parser().parse_args(argv)
     policies = POLICY_NAMES if args.policy == "all" else tuple(args.policy.split(","))
     for name in policies:
         if name not in POLICY_NAMES:
             raise SystemExit(f"kvmesh sim: unknown policy {name!r} (expected one of {', '.join(POLICY_NAMES)})")
-    if args.warmup_s >= args.duration_s and not args.trace:
+    if args.warmup_s >= args.duration_s and not (args.trace or args.write_trace):
         raise SystemExit("kvmesh sim: --warmup-s must be below --duration-s")
     trace_at = _trace_source(args)
     if args.write_trace:
         write_jsonl(trace_at(args.rate or 1.0)[0], args.write_trace)
         print(f"wrote {args.write_trace}")
         return 0
+    if args.scale_up:
+        return scale_up_main(args, lambda n: _sim_config(args, n), trace_at)
     print(f"# cost model: prefill {args.prefill_s_per_token:.3g} s/token, decode {args.decode_s_per_step:.3g} s/step "
           f"+ {args.decode_s_per_seq:.3g} s/seq; capacity = max rate with TTFT p99 <= {args.slo_ttft_s} s")
+    mesh = _sim_config(args, 1).mesh
+    if mesh != MeshCost(admission_timeout_s=mesh.admission_timeout_s):
+        print(f"# mesh terms: {mesh}")
     print(HEADER, flush=True)
+    details: list[RunSummary] = []
     for n in (int(x) for x in args.workers.split(",")):
         config = _sim_config(args, n)
 
         def run_at(rate: float, name: str, config: SimConfig = config) -> RunSummary:
             trace, window = trace_at(rate)
-            return simulate(name, config, trace, window)
+            return simulate(name, config, trace, window, args.slo_ttft_s)
 
         caps: dict[str, float | None] = dict.fromkeys(policies)
         if not args.no_capacity:
@@ -114,10 +171,16 @@ def sim_main(argv: list[str] | None = None) -> int:
                 caps[name] = at_cap.rate if at_cap else 0.0
         base = caps.get("round_robin")
         table_rate = args.rate * n if args.rate else (0.7 * base if base else 8.0 * n)
-        for name in policies:
-            print(row(run_at(table_rate, name), caps[name]), flush=True)
+        rows = [run_at(table_rate, name) for name in policies]
+        for summary in rows:
+            print(row(summary, caps[summary.policy]), flush=True)
+        details += rows
         for name in ("kv_aware", "dualmap"):
             if caps.get(name):
                 ratios = [f"{caps[name] / caps[o]:.2f}x {o}" for o in ("round_robin", "prefix_affinity") if caps.get(o)]
                 print(f"# {n} workers: {name} capacity = {', '.join(ratios)}", flush=True)
+    print(f"# at the same rates: TTFT p90, ITL, goodput (requests/s with TTFT <= {args.slo_ttft_s} s), errors")
+    print(DETAIL_HEADER)
+    for summary in details:
+        print(detail_row(summary))
     return 0

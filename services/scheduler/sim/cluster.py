@@ -12,12 +12,16 @@ Worker model (times from the CostModel, see bench/sim_calibration.md):
   `event_delay_s` later; heartbeats every `heartbeat_interval_s`.
 With prefill workers, the decode-first P/D decision may send the prompt to one; its KV then
 reaches the decode worker after kv_transfer_s_per_token × tokens.
+
+Mesh terms (MeshCost: per-request overhead and work, per-token overhead, CPU sharing, admission)
+are described in meshcost.py; all are off by default.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import zlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -27,6 +31,7 @@ from ..policy import CostModel, PolicyConfig, make_policy
 from ..registry import HeartbeatInfo, Registry, Role
 from ..router import RouteDecision, RouteQuery, Router, RouterConfig
 from ..sticky import StickySessions
+from .meshcost import MeshCost
 from .trace import TraceRequest
 
 
@@ -45,6 +50,7 @@ class SimConfig:
     cost: CostModel = field(default_factory=CostModel)
     pd: PdConfig = field(default_factory=PdConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    mesh: MeshCost = field(default_factory=MeshCost)
 
 
 @dataclass(slots=True)
@@ -55,6 +61,8 @@ class RequestResult:
     cached_tokens: int = 0
     first_token_s: float = 0.0
     finish_s: float = 0.0
+    status: int = 200               # 429 / 504: refused or timed out in admission (MeshCost)
+    stall_mark: float = 0.0         # the worker's stall_s when this sequence's finish was last scheduled
 
     @property
     def ttft_s(self) -> float:
@@ -74,6 +82,7 @@ class SimWorker:
     seq: int = 0
     load_area: float = 0.0          # ∫ (running + waiting) dt, for the imbalance figure
     load_since: float = 0.0
+    stall_s: float = 0.0            # decode time lost to local prefills so far (MeshCost.prefill_stall)
 
     def cached_prefix(self, hashes: tuple[bytes, ...]) -> int:
         n = 0
@@ -118,6 +127,10 @@ class Cluster:
         self._order = itertools.count()
         self.results: list[RequestResult] = []
         self.window_load: dict[str, float] = {}
+        self.in_flight = 0
+        self.gate_free_s = 0.0          # when the mesh-wide request server (request_busy_s) is free
+        self.admission: deque[TraceRequest] = deque()
+        self._pending = 0
 
     # --- event loop ---
 
@@ -132,16 +145,21 @@ class Cluster:
             self._at(t, "window")
         self._heartbeats()
         self._at(self.config.heartbeat_interval_s, "heartbeat")
-        pending = len(requests)
-        while self._events and pending:
+        self._pending = len(requests)
+        while self._events and self._pending:
             self.now, _, kind, payload = heapq.heappop(self._events)
-            if kind == "arrive":
-                self._arrive(payload)  # type: ignore[arg-type]
+            if kind == "arrive" and self.config.mesh.request_busy_s:
+                self.gate_free_s = max(self.now, self.gate_free_s) + self.config.mesh.request_busy_s
+                self._at(self.gate_free_s, "admit", payload)
+            elif kind in ("arrive", "admit"):
+                self._admit(payload)  # type: ignore[arg-type]
             elif kind == "first_token":
                 self._first_token(*payload)  # type: ignore[misc]
             elif kind == "finish":
                 self._finish(payload)  # type: ignore[arg-type]
-                pending -= 1
+            elif kind == "stall":
+                for w in self._host_of(payload[0]):  # type: ignore[index]
+                    w.stall_s += payload[1]  # type: ignore[index]
             elif kind == "deliver":
                 self.router.index.apply(payload)  # type: ignore[arg-type]
             elif kind == "window":
@@ -173,6 +191,48 @@ class Cluster:
 
     # --- request lifecycle ---
 
+    def _admit(self, r: TraceRequest) -> None:
+        mesh = self.config.mesh
+        if not mesh.admission_limit or self.in_flight < mesh.admission_limit and not self.admission:
+            self.in_flight += 1
+            self._arrive(r)
+        elif len(self.admission) >= mesh.admission_limit * mesh.admission_queue_factor:
+            self._fail(r, 429)
+        else:
+            self.admission.append(r)
+
+    def _admit_waiting(self) -> None:
+        limit, timeout = self.config.mesh.admission_limit, self.config.mesh.admission_timeout_s
+        while self.admission and (not limit or self.in_flight < limit):
+            r = self.admission.popleft()
+            if self.now - r.arrival_s > timeout:
+                self._fail(r, 504)
+            else:
+                self.in_flight += 1
+                self._arrive(r)
+
+    def _fail(self, r: TraceRequest, status: int) -> None:
+        self.results.append(RequestResult(r, "", status=status, first_token_s=self.now, finish_s=self.now))
+        self._pending -= 1
+
+    def _host_of(self, d: SimWorker) -> list[SimWorker]:
+        """The decode workers that share d's CPU: all of them on a shared host, else d alone."""
+        if self.config.mesh.shared_host:
+            return [w for w in self.workers.values() if w.role is Role.DECODE]
+        return [d]
+
+    def _load(self, d: SimWorker) -> int:
+        """Running sequences that d's steps pay for (those of its whole host on a shared host)."""
+        return sum(w.running for w in self._host_of(d))
+
+    def _noise(self, request_id: str) -> float:
+        """This request's factor on its latency to first token: one of MeshCost.noise, by request id."""
+        factors = self.config.mesh.noise
+        return factors[zlib.crc32(request_id.encode()) % len(factors)] if factors else 1.0
+
+    def _step_s(self, running: int) -> float:
+        return self.config.cost.step_s(running) + self.config.mesh.token_overhead_s * running
+
     def _arrive(self, r: TraceRequest) -> None:
         hashes = r.block_hashes()[: r.prompt_tokens // self.config.cost.block_size]
         decision = self.router.route(RouteQuery(r.request_id, r.prompt_tokens, hashes, r.session_id, r.output_tokens))
@@ -186,37 +246,54 @@ class Cluster:
 
     def _prefill_s(self, tokens: int, running: int) -> float:
         cost = self.config.cost
-        chunks = -(-tokens // self.config.max_num_batched_tokens)
-        return cost.prefill_s(tokens) + chunks * cost.step_s(running)
+        # NOTE: a fully cached prompt still takes one step: the engine computes its last token for the logits.
+        chunks = max(1, -(-tokens // self.config.max_num_batched_tokens))
+        slowdown = 1.0 + self.config.mesh.prefill_share * max(0, running - 1)
+        return cost.prefill_s(tokens) * slowdown + chunks * self._step_s(running)
 
     def _start(self, d: SimWorker, result: RequestResult, decision: RouteDecision) -> None:
         d.running += 1
         bs = self.config.cost.block_size
         r, hashes = result.request, result.hashes
         d_cached = d.cached_prefix(hashes)
+        noise = self._noise(r.request_id)
         if decision.prefill is None:
             result.cached_tokens = d_cached * bs
-            end = max(self.now, d.busy_until) + self._prefill_s(r.prompt_tokens - d_cached * bs, d.running)
-            d.busy_until = end
+            host = self._host_of(d)
+            start = max(self.now, *(w.busy_until for w in host))
+            work = self._prefill_s(r.prompt_tokens - d_cached * bs, self._load(d))
+            end = start + work + d_cached * bs * self.config.mesh.hit_s_per_token
+            for w in host:
+                w.busy_until = end
+            if self.config.mesh.prefill_stall:
+                self._at(start, "stall", (d, self.config.mesh.prefill_stall * (end - start)))
         else:
             p = self.workers[decision.prefill.worker_id]
             cached = max(d_cached, p.cached_prefix(hashes))
             result.cached_tokens = cached * bs
-            p_end = max(self.now, p.busy_until) + self._prefill_s(r.prompt_tokens - cached * bs, 0)
+            start = max(self.now, p.busy_until)
+            p_end = start + self._prefill_s(r.prompt_tokens - cached * bs, 0)
             p.busy_until = p_end
             self._publish(p, *p.insert(hashes))  # NOTE: published early; the scheduler sees it after the delay anyway
             end = p_end + (r.prompt_tokens - d_cached * bs) * self.config.kv_transfer_s_per_token
-            end += self.config.cost.step_s(d.running)
-        self._at(end, "first_token", (d, result))
+            end += self._step_s(self._load(d))
+        # NOTE: the noise stretches this request's latency only, not the worker's busy time: the
+        # probes measured it on lone requests, and a stretched prefill queued behind would count it twice.
+        self._at(start + (end - start + self.config.mesh.request_overhead_s) * noise, "first_token", (d, result))
 
     def _first_token(self, d: SimWorker, result: RequestResult) -> None:
         result.first_token_s = self.now
         self._publish(d, *d.insert(result.hashes))
-        decode_s = (result.request.output_tokens - 1) * self.config.cost.step_s(d.running)
+        decode_s = (result.request.output_tokens - 1) * self._step_s(self._load(d))
+        result.stall_mark = d.stall_s
         self._at(self.now + decode_s, "finish", (d, result))
 
     def _finish(self, payload: tuple[SimWorker, RequestResult]) -> None:
         d, result = payload
+        if d.stall_s > result.stall_mark:  # local prefills ran meanwhile: the decode stalled that long
+            self._at(self.now + d.stall_s - result.stall_mark, "finish", payload)
+            result.stall_mark = d.stall_s
+            return
         r = result.request
         result.finish_s = self.now
         self.results.append(result)
@@ -225,6 +302,9 @@ class Cluster:
         d.mark_load(self.now)
         d.running -= 1
         self.router.complete(r.request_id)
+        self._pending -= 1
         if d.slot_queue:
             nxt, decision = d.slot_queue.popleft()
             self._start(d, nxt, decision)
+        self.in_flight -= 1
+        self._admit_waiting()

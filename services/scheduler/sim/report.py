@@ -1,4 +1,8 @@
-"""Per-run figures and the capacity search: the highest request rate that still meets the SLO."""
+"""Per-run figures and the capacity search: the highest request rate that still meets the SLO.
+
+The figures are computed from per-request `Outcome`s, which the simulator and the real-mesh
+replay (`replay.py`) both produce, so a sim row and a real row mean the same thing.
+"""
 
 from __future__ import annotations
 
@@ -21,10 +25,16 @@ class RunSummary:
     throughput: float            # finished requests/s
     output_tokens_per_s: float
     hit_rate: float              # prompt tokens served from a cache / prompt tokens
-    imbalance: float             # max / mean of the workers' time-averaged load
+    imbalance: float             # max / mean of the workers' time-averaged load (nan: not known)
+    ttft_p90_s: float = math.nan
+    itl_p50_s: float = math.nan  # ITL = a request's mean gap between output tokens (after the first)
+    itl_p99_s: float = math.nan
+    goodput: float = math.nan    # requests/s that succeeded with TTFT <= the SLO
+    errors: tuple[tuple[int, int], ...] = ()   # (HTTP status, requests), failed requests only
 
     def meets(self, slo_s: float, quantile: float = 0.99) -> bool:
-        return (self.ttft_p99_s if quantile >= 0.99 else self.ttft_p50_s) <= slo_s
+        """TTFT p99 (or p50) within `slo_s` and no request failed."""
+        return not self.errors and (self.ttft_p99_s if quantile >= 0.99 else self.ttft_p50_s) <= slo_s
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -34,36 +44,84 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def summarize(policy: str, cluster: Cluster, results: list[RequestResult], window: tuple[float, float]) -> RunSummary:
-    """Figures over the requests that arrived in `window` (the steady part of the trace)."""
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One request as the client saw it (times in seconds on one clock)."""
+
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    first_token_s: float
+    finish_s: float
+    cached_tokens: int = 0
+    status: int = 200
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def itl_s(self) -> float:
+        return (self.finish_s - self.first_token_s) / (self.output_tokens - 1) if self.output_tokens > 1 else math.nan
+
+
+def figures(policy: str, num_workers: int, outcomes: list[Outcome], window: tuple[float, float],
+            slo_ttft_s: float = 0.5, imbalance: float = math.nan) -> RunSummary:
+    """Figures over the requests that arrived in `window` (the steady part of the trace); rates
+    and throughput per second of the window. Failed requests count in `rate` and `errors` only."""
     start, end = window
     span = max(end - start, 1e-9)
-    all_results = results
-    results = [r for r in results if start <= r.request.arrival_s < end] or results
-    ttfts = [r.ttft_s for r in results]
-    prompt = sum(r.request.prompt_tokens for r in results)
-    loads = [cluster.window_load.get(w.worker_id, w.load_area) for w in cluster.workers.values() if w.role is Role.DECODE]
-    mean_load = sum(loads) / len(loads)
+    arrived = [o for o in outcomes if start <= o.arrival_s < end] or outcomes
+    served = [o for o in arrived if o.ok]
+    ttfts = [o.ttft_s for o in served]
+    itls = [o.itl_s for o in served if o.output_tokens > 1]
+    statuses = sorted({o.status for o in arrived if not o.ok})
+    finished = [o for o in outcomes if o.ok and start <= o.finish_s < end]
     return RunSummary(
         policy=policy,
-        num_workers=cluster.config.num_workers,
-        rate=len(results) / span,
+        num_workers=num_workers,
+        rate=len(arrived) / span,
         ttft_p50_s=quantile(ttfts, 0.5),
         ttft_p99_s=quantile(ttfts, 0.99),
-        throughput=sum(start <= r.finish_s < end for r in all_results) / span,
-        output_tokens_per_s=sum(r.request.output_tokens for r in all_results if start <= r.finish_s < end) / span,
-        hit_rate=sum(r.cached_tokens for r in results) / max(1, prompt),
-        imbalance=max(loads) / mean_load if mean_load > 0 else 1.0,
+        throughput=len(finished) / span,
+        output_tokens_per_s=sum(o.output_tokens for o in finished) / span,
+        hit_rate=sum(o.cached_tokens for o in served) / max(1, sum(o.prompt_tokens for o in served)),
+        imbalance=imbalance,
+        ttft_p90_s=quantile(ttfts, 0.9),
+        itl_p50_s=quantile(itls, 0.5),
+        itl_p99_s=quantile(itls, 0.99),
+        goodput=sum(o.ttft_s <= slo_ttft_s for o in served) / span,
+        errors=tuple((s, sum(o.status == s for o in arrived)) for s in statuses),
     )
 
 
-def simulate(policy: str, config: SimConfig, requests: list[TraceRequest], window: tuple[float, float] | None = None) -> RunSummary:
+def outcome(result: RequestResult) -> Outcome:
+    r = result.request
+    return Outcome(r.arrival_s, r.prompt_tokens, r.output_tokens, result.first_token_s, result.finish_s,
+                   result.cached_tokens, result.status)
+
+
+def summarize(policy: str, cluster: Cluster, results: list[RequestResult], window: tuple[float, float],
+              slo_ttft_s: float = 0.5) -> RunSummary:
+    """Figures over the requests that arrived in `window` (the steady part of the trace)."""
+    loads = [cluster.window_load.get(w.worker_id, w.load_area) for w in cluster.workers.values() if w.role is Role.DECODE]
+    mean_load = sum(loads) / len(loads)
+    imbalance = max(loads) / mean_load if mean_load > 0 else 1.0
+    return figures(policy, cluster.config.num_workers, [outcome(r) for r in results], window, slo_ttft_s, imbalance)
+
+
+def simulate(policy: str, config: SimConfig, requests: list[TraceRequest], window: tuple[float, float] | None = None,
+             slo_ttft_s: float = 0.5) -> RunSummary:
     """Replays `requests`; figures cover `window` (default: the whole trace)."""
     if window is None:
         window = (requests[0].arrival_s, requests[-1].arrival_s + 1e-9)
     cluster = Cluster(policy, config)
     results = cluster.run(requests, window)
-    return summarize(policy, cluster, results, window)
+    return summarize(policy, cluster, results, window, slo_ttft_s)
 
 
 def capacity(
@@ -106,8 +164,25 @@ HEADER = (
 
 def row(summary: RunSummary, capacity_rate: float | None) -> str:
     cap = "-" if capacity_rate is None else f"{capacity_rate:.1f}"
+    imbal = "-" if math.isnan(summary.imbalance) else f"{summary.imbalance:.2f}"
     return (
         f"{summary.policy:<16}{summary.num_workers:>8}{summary.rate:>9.1f}{summary.ttft_p50_s:>10.3f}"
         f"{summary.ttft_p99_s:>10.3f}{summary.throughput:>9.1f}{summary.output_tokens_per_s:>10.0f}"
-        f"{summary.hit_rate:>7.2f}{summary.imbalance:>7.2f}{cap:>10}"
+        f"{summary.hit_rate:>7.2f}{imbal:>7}{cap:>10}"
+    )
+
+
+DETAIL_HEADER = (
+    f"{'policy':<16}{'workers':>8}{'rate':>9}{'ttft_p50':>10}{'ttft_p90':>10}{'ttft_p99':>10}{'itl_p50':>9}"
+    f"{'itl_p99':>9}{'goodput':>9}  errors"
+)
+
+
+def detail_row(summary: RunSummary) -> str:
+    """TTFT p90, ITL and goodput under the SLO; errors as status:count."""
+    errors = " ".join(f"{status}:{n}" for status, n in summary.errors) or "-"
+    return (
+        f"{summary.policy:<16}{summary.num_workers:>8}{summary.rate:>9.1f}{summary.ttft_p50_s:>10.3f}"
+        f"{summary.ttft_p90_s:>10.3f}{summary.ttft_p99_s:>10.3f}{summary.itl_p50_s:>9.4f}{summary.itl_p99_s:>9.4f}"
+        f"{summary.goodput:>9.1f}  {errors}"
     )

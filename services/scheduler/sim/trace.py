@@ -16,6 +16,7 @@ Mooncake-style rows (`timestamp` in ms, `input_length`, `output_length`, `hash_i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Iterable
@@ -113,6 +114,12 @@ def scale_rate(requests: list[TraceRequest], factor: float) -> list[TraceRequest
         TraceRequest(r.arrival_s / factor, r.request_id, r.session_id, r.prompt_tokens, r.output_tokens, r.hash_ids, r.output_hash_ids)
         for r in requests
     ]
+
+
+def without_output_blocks(requests: Iterable[TraceRequest]) -> list[TraceRequest]:
+    """The same trace with no output_hash_ids: what a replay on a real mesh can reproduce, since
+    the model writes its own output (replay.py)."""
+    return [dataclasses.replace(r, output_hash_ids=()) for r in requests]
 
 
 def mean_rate(requests: list[TraceRequest]) -> float:

@@ -1,0 +1,211 @@
+"""Simulator fidelity: the same trace through `kvmesh sim` and through a real mesh, side by side.
+
+    nice -n 5 .venv/bin/python bench/simfidelity.py [--decode 1,2] [--runs 2] [--slo-ttft-s 0.5] [--model tiny]
+
+For each `kvmesh up --decode N --prefill 0` (a real mesh: nats-server and one process per service):
+1. calibrate it end to end through the gateway (`kvmesh sim calibrate`'s probes);
+2. find the simulator's capacity (highest rate whose TTFT p99 <= the SLO, no errors) with that
+   calibration, and the real mesh's, replaying the same synthetic trace at each rate;
+3. at 50% and 80% of the real capacity, simulate and replay (the real side `--runs` times) and
+   print TTFT p50/p90 sim vs real;
+and, with 2 workers, the policy ordering at 80% load in the sim and in the real mesh (a fresh
+mesh per policy). The in-process engine calibration (the old defaults' method) is simulated too,
+as the lower bound it is. Multi-turn synthetic sessions (4 system prompts of 256-1024 tokens);
+output blocks are not credited to the next turn in the sim, since the replay cannot reproduce them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import itertools
+import os
+import sys
+import tempfile
+import time
+
+from kvmesh.runtime.launcher import MeshOptions, free_port
+from kvmesh.runtime.supervisor import Mesh
+from kvmesh.scheduler.policy import CostModel, PolicyConfig
+from kvmesh.scheduler.sim.calibrate import lower_bound
+from kvmesh.scheduler.sim.client import Target
+from kvmesh.scheduler.sim.cluster import SimConfig
+from kvmesh.scheduler.sim.meshcost import MeshCost
+from kvmesh.scheduler.sim.meshcal import MeshCalibration, fit
+from kvmesh.scheduler.sim.meshprobe import ProbeConfig, probe
+from kvmesh.scheduler.sim.replay import ReplayConfig, replay
+from kvmesh.scheduler.sim.report import RunSummary, capacity, figures, simulate
+from kvmesh.scheduler.sim.trace import SyntheticConfig, synthetic, without_output_blocks
+
+MAX_NUM_SEQS = 64       # the decode worker's default: admission allows 64 per worker
+STICKY_TTL_S = 300.0    # the scheduler's default (the sim's own default is off)
+
+
+def trace_config(args: argparse.Namespace) -> SyntheticConfig:
+    return SyntheticConfig(duration_s=args.duration_s, num_system_prompts=4, system_prompt_tokens=(256, 1024),
+                           user_tokens=(32, 256), output_tokens=(16, 96), turns_mean=2.0, think_time_s=1.0,
+                           max_prompt_tokens=1900, seed=7)
+
+
+def log(message: str) -> None:
+    print(f"# [{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.trace_cfg = trace_config(args)
+        self.window = (args.warmup_s, args.duration_s)
+
+    def trace(self, rate: float):
+        return without_output_blocks(synthetic(self.trace_cfg, rate))
+
+    def sim_config(self, workers: int, cost: CostModel, mesh: MeshCost) -> SimConfig:
+        return SimConfig(num_workers=workers, max_num_seqs=MAX_NUM_SEQS, sticky_ttl_s=STICKY_TTL_S, cost=cost, mesh=mesh,
+                         policy=PolicyConfig(dualmap_ttft_slo_s=1.0))
+
+    def sim(self, policy: str, config: SimConfig, rate: float) -> RunSummary:
+        return simulate(policy, config, self.trace(rate), self.window, self.args.slo_ttft_s)
+
+    def real(self, url: str, policy: str, workers: int, rate: float) -> RunSummary:
+        outcomes = asyncio.run(replay(self.trace(rate), ReplayConfig(Target(url, timeout_s=60.0))))
+        summary = figures(policy, workers, outcomes, self.window, self.args.slo_ttft_s)
+        log(f"real {policy} x{workers} at {rate:.2f} req/s: TTFT p50 {summary.ttft_p50_s:.3f} p99 {summary.ttft_p99_s:.3f} "
+            f"errors {summary.errors or '-'}")
+        return summary
+
+    def capacity_of(self, run_at, start: float, steps: int) -> float:
+        return capacity(run_at, self.args.slo_ttft_s, start, steps)[0]
+
+
+def start_mesh(model: str, workers: int, policy: str, run_dir: str, settings: tuple[str, ...] = ()) -> Mesh:
+    mesh = Mesh(MeshOptions(model=model, port=free_port(), run_dir=run_dir, prefill=0, decode=workers, policy=policy,
+                            settings=list(settings)))
+    mesh.start(timeout_s=240)
+    return mesh
+
+
+def sim_costs(cal: MeshCalibration, workers: int) -> tuple[CostModel, MeshCost]:
+    cost = CostModel(cal.prefill_s_per_token, cal.decode_s_per_step, cal.decode_s_per_seq)
+    mesh = MeshCost(request_overhead_s=cal.request_overhead_s, request_busy_s=cal.request_busy_s,
+                    token_overhead_s=cal.token_overhead_s, hit_s_per_token=cal.hit_s_per_token,
+                    prefill_stall=cal.prefill_stall, prefill_share=cal.prefill_share, shared_host=True, noise=cal.noise,
+                    admission_limit=MAX_NUM_SEQS * workers)
+    return cost, mesh
+
+
+def pct(sim: float, real: float) -> str:
+    return f"{(sim - real) / real:+.0%}" if real > 0 else "-"
+
+
+def run_workers(bench: Bench, workers: int, lower: CostModel | None) -> None:
+    args = bench.args
+    with tempfile.TemporaryDirectory() as run_dir:
+        log(f"starting kvmesh up --decode {workers} --prefill 0")
+        mesh = start_mesh(args.model, workers, "kv_aware", run_dir)
+        try:
+            samples = asyncio.run(probe(Target(mesh.gateway_url), ProbeConfig(repeats=args.repeats)))
+            cal = fit(samples, lower.decode_s_per_seq if lower else None)
+            cost, mesh_cost = sim_costs(cal, workers)
+            config = bench.sim_config(workers, cost, mesh_cost)
+            print(f"\n## kvmesh up --decode {workers} --prefill 0 --policy kv_aware (model {args.model}); "
+                  f"SLO TTFT p99 <= {args.slo_ttft_s} s")
+            print("# probes: TTFT by uncached tokens " + ", ".join(f"{n:.0f}: {t * 1e3:.0f} ms" for n, t in samples.ttft)
+                  + "; ITL by streams " + ", ".join(f"{k:.0f}: {t * 1e3:.1f} ms" for k, t in samples.itl))
+            print("# calibration: kvmesh sim " + " ".join(cal.sim_flags()))
+            sim_cap = bench.capacity_of(lambda r: bench.sim("kv_aware", config, r), 2.0 * workers, 4)
+            low_cap = (bench.capacity_of(lambda r: bench.sim("kv_aware", bench.sim_config(workers, lower, MeshCost()), r),
+                                         2.0 * workers, 4) if lower else 0.0)
+            log(f"sim capacity {sim_cap:.2f} req/s; searching the real one")
+            real_cap = bench.capacity_of(lambda r: bench.real(mesh.gateway_url, "kv_aware", workers, r),
+                                         max(sim_cap, 0.25), args.real_search_steps)
+            print(f"capacity (req/s): sim {sim_cap:.2f}, real {real_cap:.2f}: sim/real {sim_cap / real_cap:.2f} "
+                  f"({pct(sim_cap, real_cap)}); in-process calibration (lower bound): {low_cap:.2f}" if real_cap
+                  else f"capacity (req/s): sim {sim_cap:.2f}, real: below the search's floor")
+            base = real_cap or sim_cap
+            print(f"{'load':>5}{'rate':>7} | {'sim p50':>8}{'p90':>7}{'p99':>7} | "
+                  + " | ".join(f"{'real#' + str(i + 1) + ' p50':>12}{'p90':>7}{'p99':>7}{'err':>5}" for i in range(args.runs))
+                  + f" | {'Δp50':>6}{'Δp90':>6}")
+            for load in (0.5, 0.8):
+                rate = load * base
+                s = bench.sim("kv_aware", config, rate)
+                reals = [bench.real(mesh.gateway_url, "kv_aware", workers, rate) for _ in range(args.runs)]
+                p50 = sum(r.ttft_p50_s for r in reals) / len(reals)
+                p90 = sum(r.ttft_p90_s for r in reals) / len(reals)
+                print(f"{load:>5.0%}{rate:>7.2f} | {s.ttft_p50_s:>8.3f}{s.ttft_p90_s:>7.3f}{s.ttft_p99_s:>7.3f} | "
+                      + " | ".join(f"{r.ttft_p50_s:>12.3f}{r.ttft_p90_s:>7.3f}{r.ttft_p99_s:>7.3f}"
+                                   f"{sum(n for _, n in r.errors):>5}" for r in reals)
+                      + f" | {pct(s.ttft_p50_s, p50):>6}{pct(s.ttft_p90_s, p90):>6}", flush=True)
+        finally:
+            mesh.stop()
+    if workers == 2 and args.policies:
+        policy_order(bench, workers, config, 0.8 * base)
+
+
+def policy_order(bench: Bench, workers: int, config: SimConfig, rate: float) -> None:
+    """TTFT at one rate for each policy, sim and real (a fresh mesh per policy), sticky sessions off
+    on both sides so the policies themselves are compared (as in the README's sim tables)."""
+    rows = []
+    config = dataclasses.replace(config, sticky_ttl_s=0.0)
+    for policy in bench.args.policies.split(","):
+        s = bench.sim(policy, config, rate)
+        with tempfile.TemporaryDirectory() as run_dir:
+            mesh = start_mesh(bench.args.model, workers, policy, run_dir, ("scheduler.sticky_ttl_s=0",))
+            try:
+                r = bench.real(mesh.gateway_url, policy, workers, rate)
+            finally:
+                mesh.stop()
+        rows.append((policy, s, r))
+    print(f"\n## policy ordering, {workers} workers at {rate:.2f} req/s (TTFT p90, lower is better)")
+    print(f"{'policy':<16}{'sim p50':>9}{'p90':>8}{'hit':>6} | {'real p50':>9}{'p90':>8}{'hit':>6}")
+    for policy, s, r in rows:
+        print(f"{policy:<16}{s.ttft_p50_s:>9.3f}{s.ttft_p90_s:>8.3f}{s.hit_rate:>6.2f} | "
+              f"{r.ttft_p50_s:>9.3f}{r.ttft_p90_s:>8.3f}{r.hit_rate:>6.2f}")
+    sim_order = [p for p, _, _ in sorted(rows, key=lambda x: x[1].ttft_p90_s)]
+    real_order = [p for p, _, _ in sorted(rows, key=lambda x: x[2].ttft_p90_s)]
+    print(f"# sim order: {' < '.join(sim_order)}; real order: {' < '.join(real_order)}; "
+          f"{'same' if sim_order == real_order else 'DIFFERENT'}")
+    for (a, sa, ra), (b, sb, rb) in itertools.combinations(rows, 2):
+        if abs(sa.ttft_p90_s - sb.ttft_p90_s) > 0.1 * min(sa.ttft_p90_s, sb.ttft_p90_s):  # the sim calls it
+            agree = (sa.ttft_p90_s < sb.ttft_p90_s) == (ra.ttft_p90_s < rb.ttft_p90_s)
+            print(f"#   {a} vs {b}: sim {sa.ttft_p90_s:.3f} vs {sb.ttft_p90_s:.3f}, real {ra.ttft_p90_s:.3f} vs "
+                  f"{rb.ttft_p90_s:.3f}: {'holds' if agree else 'does NOT hold'}")
+        else:
+            print(f"#   {a} vs {b}: within 10% in the sim (a tie); real {ra.ttft_p90_s:.3f} vs {rb.ttft_p90_s:.3f}")
+
+
+def in_process_costs(model: str) -> CostModel:
+    m = lower_bound(model)
+    return CostModel(m["prefill_s_per_token"], m["decode_s_per_step"], m["decode_s_per_seq"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--decode", default="1,2", help="decode worker counts, one mesh each")
+    p.add_argument("--runs", type=int, default=2, help="real replays per load (the machine's own noise)")
+    p.add_argument("--slo-ttft-s", type=float, default=0.5)
+    p.add_argument("--duration-s", type=float, default=16.0, help="sessions start during this long")
+    p.add_argument("--warmup-s", type=float, default=4.0, help="figures start after this")
+    p.add_argument("--repeats", type=int, default=5, help="calibration probe repeats")
+    p.add_argument("--real-search-steps", type=int, default=3, help="bisection steps of the real capacity search")
+    p.add_argument("--policies", default="round_robin,prefix_affinity,kv_aware",
+                   help="policies compared at 2 workers ('' = skip)")
+    p.add_argument("--no-lower-bound", action="store_true", help="skip the in-process engine calibration")
+    args = p.parse_args(argv)
+    t0 = time.time()
+    print(f"# simfidelity on {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
+    lower = None if args.no_lower_bound else in_process_costs(args.model)
+    if lower:
+        print(f"# in-process engine (lower bound): --prefill-s-per-token {lower.prefill_s_per_token:.3g} "
+              f"--decode-s-per-step {lower.decode_s_per_step:.3g} --decode-s-per-seq {lower.decode_s_per_seq:.3g}")
+    bench = Bench(args)
+    for workers in (int(x) for x in args.decode.split(",")):
+        run_workers(bench, workers, lower)
+    print(f"# done in {time.time() - t0:.0f} s, load average {os.getloadavg()[0]:.1f} at the end")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

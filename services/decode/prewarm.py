@@ -1,0 +1,127 @@
+"""Pre-warming this decode worker: the scheduler names the mesh's hottest prefixes when the worker
+registers (`kvmesh.kv.prewarm.<worker_id>`, PrewarmRequest); the worker fetches their KV blocks
+from the KV store into its prefix cache and replies (PrewarmReply) when done.
+
+The worker serves requests meanwhile (the scheduler routes to it as a cold worker). The store's
+blocks carry no token ids, so they are cached under their chained hash alone; the first request
+whose prompt has that hash confirms them (engine/block_manager.py). Every block cached is a KV
+event like any other, so the scheduler's index learns what the worker now holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import grpc
+import torch
+from nats.aio.msg import Msg
+from prometheus_client import Counter
+
+from kvmesh.runtime import kvwire
+from kvmesh.runtime.bus import KV_PREWARM_SUBJECT, Bus
+from kvmesh.runtime.grpcutil import ChannelPool
+from kvmesh.runtime.pb import common_pb2, events_pb2, kvstore_pb2, kvstore_pb2_grpc
+from kvmesh.worker import kvtensor
+from kvmesh.worker.worker import EngineLoop
+
+log = logging.getLogger(__name__)
+
+PREWARM_BLOCKS = Counter("kvmesh_decode_prewarm_blocks_total", "KV blocks fetched from the store to pre-warm the prefix cache")
+
+
+def import_by_hash(engine: Any, hashes: list[bytes], blocks: list[torch.Tensor], start_block: int) -> int:
+    """On the engine thread: caches `blocks` (each [2, L, block_size, Hkv, D]) as blocks
+    `start_block..` of the prefix `hashes`, tokens unknown. Returns how many are now cached
+    (stored now or already there), stopping at the first that finds no evictable block."""
+    manager, cached = engine.block_manager, 0
+    for i, kv in enumerate(blocks):
+        index = start_block + i
+        if not manager.is_cached(hashes[index]):
+            block_id = manager.import_block(hashes[index], None, hashes[index - 1] if index else None)
+            if block_id is None:
+                break
+            engine.runner.write_block(block_id, kv)
+        cached += 1
+    return cached
+
+
+class Prewarm:
+    """Answers pre-warm requests for `worker_id` with blocks from the KV store at `kvstore`."""
+
+    def __init__(self, loop: EngineLoop, spec: common_pb2.ModelSpec, kvstore: str, channels: ChannelPool,
+                 timeout_s: float = 10.0) -> None:
+        self._loop = loop
+        self._spec = spec
+        self._kvstore = kvstore
+        self._channels = channels
+        self._timeout_s = timeout_s
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, bus: Bus | None, worker_id: str) -> None:
+        """Subscribes before the worker's first heartbeat, so the scheduler's request finds it."""
+        if bus is not None:
+            await bus.subscribe(KV_PREWARM_SUBJECT.format(worker_id=worker_id), events_pb2.PrewarmRequest, self._on_request)
+
+    async def _on_request(self, request: events_pb2.PrewarmRequest, msg: Msg) -> None:
+        # NOTE: a task, so a long warm-up does not hold up the subscription's other messages.
+        task = asyncio.create_task(self._answer(request, msg), name="decode-prewarm")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, request: events_pb2.PrewarmRequest, msg: Msg) -> None:
+        reply = await self.warm(request)
+        log.info("pre-warmed %d/%d blocks in %.2f s%s", reply.blocks_cached, reply.blocks_requested, reply.seconds,
+                 f" ({reply.error})" if reply.error else "")
+        if msg.reply:
+            await msg.respond(reply.SerializeToString())
+
+    async def warm(self, request: events_pb2.PrewarmRequest) -> events_pb2.PrewarmReply:
+        """Fetches each prefix's blocks the store holds (blocks an earlier prefix brought are not
+        fetched again) and caches them."""
+        start = time.perf_counter()
+        requested = {h for p in request.prefixes for h in p.block_hashes}
+        reply = events_pb2.PrewarmReply(blocks_requested=len(requested))
+        done: set[bytes] = set()
+        try:
+            if not self._kvstore:
+                raise ValueError("this worker has no KV store to fetch from")
+            for prefix in request.prefixes:
+                hashes = list(prefix.block_hashes)
+                skip = next((i for i, h in enumerate(hashes) if h not in done), len(hashes))
+                blocks = await self._fetch(hashes, skip)
+                reply.blocks_fetched += len(blocks)
+                cached = await self._loop.call(lambda engine, h=hashes, b=blocks, s=skip: import_by_hash(engine, h, b, s))
+                done.update(hashes[skip : skip + cached])
+                if cached < len(blocks):
+                    raise ValueError(f"the prefix cache is full after {len(done)} blocks")
+        except (grpc.aio.AioRpcError, ValueError) as exc:
+            reply.error = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+        reply.blocks_cached = len(done)
+        reply.seconds = time.perf_counter() - start
+        PREWARM_BLOCKS.inc(reply.blocks_fetched)
+        return reply
+
+    async def _fetch(self, hashes: list[bytes], skip: int) -> list[torch.Tensor]:
+        """Blocks `skip..k` of a prefix whose first `k` blocks the store holds (Lookup, then Get)."""
+        stub = kvstore_pb2_grpc.KvStoreStub(self._channels.get(self._kvstore))
+        found = await stub.Lookup(kvstore_pb2.LookupRequest(spec=self._spec, block_hashes=hashes), timeout=self._timeout_s)
+        wanted = hashes[skip : found.num_blocks]
+        if not wanted:
+            return []
+        call = stub.Get(kvstore_pb2.GetRequest(spec=self._spec, block_hashes=wanted, lease_id=found.lease_id,
+                                               encoding=kvwire.RAW), timeout=self._timeout_s)
+        blocks: list[torch.Tensor] = []
+        async for block in call:
+            if (len(blocks) >= len(wanted) or block.header.block_hash != wanted[len(blocks)]
+                    or block.header.num_tokens != self._spec.block_size):
+                raise ValueError(f"the store sent an unexpected block at position {skip + len(blocks)}")
+            blocks.append(kvtensor.decode_block(block, self._spec))  # validates every header field first
+        return blocks
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,194 @@
+"""End-to-end calibration of the simulator's cost model: fits to what a client of the running mesh
+measures through its gateway (`kvmesh sim calibrate --url GATEWAY`, shell in meshprobe.py).
+
+The model (cluster.py, `CostModel` + `MeshCost`), as a client sees it:
+- TTFT of a lone request with n uncached and c cached prompt tokens
+      = request_overhead + request_busy + n · prefill_s_per_token + c · hit_s_per_token + step(1)
+- ITL (a request's mean gap between tokens) with k streams decoding = step(k)
+      step(k) = decode_s_per_step + (decode_s_per_seq + token_overhead_s) · k
+- a burst of M short requests (n tokens, one output token) sent at once: the last first token
+  comes (M - 1) · request_busy after a lone request's TTFT (the mesh-wide request server);
+- a prefill of n tokens arriving while k streams decode takes n · prefill_s_per_token · (1 +
+  prefill_share · k) + step(k + 1), and the streams stop for prefill_stall of that time (their
+  largest gap grows by that much over their ITL);
+- admission: the number of streams that got a first token before any of a burst finished.
+`fit` inverts these formulas, so timings made by them give the parameters back exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from .calibrate import fit_line
+
+
+@dataclass(slots=True)
+class Samples:
+    """What the probes measured."""
+
+    ttft: list[tuple[float, float]] = field(default_factory=list)        # (uncached tokens, median TTFT s), lone requests
+    ttft_raw: list[tuple[float, float]] = field(default_factory=list)    # every lone request behind those medians
+    hit: list[tuple[float, float, float]] = field(default_factory=list)  # (cached, uncached tokens, TTFT s)
+    itl: list[tuple[float, float]] = field(default_factory=list)         # (streams, ITL s)
+    burst: list[tuple[float, float, float]] = field(default_factory=list)  # (requests, prompt tokens, last TTFT)
+    stall: list[tuple[float, float, float, float, float]] = field(default_factory=list)
+    # (prefill tokens, streams decoding meanwhile, their largest gap, their ITL, the prefill's TTFT)
+    admitted: int | None = None                                          # streams admitted at once (None: not probed)
+    probe_streams: int = 0                                               # the burst size of that probe
+
+
+@dataclass(frozen=True, slots=True)
+class MeshCalibration:
+    prefill_s_per_token: float
+    decode_s_per_step: float
+    decode_s_per_seq: float          # the engine's share when a lower bound is known, else all of it
+    request_overhead_s: float
+    request_busy_s: float
+    token_overhead_s: float
+    hit_s_per_token: float
+    prefill_stall: float
+    prefill_share: float
+    admission_limit: int | None      # None: not probed, or more than the probe sent
+    noise: tuple[float, ...] = ()    # deciles of lone TTFT / the median at its length: the host's noise
+
+    def sim_flags(self) -> list[str]:
+        """`kvmesh sim` flags that reproduce this mesh."""
+        flags = [
+            f"--prefill-s-per-token {self.prefill_s_per_token:.3g}", f"--decode-s-per-step {self.decode_s_per_step:.3g}",
+            f"--decode-s-per-seq {self.decode_s_per_seq:.3g}", f"--request-overhead-s {self.request_overhead_s:.3g}",
+            f"--request-busy-s {self.request_busy_s:.3g}", f"--token-overhead-s {self.token_overhead_s:.3g}",
+            f"--hit-s-per-token {self.hit_s_per_token:.3g}", f"--prefill-stall {self.prefill_stall:.3g}",
+            f"--prefill-share {self.prefill_share:.3g}",
+        ]
+        if self.admission_limit:
+            flags.append(f"--admission-limit {self.admission_limit}")
+        if self.noise:
+            flags.append("--ttft-noise " + ",".join(f"{x:.3g}" for x in self.noise))
+        return flags
+
+
+def step_s(cal: MeshCalibration, running: int) -> float:
+    return cal.decode_s_per_step + (cal.decode_s_per_seq + cal.token_overhead_s) * running
+
+
+def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshCalibration:
+    """Inverts the model above. `engine_decode_s_per_seq` (the in-process lower bound) splits the
+    per-stream ITL slope into the engine's part and the mesh's per-token overhead."""
+    if len({n for n, _ in samples.ttft}) < 2 or len({k for k, _ in samples.itl}) < 2:
+        raise ValueError("need TTFT at two prompt lengths and ITL at two stream counts at least")
+    base, per_stream = fit_line(samples.itl)
+    intercept, per_token = fit_line(samples.ttft)
+
+    def step(k: float) -> float:
+        return base + per_stream * k
+
+    engine = per_stream if engine_decode_s_per_seq is None else min(per_stream, engine_decode_s_per_seq)
+    hits = [(ttft - intercept - uncached * per_token) / cached for cached, uncached, ttft in samples.hit if cached > 0]
+    busy = _median([(last - intercept - n * per_token) / (m - 1) for m, n, last in samples.burst if m > 1])
+    shares, stalls = [], []
+    for tokens, k, gap, itl, ttft in samples.stall:
+        work = tokens * per_token
+        share = (ttft - intercept - work - (step(k + 1) - step(1))) / (work * k) if work > 0 and k > 0 else 0.0
+        shares.append(share)
+        stalls.append((gap - itl) / (work * (1.0 + share * k) + step(k + 1)))
+    admitted = samples.admitted if samples.admitted is not None and samples.admitted < samples.probe_streams else None
+    return MeshCalibration(
+        prefill_s_per_token=per_token,
+        decode_s_per_step=base,
+        decode_s_per_seq=engine,
+        request_overhead_s=max(0.0, intercept - step(1) - max(0.0, busy)),
+        request_busy_s=max(0.0, busy),
+        token_overhead_s=per_stream - engine,
+        hit_s_per_token=max(0.0, _median(hits)),
+        prefill_stall=min(1.0, max(0.0, _median(stalls))),
+        prefill_share=max(0.0, _median(shares)),
+        admission_limit=admitted,
+        noise=noise_quantiles(_spread(samples.ttft_raw)),
+    )
+
+
+def noise_quantiles(ratios: list[float], count: int = 10) -> tuple[float, ...]:
+    """The `count` quantiles of `ratios` at (i + 0.5) / count (deciles by default: each stands for a
+    tenth of the requests, so one outlier among the probes is not given to a tenth of them),
+    interpolated, scaled so the median is 1."""
+    if not ratios:
+        return ()
+    ordered = sorted(ratios)
+
+    def at(q: float) -> float:
+        pos = q * (len(ordered) - 1)
+        low = int(pos)
+        high = min(low + 1, len(ordered) - 1)
+        return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+    middle = statistics.median(ordered)
+    return tuple(at((i + 0.5) / count) / middle for i in range(count)) if middle > 0 else ()
+
+
+def _spread(points: list[tuple[float, float]]) -> list[float]:
+    """Each lone TTFT over the median of those at its prompt length."""
+    by_length: dict[float, list[float]] = {}
+    for n, t in points:
+        by_length.setdefault(n, []).append(t)
+    return [t / statistics.median(by_length[n]) for n, t in points if statistics.median(by_length[n]) > 0]
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def itl_point(streams: int, itls: list[float]) -> tuple[float, float]:
+    """One ITL sample: the median over the streams of a run (NaN ITLs, from 1-token answers, skipped)."""
+    values = [x for x in itls if not math.isnan(x)]
+    if not values:
+        raise ValueError(f"no stream of the {streams}-stream run produced two tokens")
+    return float(streams), statistics.median(values)
+
+
+def steady_itl(token_times: list[list[float]]) -> float:
+    """Mean gap between tokens while every stream of a run was decoding (after the last first
+    token, before the first last token), the median over streams; NaN if that window is empty."""
+    start, end = max(t[0] for t in token_times), min(t[-1] for t in token_times)
+    means = []
+    for times in token_times:
+        inside = [t for t in times if start <= t <= end]
+        if len(inside) >= 3:
+            means.append((inside[-1] - inside[0]) / (len(inside) - 1))
+    return statistics.median(means) if means else math.nan
+
+
+def largest_gap(token_times: list[float], start: float, end: float) -> float:
+    """The largest gap between consecutive token arrivals that overlaps [start, end]."""
+    gaps = [b - a for a, b in zip(token_times, token_times[1:], strict=False) if b >= start and a <= end]
+    return max(gaps, default=0.0)
+
+
+def admitted_before_first_finish(first_token_s: list[float], finish_s: list[float]) -> int:
+    """Streams of a burst that got their first token before any stream of it finished: those the
+    mesh admitted at once (the others waited for a slot)."""
+    first_finish = min(finish_s, default=math.inf)
+    return sum(t < first_finish for t in first_token_s if not math.isnan(t))
+
+
+def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list[str]:
+    """Human-readable lines: the end-to-end terms, and the in-process figures labelled as a lower bound."""
+    lines = [
+        "# end to end, through the gateway (what `kvmesh sim` should use for this mesh):",
+        f"#   prefill {cal.prefill_s_per_token:.3g} s per uncached token, {cal.hit_s_per_token:.3g} s per cached token",
+        f"#   decode step {cal.decode_s_per_step:.3g} s + {cal.decode_s_per_seq + cal.token_overhead_s:.3g} s per stream "
+        f"(of which mesh per-token overhead {cal.token_overhead_s:.3g} s)",
+        f"#   per-request overhead {cal.request_overhead_s:.3g} s of latency, plus {cal.request_busy_s:.3g} s of work "
+        "requests queue for mesh-wide (HTTP, tokenizing, routing, gRPC set-up, hand-back)",
+        f"#   a prefill takes {cal.prefill_share:.3g}x longer per stream decoding beside it, and stalls those "
+        f"streams for {cal.prefill_stall:.0%} of its time (engine and RPC loop share the worker's CPU)",
+        "#   admission limit: " + (f"{cal.admission_limit} requests in flight" if cal.admission_limit
+                                   else "not reached by the probe (or not probed)"),
+    ]
+    if lower_bound:
+        lines += [
+            "# in-process engine, no mesh (a LOWER BOUND on the mesh's costs, not a model of it):",
+            "#   " + " ".join(f"--{k.replace('_', '-')} {v:.3g}" for k, v in lower_bound.items()),
+        ]
+    return lines

@@ -1,0 +1,187 @@
+"""`kvmesh sim calibrate --url GATEWAY [--model NAME]`: measures a running mesh from the outside,
+through its gateway, and prints the `kvmesh sim` flags that reproduce it (model: meshcal.py).
+
+Probes, in order (prompts are random token ids with a per-run nonce, so nothing is cached unless
+a probe means it to be):
+1. TTFT of lone requests against uncached prompt length (median of `repeats` per length);
+2. prefix hits: the same long prompt twice, the second TTFT against its cached tokens;
+3. ITL against the number of concurrent streams (short prompts, `stream_tokens` each): the mean
+   gap while all k streams decode, median over streams, then over `repeats` runs;
+4. CPU sharing: while `stall_streams` streams decode, one long uncached prompt arrives; its TTFT
+   against a lone one's, and the streams' largest gap during its prefill against their ITL;
+5. request work: `burst` short requests (one output token) at once; how much later than a lone
+   request's the last first token comes;
+6. admission (`--admission-probe N`): N streams at once; those with a first token before the
+   first finish were admitted together.
+With `--engine-model`, the in-process engine (`calibrate.py`) is measured too, after the
+probes, and printed as a lower bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import random
+import statistics
+import time
+from dataclasses import dataclass
+
+from .calibrate import lower_bound
+from .client import Target, new_client, served_model, stream_one, unreachable
+from .meshcal import Samples, admitted_before_first_finish, describe, fit, itl_point, largest_gap, steady_itl
+from .replay import VOCAB
+from .report import Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeConfig:
+    lengths: tuple[int, ...] = (64, 256, 512, 1024, 1536)
+    repeats: int = 3
+    streams: tuple[int, ...] = (1, 4, 8, 16)
+    stream_tokens: int = 64
+    stall_streams: int = 4
+    burst: int = 24
+    admission_probe: int = 0          # burst size; 0 = skip the probe
+
+
+class _Prompts:
+    """Random token-id prompts that no earlier run (or probe) has sent."""
+
+    def __init__(self) -> None:
+        self._rng = random.Random(os.urandom(16))
+
+    def __call__(self, n: int) -> list[int]:
+        return [self._rng.randrange(*VOCAB) for _ in range(n)]
+
+
+async def probe(target: Target, config: ProbeConfig) -> Samples:
+    """Runs the probes against the mesh behind `target`; returns what they measured."""
+    async with new_client(target) as client:
+        prober = _Prober(client, target, await served_model(client, target), config)
+        for _ in range(3):
+            await prober.one(prober.prompt(32), 4)  # warm-up
+        await prober.ttft()
+        await prober.hits()
+        await prober.itl()
+        for _ in range(config.repeats):
+            prober.samples.stall.append(await prober.stall())
+            prober.samples.burst.append(await prober.burst())
+        if config.admission_probe:
+            await prober.admission()
+        return prober.samples
+
+
+class _Prober:
+    """One method per probe (see the module docstring); each appends to `samples`."""
+
+    def __init__(self, client, target: Target, model: str, config: ProbeConfig) -> None:  # noqa: ANN001
+        self.client, self.target, self.model, self.config = client, target, model, config
+        self.samples, self.prompt = Samples(), _Prompts()
+        self.longest = max(config.lengths)
+
+    async def one(self, tokens: list[int], max_tokens: int, times: list[float] | None = None) -> Outcome:
+        outcome = await stream_one(self.client, self.target, self.model, tokens, max_tokens, token_times=times)
+        if not outcome.ok:
+            raise RuntimeError(f"calibration request failed with status {outcome.status}")
+        return outcome
+
+    async def ttft(self) -> None:
+        for n in self.config.lengths:
+            points = [(n - o.cached_tokens, o.ttft_s)
+                      for o in [await self.one(self.prompt(n), 2) for _ in range(self.config.repeats)]]
+            self.samples.ttft_raw += points
+            self.samples.ttft.append((statistics.median(p[0] for p in points), statistics.median(p[1] for p in points)))
+
+    async def hits(self) -> None:
+        for _ in range(self.config.repeats):
+            tokens = self.prompt(self.longest)
+            await self.one(tokens, 2)
+            again = await self.one(tokens, 2)
+            self.samples.hit.append((again.cached_tokens, self.longest - again.cached_tokens, again.ttft_s))
+
+    async def itl(self) -> None:
+        for k in self.config.streams:
+            itls = []
+            for _ in range(self.config.repeats):
+                times: list[list[float]] = [[] for _ in range(k)]
+                run = await asyncio.gather(*(self.one(self.prompt(32), self.config.stream_tokens, t) for t in times))
+                steady = steady_itl(times)
+                itls.append(steady if not math.isnan(steady) else itl_point(k, [o.itl_s for o in run])[1])
+            self.samples.itl.append((k, statistics.median(itls)))
+
+    async def stall(self) -> tuple[float, float, float, float, float]:
+        """(prefill tokens, streams, their median largest gap during the prefill, their median ITL, its TTFT)."""
+        streams = self.config.stall_streams
+        times: list[list[float]] = [[] for _ in range(streams)]
+        tasks = [asyncio.create_task(self.one(self.prompt(16), 4 * self.config.stream_tokens, t)) for t in times]
+        for _ in range(2000):  # until every stream has a few tokens (bounded: 20 s)
+            if all(len(t) >= 4 for t in times):
+                break
+            await asyncio.sleep(0.01)
+        start = time.perf_counter()
+        long = await self.one(self.prompt(self.longest), 1)
+        outcomes = await asyncio.gather(*tasks)
+        gaps = [largest_gap(t, start, long.first_token_s) for t in times]
+        itl = statistics.median(o.itl_s for o in outcomes)
+        return float(self.longest), float(streams), statistics.median(gaps), itl, long.ttft_s
+
+    async def burst(self) -> tuple[float, float, float]:
+        """(requests, prompt tokens, the last one's TTFT) for one-token requests sent at once."""
+        outcomes = await asyncio.gather(*(self.one(self.prompt(32), 1) for _ in range(self.config.burst)))
+        return float(self.config.burst), 32.0, max(o.ttft_s for o in outcomes)
+
+    async def admission(self) -> None:
+        # NOTE: beyond slots + queue a request gets 429; only the served ones count
+        n = self.config.admission_probe
+        outcomes = await asyncio.gather(*(stream_one(self.client, self.target, self.model, self.prompt(16), 24)
+                                          for _ in range(n)))
+        served = [o for o in outcomes if o.ok]
+        self.samples.admitted = admitted_before_first_finish([o.first_token_s for o in served], [o.finish_s for o in served])
+        self.samples.probe_streams = n
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvmesh sim calibrate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", required=True, help="gateway base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", default="", help="model name (default: the gateway's first in /v1/models)")
+    p.add_argument("--api-key", default="")
+    p.add_argument("--lengths", default="64,256,512,1024,1536", help="uncached prompt lengths for the TTFT probe")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--streams", default="1,4,8,16", help="concurrent stream counts for the ITL probe")
+    p.add_argument("--stream-tokens", type=int, default=64, help="output tokens per stream in the ITL probe")
+    p.add_argument("--admission-probe", type=int, default=0,
+                   help="send this many streams at once to find the admission limit (0 = skip; use > the expected limit)")
+    p.add_argument("--engine-model", default="",
+                   help="also measure the in-process engine on this model (tiny or a directory): a lower bound")
+    return p
+
+
+def calibrate_main(argv: list[str] | None = None) -> int:
+    """Entry point for `kvmesh sim calibrate`."""
+    args = build_parser().parse_args(argv)
+    config = ProbeConfig(
+        lengths=tuple(int(x) for x in args.lengths.split(",")), repeats=args.repeats,
+        streams=tuple(int(x) for x in args.streams.split(",")), stream_tokens=args.stream_tokens,
+        admission_probe=args.admission_probe,
+    )
+    target = Target(args.url.rstrip("/"), args.model, args.api_key)
+    t0 = time.perf_counter()
+    try:
+        samples = asyncio.run(probe(target, config))
+    except Exception as exc:  # noqa: BLE001 - only the gateway's failures are turned into a message
+        if not (unreachable(exc) or isinstance(exc, RuntimeError)):
+            raise
+        raise SystemExit(f"kvmesh sim calibrate: {target.url}: {exc}") from None
+    lower = lower_bound(args.engine_model) if args.engine_model else None
+    cal = fit(samples, lower["decode_s_per_seq"] if lower else None)
+    print(f"# kvmesh sim calibrate: {target.url}, probes took {time.perf_counter() - t0:.0f} s "
+          f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    print("# TTFT by uncached prompt tokens: " + ", ".join(f"{n:.0f}: {t * 1e3:.1f} ms" for n, t in samples.ttft))
+    print("# ITL by concurrent streams:      " + ", ".join(f"{k:.0f}: {t * 1e3:.2f} ms" for k, t in samples.itl))
+    for line in describe(cal, lower):
+        print(line)
+    print("kvmesh sim " + " ".join(cal.sim_flags()))
+    return 0
+

@@ -1,0 +1,132 @@
+"""End-to-end calibration (meshcal.py): the fit gives back the parameters that made the timings,
+both from the model's formulas and from timings the simulator itself produced."""
+
+import pytest
+
+from kvmesh.scheduler.policy import CostModel
+from kvmesh.scheduler.sim import sim_main
+from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
+from kvmesh.scheduler.sim.meshcost import MeshCost
+from kvmesh.scheduler.sim.meshcal import (
+    MeshCalibration, Samples, admitted_before_first_finish, fit, itl_point, largest_gap, steady_itl, step_s,
+)
+from kvmesh.scheduler.sim.report import outcome
+from kvmesh.scheduler.sim.trace import TraceRequest
+
+TRUE = MeshCalibration(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4,
+                       request_overhead_s=0.031, request_busy_s=0.004, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5,
+                       prefill_stall=0.8, prefill_share=0.05, admission_limit=None)
+
+
+def formula_samples(cal: MeshCalibration) -> Samples:
+    ttft = lambda uncached, cached=0: (  # noqa: E731
+        cal.request_overhead_s + cal.request_busy_s + uncached * cal.prefill_s_per_token + cached * cal.hit_s_per_token
+        + step_s(cal, 1))
+    samples = Samples()
+    samples.ttft = [(n, ttft(n)) for n in (64, 256, 1024, 1536)]
+    samples.hit = [(1520, 16, ttft(16, 1520))]
+    samples.itl = [(k, step_s(cal, k)) for k in (1, 4, 8, 16)]
+    samples.burst = [(24, 32, ttft(32) + 23 * cal.request_busy_s)]
+    prefill = 1536 * cal.prefill_s_per_token * (1 + 4 * cal.prefill_share) + step_s(cal, 5)  # beside 4 streams
+    loaded_ttft = cal.request_overhead_s + cal.request_busy_s + prefill
+    samples.stall = [(1536, 4, step_s(cal, 4) + cal.prefill_stall * prefill, step_s(cal, 4), loaded_ttft)]
+    return samples
+
+
+def test_fit_gives_back_the_parameters_of_timings_made_by_the_model():
+    got = fit(formula_samples(TRUE), engine_decode_s_per_seq=TRUE.decode_s_per_seq)
+    assert got.admission_limit is None and got.noise == ()
+    for name in ("prefill_s_per_token", "decode_s_per_step", "decode_s_per_seq", "request_overhead_s", "request_busy_s",
+                 "token_overhead_s", "hit_s_per_token", "prefill_stall", "prefill_share"):
+        assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-9, abs=1e-15), name
+
+
+def test_without_a_lower_bound_the_whole_per_stream_slope_is_decode_s_per_seq():
+    got = fit(formula_samples(TRUE))
+    assert got.decode_s_per_seq == pytest.approx(TRUE.decode_s_per_seq + TRUE.token_overhead_s)
+    assert got.token_overhead_s == pytest.approx(0.0, abs=1e-15)
+
+
+def sim_outcomes(config: SimConfig, requests: list[TraceRequest]):
+    return [outcome(r) for r in Cluster("round_robin", config).run(requests)]
+
+
+def test_fit_gives_back_the_parameters_the_simulator_ran_with():
+    cost = CostModel(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4)
+    mesh = MeshCost(request_overhead_s=0.031, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5, prefill_share=0.05)
+    config = SimConfig(num_workers=1, cost=cost, mesh=mesh)
+    samples = Samples()
+    lone = [TraceRequest(10.0 * i, f"l{i}", "", n, 2, tuple(range(1000 * i, 1000 * i + n // 16)))
+            for i, n in enumerate((64, 256, 1024, 1536))]
+    samples.ttft = [(o.prompt_tokens - o.cached_tokens, o.ttft_s) for o in sim_outcomes(config, lone)]
+    again = [TraceRequest(0.0, "a", "", 1536, 2, tuple(range(96))), TraceRequest(10.0, "b", "", 1536, 2, tuple(range(96)))]
+    hit = sim_outcomes(config, again)[1]
+    samples.hit = [(hit.cached_tokens, 1536 - hit.cached_tokens, hit.ttft_s)]
+    for k in (1, 4, 8):
+        burst = [TraceRequest(0.0, f"k{k}-{j}", "", 32, 20, (10_000 + 10 * j, 10_001 + 10 * j)) for j in range(k)]
+        samples.itl.append(itl_point(k, [o.itl_s for o in sim_outcomes(config, burst)]))
+    streams = [TraceRequest(0.0, f"s{j}", "", 32, 400, (20_000 + 10 * j, 20_001 + 10 * j)) for j in range(4)]
+    loaded = sim_outcomes(config, [*streams, TraceRequest(0.5, "long", "", 1536, 2, tuple(range(30_000, 30_096)))])
+    long_ttft = next(o for o in loaded if o.prompt_tokens == 1536).ttft_s
+    samples.stall = [(1536, 4, 0.0, 0.0, long_ttft)]  # the streams' gaps: prefill_stall is 0 in this config
+    got = fit(samples, engine_decode_s_per_seq=cost.decode_s_per_seq)
+    assert got.prefill_share == pytest.approx(0.05, rel=1e-9)
+    assert hit.cached_tokens == 1536
+    assert got.prefill_s_per_token == pytest.approx(cost.prefill_s_per_token, rel=1e-9)
+    assert (got.decode_s_per_step, got.decode_s_per_seq) == pytest.approx((cost.decode_s_per_step, cost.decode_s_per_seq), rel=1e-9)
+    assert (got.request_overhead_s, got.token_overhead_s) == pytest.approx((0.031, 4.0e-4), rel=1e-9)
+    assert got.hit_s_per_token == pytest.approx(1.5e-5, rel=1e-6)
+
+
+def test_the_admission_probe_counts_the_streams_admitted_before_the_first_finish():
+    config = SimConfig(num_workers=1, mesh=MeshCost(admission_limit=3))
+    burst = [TraceRequest(0.0, f"b{j}", "", 16, 24, (j,)) for j in range(5)]
+    outcomes = sim_outcomes(config, burst)
+    assert admitted_before_first_finish([o.first_token_s for o in outcomes], [o.finish_s for o in outcomes]) == 3
+    samples = formula_samples(TRUE)
+    samples.admitted, samples.probe_streams = 3, 5
+    assert fit(samples).admission_limit == 3
+    samples.admitted = 5  # every stream got in: the limit is above the probe, so unknown
+    assert fit(samples).admission_limit is None
+
+
+def test_steady_itl_counts_only_the_gaps_while_every_stream_decodes():
+    a = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]        # starts first, 0.1 s gaps
+    b = [0.25, 0.35, 0.45, 0.55, 0.65, 2.0]        # all decoding in [0.25, 0.6]
+    assert steady_itl([a, b]) == pytest.approx(0.1)
+
+
+def test_largest_gap_looks_only_at_gaps_overlapping_the_window():
+    times = [0.0, 0.1, 0.2, 0.9, 1.0, 2.5]
+    assert largest_gap(times, 0.15, 0.95) == pytest.approx(0.7)
+    assert largest_gap(times, 1.0, 1.0) == pytest.approx(1.5)
+
+
+def test_the_sim_takes_the_printed_mesh_flags(tmp_path, capsys):
+    flags = " ".join(TRUE.sim_flags()).split()
+    assert sim_main(["--workers", "1", "--policy", "round_robin", "--no-capacity", "--rate", "2", "--duration-s", "4",
+                     "--warmup-s", "1", "--system-prompts", "2", *flags]) == 0
+    out = capsys.readouterr().out
+    assert "round_robin" in out and "goodput" in out
+
+
+def test_on_a_shared_host_every_worker_steps_for_the_streams_of_all():
+    cost = CostModel(decode_s_per_step=1e-3, decode_s_per_seq=1e-3)
+    burst = [TraceRequest(0.0, f"r{j}", "", 16, 11, (j,)) for j in range(4)]
+    for shared, running in ((False, 2), (True, 4)):
+        config = SimConfig(num_workers=2, cost=cost, mesh=MeshCost(shared_host=shared))
+        itls = {round(o.itl_s, 9) for o in sim_outcomes(config, burst)}
+        assert itls == {round(cost.step_s(running), 9)}, shared
+
+
+def test_the_noise_is_the_spread_of_lone_ttfts_around_their_fit_and_the_sim_applies_it():
+    samples = formula_samples(TRUE)
+    fitted = dict(samples.ttft)
+    factors = (0.9, 1.0, 1.0, 1.1, 3.0)
+    samples.ttft_raw = [(n, fitted[n] * f) for n in fitted for f in factors]
+    assert fit(samples).noise == pytest.approx((0.9, 0.9, 1.0, 1.0, 1.0, 1.0, 1.1, 1.1, 3.0, 3.0), rel=1e-9)  # deciles
+    cost = CostModel(prefill_s_per_token=1e-4)
+    lone = [TraceRequest(0.0, "r", "", 1000, 1, ())]
+    plain = sim_outcomes(SimConfig(num_workers=1, cost=cost, mesh=MeshCost(request_overhead_s=0.01)), lone)[0]
+    noisy = sim_outcomes(SimConfig(num_workers=1, cost=cost, mesh=MeshCost(request_overhead_s=0.01, noise=(3.0,))), lone)[0]
+    assert noisy.ttft_s == pytest.approx(3.0 * plain.ttft_s)

@@ -1,0 +1,59 @@
+"""`kvmesh sim replay` and `kvmesh sim calibrate` against a real mesh (`kvmesh up --decode 1 --prefill 0`,
+the tiny model): shared hash ids become real prefix-cache hits, and the calibration prints flags."""
+
+import asyncio
+import math
+
+import pytest
+
+from kvmesh.runtime.launcher import MeshOptions, free_port
+from kvmesh.runtime.supervisor import Mesh
+from kvmesh.scheduler.sim import sim_main
+from kvmesh.scheduler.sim.client import Target
+from kvmesh.scheduler.sim.meshprobe import ProbeConfig, probe
+from kvmesh.scheduler.sim.replay import ReplayConfig, replay
+from kvmesh.scheduler.sim.trace import TraceRequest, write_jsonl
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    mesh = Mesh(MeshOptions(model="tiny", port=free_port(), run_dir=str(tmp_path_factory.mktemp("mesh")),
+                            prefill=0, decode=1, kvstore=False))
+    mesh.start(timeout_s=180)
+    try:
+        yield mesh.gateway_url
+    finally:
+        mesh.stop()
+
+
+def test_a_replayed_trace_hits_the_cache_where_its_hash_ids_are_shared(gateway):
+    system = tuple(range(100, 108))  # 8 shared blocks = 128 tokens
+    trace = [
+        TraceRequest(0.0, "a", "s1", 140, 4, system + (1,)),
+        TraceRequest(1.0, "b", "s2", 140, 4, system + (2,)),       # shares the system blocks with a
+        TraceRequest(1.5, "c", "s3", 140, 4, tuple(range(200, 209))),  # shares nothing
+    ]
+    outcomes = asyncio.run(replay(trace, ReplayConfig(Target(gateway, timeout_s=60.0))))
+    assert [o.status for o in outcomes] == [200, 200, 200]
+    assert [o.output_tokens for o in outcomes] == [4, 4, 4] and not any(math.isnan(o.ttft_s) for o in outcomes)
+    assert outcomes[1].cached_tokens >= 128 and outcomes[2].cached_tokens == 0
+
+
+def test_replay_prints_the_sim_tables(gateway, tmp_path, capsys):
+    path = tmp_path / "trace.jsonl"
+    write_jsonl([TraceRequest(0.1 * i, f"r{i}", f"s{i}", 40, 3, (7, 8)) for i in range(4)], path)
+    assert sim_main(["replay", str(path), "--url", gateway, "--rate-scale", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "ttft_p99" in out and "goodput" in out and "real" in out
+
+
+def test_calibration_probes_the_mesh(gateway):
+    config = ProbeConfig(lengths=(32, 256), repeats=1, streams=(1, 2), stream_tokens=8, stall_streams=2, burst=4,
+                         admission_probe=0)
+    samples = asyncio.run(probe(Target(gateway, timeout_s=60.0), config))
+    assert [n for n, _ in samples.ttft] == [32, 256] and all(t > 0 for _, t in samples.ttft)
+    assert [k for k, _ in samples.itl] == [1, 2] and all(t > 0 for _, t in samples.itl)
+    assert samples.hit[0][0] >= 240  # the repeated 256-token prompt: its full blocks came from the cache
+    assert len(samples.stall) == 1 and len(samples.burst) == 1
