@@ -198,3 +198,28 @@ def test_handed_in_kv_is_not_held_once_it_is_in_the_cache(reference) -> None:
     finally:
         while reference.has_unfinished_requests():
             reference.step()
+
+
+async def test_pushed_blocks_are_decoded_off_the_event_loop_into_one_buffer(decode, stub, monkeypatch) -> None:
+    """Issue 16 items 4 and 5: crc, copies and dequantization of a pushed block run on the codec
+    pool, not the event loop's thread; the blocks land in one prompt-sized buffer in order."""
+    import threading
+
+    threads: list[str] = []
+    decode_block = kvtensor.decode_block
+
+    def spy(block, spec):
+        threads.append(threading.current_thread().name)
+        return decode_block(block, spec)
+
+    monkeypatch.setattr(kvtensor, "decode_block", spy)
+    pending = _pending(decode)
+    blocks = [_block(decode, i) for i in range(3)]
+    close = decode_pb2.KvPushMessage(close=decode_pb2.KvPushClose(num_blocks=3))
+    reply = await stub.PushKv(iter([_open(decode), *blocks, close]), timeout=5)
+    assert reply.blocks_received == 3 and pending.complete
+    assert threads and all(name.startswith("kv-codec") for name in threads)
+    assert tuple(pending.kv.shape[2:3]) == (12,)
+    for i, msg in enumerate(blocks):
+        want = decode_block(msg.block, decode.worker.spec)
+        assert torch.equal(pending.kv[:, :, i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE], want)
