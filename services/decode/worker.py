@@ -173,6 +173,7 @@ class DecodeWorker:
                 # NOTE: the add command is queued on the engine thread and runs anyway; the
                 # cancel queued after it takes the request out again (commands run in order).
                 self.loop.cancel(engine_id)
+                adding.add_done_callback(lambda t: t.cancelled() or t.exception())  # nobody awaits it now
                 raise
         except BaseException:
             if self._inflight.get(job.request_id) is state:

@@ -121,3 +121,27 @@ async def test_a_reused_request_id_never_gets_the_cancelled_calls_output(referen
         assert beat.HasField("live_requests") and list(beat.live_requests.request_ids) == []
     finally:
         await app.stop()
+
+
+async def test_a_generate_cancelled_while_it_is_being_added_leaves_the_engine() -> None:
+    """Issue 16 item 6: a call that goes away while its add command waits for the engine thread
+    must not leave its request running in the engine."""
+    app = await start(decode_settings(step_delay_s=0.4))  # NOTE: commands wait behind each step
+    try:
+        async with grpc.aio.insecure_channel(app.endpoint) as channel:
+            stub = decode_pb2_grpc.DecodeWorkerStub(channel)
+            busy = stub.Generate(generate_request(request_id="busy", max_tokens=6), timeout=30)
+            await busy.read()  # the engine is stepping (slowly)
+            gone = stub.Generate(generate_request(request_id="gone", max_tokens=40), timeout=30)
+            await asyncio.sleep(0.1)  # on the server: validated, its add queued behind the step
+            gone.cancel()
+            while await busy.read() != grpc.aio.EOF:
+                pass
+        for _ in range(4):  # NOTE: ~2 s; the 40 tokens it asked for take 16 s here
+            if not await app.loop.call(lambda engine: engine.has_unfinished_requests()):
+                break
+            await asyncio.sleep(0.1)
+        assert not await app.loop.call(lambda engine: engine.has_unfinished_requests())
+        assert app.worker.num_inflight == 0
+    finally:
+        await app.stop()
