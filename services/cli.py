@@ -40,6 +40,10 @@ def up_main(argv: Sequence[str]) -> int:
     p.add_argument("--prefill", type=int, default=1, help="prefill workers (0 = decode workers prefill)")
     p.add_argument("--decode", type=int, default=1, help="decode workers")
     p.add_argument("--no-kvstore", dest="kvstore", action="store_false", help="run without the KV cache store")
+    p.add_argument("--kvstores", type=int, default=1,
+                   help="KV store shards; blocks spread by rendezvous hashing, workers find shards on NATS")
+    p.add_argument("--schedulers", type=int, default=1, help="active-active scheduler replicas (the gateway gets all)")
+    p.add_argument("--nats", type=int, default=1, help="nats-server nodes; more than 1 runs a cluster on loopback")
     p.add_argument("--canary", action="store_true", help="also run the canary service")
     p.add_argument("--candidate-prefill", type=int, default=0, help="prefill workers in the 'candidate' pool")
     p.add_argument("--candidate-decode", type=int, default=0, help="decode workers in the 'candidate' pool")

@@ -3,7 +3,7 @@
 Only the blocks the store lacks leave: the turn's block hashes are looked up first (`Lookup`
 answers the leading run it holds) and the rest are pinned in the engine (one short command
 between steps), copied and encoded on a worker thread - never on the engine thread - and put
-with a two-phase `KvStore.Put`. A full queue drops the turn before anything is hashed or copied;
+with a two-phase `KvStore.Put` per owner shard (`runtime/kvshardclient.py`; one store is one shard). A full queue drops the turn before anything is hashed or copied;
 a failed put is logged. Neither ever delays or fails a response.
 """
 
@@ -15,9 +15,9 @@ import logging
 from kvmesh.runtime import kvwire
 from kvmesh.worker import kvtensor
 from kvmesh.runtime.blockhash import BlockHasher
-from kvmesh.runtime.grpcutil import ChannelPool
-from kvmesh.runtime.pb import common_pb2, kvstore_pb2, kvstore_pb2_grpc
-from kvmesh.runtime.telemetry import inject_metadata, tracer
+from kvmesh.runtime.kvshardclient import ShardedStore
+from kvmesh.runtime.pb import common_pb2
+from kvmesh.runtime.telemetry import tracer
 from kvmesh.worker.worker import EngineLoop
 
 from . import metrics
@@ -29,19 +29,17 @@ class Handback:
     """`offer(tokens)` from the event loop when a turn ends; one task puts turns to the store."""
 
     def __init__(
-        self, endpoint: str, channels: ChannelPool, spec: common_pb2.ModelSpec, producer_id: str,
-        loop: EngineLoop, hasher: BlockHasher, max_queue: int = 16, timeout_s: float = 10.0,
+        self, store: ShardedStore, spec: common_pb2.ModelSpec, producer_id: str, loop: EngineLoop, hasher: BlockHasher,
+        max_queue: int = 16,
     ) -> None:
-        self.endpoint = endpoint
+        self.store = store
         self.spec = spec
         self.producer_id = producer_id
-        self.timeout_s = timeout_s
         self.dropped = 0
         self.blocks_stored = 0
         self.blocks_skipped = 0  # already in the store
         self._loop = loop
         self._hasher = hasher
-        self._channels = channels
         self._queue: asyncio.Queue[list[int]] = asyncio.Queue(maxsize=max_queue)
         self._task: asyncio.Task | None = None
 
@@ -69,42 +67,30 @@ class Handback:
             try:
                 await self._put(tokens)
             except Exception as exc:  # noqa: BLE001 - best effort
-                log.warning("KV handback to %s failed: %s", self.endpoint, exc)
-
-    def _stub(self) -> kvstore_pb2_grpc.KvStoreStub:
-        return kvstore_pb2_grpc.KvStoreStub(self._channels.get(self.endpoint))
+                log.warning("KV handback failed: %s", exc)
 
     async def _put(self, tokens: list[int]) -> None:
         hashes = self._hasher.hashes(tokens)
-        lookup = await self._stub().Lookup(
-            kvstore_pb2.LookupRequest(spec=self.spec, block_hashes=hashes, lease_s=1.0),
-            timeout=self.timeout_s, metadata=inject_metadata(),
-        )
+        lookup = await self.store.lookup(hashes)
         held = min(lookup.num_blocks, len(hashes))
         self.blocks_skipped += held
         if held == len(hashes):
             return
         pinned = await self._loop.call(lambda engine: engine.pin_cached_blocks(tokens, held))
         try:
-            messages = await asyncio.to_thread(self._encode, pinned, hashes, held)
+            blocks = await asyncio.to_thread(self._encode, pinned, hashes, held)
         finally:
             self._loop.call_nowait(lambda engine: engine.unpin_blocks(pinned))
         if not pinned:
             return
         with tracer.start_as_current_span("kvstore.put", attributes={"blocks": len(pinned)}) as span:
-            reply = await self._stub().Put(iter(messages), timeout=self.timeout_s, metadata=inject_metadata())
-            span.set_attribute("stored", reply.stored)
-            span.set_attribute("duplicates", reply.duplicates)
+            stored, duplicates = await self.store.put(self.producer_id, blocks)
+            span.set_attribute("stored", stored)
+            span.set_attribute("duplicates", duplicates)
         self.blocks_stored += len(pinned)
         metrics.HANDBACK_BLOCKS.inc(len(pinned))
 
-    def _encode(self, pinned: list[int], hashes: list[bytes], start: int) -> list[kvstore_pb2.PutMessage]:
+    def _encode(self, pinned: list[int], hashes: list[bytes], start: int) -> list[common_pb2.KvBlock]:
         blocks = self._loop.engine.read_blocks(pinned)  # [2, L, block_size, H, D] each
-        parent = hashes[start - 1] if start else b""
-        out = [kvstore_pb2.PutMessage(open=kvstore_pb2.PutOpen(spec=self.spec, producer_id=self.producer_id, parent_hash=parent))]
-        for i, kv in enumerate(blocks):
-            index = start + i
-            block = kvtensor.encode_block(kv, encoding=kvwire.RAW, block_hash=hashes[index], block_index=index)
-            out.append(kvstore_pb2.PutMessage(block=block))
-        out.append(kvstore_pb2.PutMessage(commit=kvstore_pb2.PutCommit(num_blocks=len(blocks))))
-        return out
+        return [kvtensor.encode_block(kv, encoding=kvwire.RAW, block_hash=hashes[start + i], block_index=start + i)
+                for i, kv in enumerate(blocks)]

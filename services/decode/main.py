@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from kvmesh.runtime import kvwire
 from kvmesh.runtime.bus import Bus
 from kvmesh.runtime.grpcutil import start_server
+from kvmesh.runtime.kvshardclient import ShardedStore
+from kvmesh.runtime.kvshards import ShardDirectory
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import decode_pb2_grpc
 from kvmesh.runtime.telemetry import TracingServerInterceptor
@@ -30,11 +32,11 @@ async def start(settings: DecodeSettings, bus: Bus | None = None) -> WorkerApp:
     parts = await start_engine("decode", settings)
     loop, worker_id, spec, tls, channels = parts.loop, parts.worker_id, parts.spec, parts.tls, parts.channels
     handback = None
-    if settings.kvstore:
-        handback = Handback(
-            settings.kvstore, channels, spec, worker_id, loop, parts.engine.hasher, settings.handback_queue,
-            settings.kvstore_put_timeout_s,
-        )
+    shards = ShardDirectory.from_setting(settings.kvstore)
+    if shards is not None:
+        await shards.start(bus)
+        store = ShardedStore(shards, channels, spec, settings.kvstore_timeout_s, settings.kvstore_put_timeout_s)
+        handback = Handback(store, spec, worker_id, loop, parts.engine.hasher, settings.handback_queue)
         handback.start()
     worker = DecodeWorker(
         loop, spec, worker_id, "", channels, settings.prefill_timeout_s, handback,

@@ -15,7 +15,9 @@ class GatewaySettings(MeshSettings):
 
     host: str = Field("127.0.0.1", description="HTTP bind address")
     port: int = Field(8000, description="HTTP port (0 = pick a free port)")
-    scheduler: str = Field("127.0.0.1:50051", description="scheduler gRPC endpoint host:port")
+    scheduler: str = Field(
+        "127.0.0.1:50051", description="scheduler gRPC endpoint(s) host:port, comma-separated: replicas, tried in turn on failure"
+    )
     pool: str = Field("", description="worker pool to route to (empty = the production pool)")
     request_timeout_s: float = Field(600.0, description="deadline of one whole request (Generate stream)")
     route_timeout_s: float = Field(30.0, description="deadline of one Scheduler.Route call (admission wait included)")

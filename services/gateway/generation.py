@@ -77,6 +77,7 @@ class Generation:
         self._exclude: list[str] = []
         self._route: scheduler_pb2.RouteResponse | None = None  # routed, Complete not yet sent
         self._routing = False  # a Route call is in flight (or ended without an answer)
+        self._schedulers: list[str] = []  # replicas asked to route; the last one routed (gets Complete)
         self._stream: DecodeStream | None = None
         self._feed: RequestFeed | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -145,7 +146,7 @@ class Generation:
             # we never learn it (deadline, cancellation): then Complete is still owed.
             self._routing = True
             try:
-                route = await backend.scheduler().Route(route_req, timeout=timeout, metadata=self._metadata())
+                route = await backend.route(route_req, timeout, self._metadata(), self._schedulers)
             except grpc.aio.AioRpcError as exc:
                 self._done = True
                 self.status = "error"
@@ -272,7 +273,7 @@ class Generation:
         self._routing = False
         with trace.use_span(self.span, end_on_exit=False):
             try:
-                await self.backend.scheduler().Complete(
+                await self.backend.scheduler(self._schedulers[-1] if self._schedulers else "").Complete(
                     scheduler_pb2.CompleteRequest(request_id=self.job.request_id, status=status),
                     timeout=SIDE_CALL_TIMEOUT_S,
                     metadata=self._metadata(),

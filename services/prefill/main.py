@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from kvmesh.runtime import kvwire
 from kvmesh.runtime.bus import Bus
 from kvmesh.runtime.grpcutil import start_server
+from kvmesh.runtime.kvshardclient import ShardedStore
+from kvmesh.runtime.kvshards import ShardDirectory
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import prefill_pb2_grpc
 from kvmesh.runtime.telemetry import TracingServerInterceptor
@@ -30,7 +32,12 @@ async def start(settings: PrefillSettings, bus: Bus | None = None) -> WorkerApp:
     parts = await start_engine("prefill", settings)
     loop, worker_id, spec, tls, channels = parts.loop, parts.worker_id, parts.spec, parts.tls, parts.channels
     codec = CodecPool()  # KV block encode/decode off the event loop, bounded
-    store = StoreReader(settings.kvstore, channels, spec, settings.kvstore_timeout_s, codec) if settings.kvstore else None
+    shards = ShardDirectory.from_setting(settings.kvstore)
+    store = None
+    if shards is not None:
+        await shards.start(bus)
+        store = StoreReader(ShardedStore(shards, channels, spec, settings.kvstore_timeout_s,
+                                         replicas=settings.kvstore_replicas, hot_hits=settings.kvstore_hot_hits), spec, codec)
     worker = PrefillWorker(
         loop, spec, channels, store, settings.push_timeout_s, kvwire.encoding_from_name(settings.kv_encoding), codec
     )

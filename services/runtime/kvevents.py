@@ -2,7 +2,9 @@
 
 `KvEventLog` is the pure core: it numbers batches (seq starts at 1, +1 per batch), keeps a
 bounded ring of recent batches and answers replay requests, either with the missing batches or
-with a full dump of the held set when they have left the ring. `KvEventPublisher` is the thin
+with a full dump of the held set when they have left the ring. A full dump goes out in chunks of
+`dump_chunk` hashes (NATS refuses messages over 1 MiB: one message held ~30k hashes); the
+subscriber fetches chunks 1.. by the dump's id (`fetch_dump`). `KvEventPublisher` is the thin
 NATS shell around it that workers and the kvstore use.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from .bus import KV_EVENTS_SUBJECT, KV_REPLAY_SUBJECT, Bus
 from .pb import events_pb2
@@ -19,6 +21,10 @@ from .pb import events_pb2
 log = logging.getLogger(__name__)
 
 HeldFn = Callable[[], Iterable[bytes]]
+RequestFn = Callable[[events_pb2.KvReplayRequest], Awaitable[events_pb2.KvReplayReply]]
+
+DUMP_CHUNK = 16_384      # hashes per dump chunk: 16k x (32 + 2) bytes ≈ 560 KB, under NATS's 1 MiB
+DUMPS_KEPT = 4           # recent dumps kept for chunk requests (each is a snapshot at its seq)
 
 
 def stored(block_hashes: Sequence[bytes], parent_hash: bytes | None = None) -> events_pb2.KvEvent:
@@ -41,13 +47,19 @@ class KvEventLog:
     called when a replay asks for batches that already left the ring.
     """
 
-    def __init__(self, worker_id: str, held: HeldFn, ring_size: int = 1024, clock: Callable[[], float] = time.time) -> None:
-        if ring_size < 1:
-            raise ValueError("ring_size must be >= 1")
+    def __init__(
+        self, worker_id: str, held: HeldFn, ring_size: int = 1024, clock: Callable[[], float] = time.time,
+        dump_chunk: int = DUMP_CHUNK,
+    ) -> None:
+        if ring_size < 1 or dump_chunk < 1:
+            raise ValueError("ring_size and dump_chunk must be >= 1")
         self.worker_id = worker_id
         self._held = held
         self._clock = clock
         self._ring: deque[events_pb2.KvEventBatch] = deque(maxlen=ring_size)
+        self._dump_chunk = dump_chunk
+        self._dumps: dict[str, tuple[int, list[bytes]]] = {}  # dump_id -> (seq, held snapshot)
+        self._dump_count = 0
         self.seq = 0
 
     def append(self, events: Sequence[events_pb2.KvEvent]) -> events_pb2.KvEventBatch:
@@ -65,7 +77,41 @@ class KvEventLog:
         oldest = self._ring[0].seq if self._ring else self.seq + 1
         if from_seq >= oldest:
             return events_pb2.KvReplayReply(batches=[b for b in self._ring if b.seq >= from_seq], seq=self.seq)
-        return events_pb2.KvReplayReply(full_dump=True, held=list(self._held()), seq=self.seq)
+        self._dump_count += 1
+        dump_id = f"{self.worker_id}/{self._dump_count}"
+        self._dumps[dump_id] = (self.seq, list(self._held()))
+        while len(self._dumps) > DUMPS_KEPT:
+            del self._dumps[next(iter(self._dumps))]
+        return self.dump_chunk(dump_id, 0)
+
+    def dump_chunk(self, dump_id: str, chunk: int) -> events_pb2.KvReplayReply:
+        """Chunk `chunk` of a dump made by `replay`; an empty reply (seq 0) when it is gone."""
+        found = self._dumps.get(dump_id)
+        if found is None:
+            return events_pb2.KvReplayReply()
+        seq, held = found
+        size = self._dump_chunk
+        num_chunks = max(1, -(-len(held) // size))
+        if chunk >= num_chunks:
+            return events_pb2.KvReplayReply()
+        return events_pb2.KvReplayReply(
+            full_dump=True, held=held[chunk * size : (chunk + 1) * size], seq=seq,
+            dump_id=dump_id, chunk=chunk, num_chunks=num_chunks,
+        )
+
+
+async def fetch_dump(first: events_pb2.KvReplayReply, request: RequestFn) -> events_pb2.KvReplayReply:
+    """The whole dump whose first chunk is `first`: asks for chunks 1.. and joins them.
+    Raises ValueError when the publisher no longer has the dump (the caller asks again)."""
+    if not first.full_dump or first.num_chunks <= 1:
+        return first
+    held = list(first.held)
+    for chunk in range(1, first.num_chunks):
+        reply = await request(events_pb2.KvReplayRequest(dump_id=first.dump_id, chunk=chunk))
+        if reply.dump_id != first.dump_id or reply.chunk != chunk or reply.seq != first.seq:
+            raise ValueError(f"dump {first.dump_id} chunk {chunk} is gone")
+        held.extend(reply.held)
+    return events_pb2.KvReplayReply(full_dump=True, held=held, seq=first.seq, dump_id=first.dump_id, num_chunks=1)
 
 
 class KvEventPublisher:
@@ -107,8 +153,13 @@ class KvEventPublisher:
             request.ParseFromString(msg.data)
         except Exception:  # noqa: BLE001 - malformed request: answer with nothing
             return
-        if msg.reply:
-            await msg.respond(self.log.replay(request.from_seq).SerializeToString())
+        if not msg.reply:
+            return
+        if request.dump_id:
+            reply = self.log.dump_chunk(request.dump_id, request.chunk)
+        else:
+            reply = self.log.replay(request.from_seq)
+        await msg.respond(reply.SerializeToString())
 
     async def close(self) -> None:
         if self._subscription is not None:

@@ -33,6 +33,9 @@ class MeshOptions:
     prefill: int = 1
     decode: int = 1
     kvstore: bool = True
+    kvstores: int = 1                                            # KV store shards (rendezvous hashing)
+    schedulers: int = 1                                          # active-active scheduler replicas
+    nats: int = 1                                                # nats-server nodes (a cluster when > 1)
     canary: bool = False
     candidate_prefill: int = 0
     candidate_decode: int = 0
@@ -113,9 +116,13 @@ def plan_mesh(
     opts: MeshOptions, nats_url: Callable[[str], str], port_of: Callable[[], int] = free_port,
     taken: Iterable[int] = (),
 ) -> list[ProcessSpec]:
-    """Processes in start order: kvstore, scheduler, prefill/decode workers, canary, gateway.
-    `nats_url(service)` is the URL (with that service's credentials) each service connects to;
-    ports come from `port_of`, each once, none of `taken` or the gateway's."""
+    """Processes in start order: kvstore shard(s), scheduler replica(s), prefill/decode workers,
+    canary, gateway. `nats_url(service)` is the URL list (with that service's credentials) each
+    service connects to; ports come from `port_of`, each once, none of `taken` or the gateway's.
+    With several KV store shards, workers find them from their NATS announcements (`--kvstore
+    nats`); with several schedulers, the gateway gets all their endpoints."""
+    if opts.kvstores < 1 or opts.schedulers < 1 or opts.nats < 1:
+        raise ValueError("--kvstores, --schedulers and --nats must be >= 1")
     port_of = distinct_ports(port_of, [*taken, opts.port])
     external = parse_external(opts.external)
     overrides = setting_env(opts.settings)
@@ -145,20 +152,23 @@ def plan_mesh(
         ))
 
     kvstore_endpoint = external["kvstore"][0] if "kvstore" in external else ""
-    if opts.kvstore and not kvstore_endpoint:
+    for i in range(opts.kvstores if opts.kvstore and not kvstore_endpoint else 0):
         port, mport = port_of(), port_of()
-        kvstore_endpoint = f"{host}:{port}"
-        add("kvstore", "kvstore", ["--host", host, "--port", str(port), "--metrics-port", str(mport),
-                                   "--store-id", "kvstore-0"], grpc_port=port, metrics_port=mport)
-    if "scheduler" in external:
-        scheduler = external["scheduler"][0]
-    else:
+        kvstore_endpoint = f"{host}:{port}" if opts.kvstores == 1 else "nats"
+        add("kvstore" if opts.kvstores == 1 else f"kvstore-{i}", "kvstore",
+            ["--host", host, "--port", str(port), "--metrics-port", str(mport), "--store-id", f"kvstore-{i}"],
+            grpc_port=port, metrics_port=mport)
+    schedulers = list(external["scheduler"]) if "scheduler" in external else []
+    for i in range(0 if schedulers else opts.schedulers):
         sched_port, sched_mport = port_of(), port_of()
-        scheduler = f"{host}:{sched_port}"
-        sched_args = ["--host", host, "--port", str(sched_port), "--metrics-port", str(sched_mport)]
+        schedulers.append(f"{host}:{sched_port}")
+        sched_args = ["--host", host, "--port", str(sched_port), "--metrics-port", str(sched_mport),
+                      "--replica-id", f"scheduler-{i}"]
         if opts.policy:
             sched_args += ["--policy", opts.policy]
-        add("scheduler", "scheduler", sched_args, grpc_port=sched_port, metrics_port=sched_mport)
+        add("scheduler" if opts.schedulers == 1 else f"scheduler-{i}", "scheduler", sched_args,
+            grpc_port=sched_port, metrics_port=sched_mport)
+    scheduler = ",".join(schedulers)
 
     def workers(role: str, count: int, pool: str) -> None:
         env = {}
@@ -181,8 +191,9 @@ def plan_mesh(
     workers("decode", opts.candidate_decode, "candidate")
     if opts.canary and "canary" not in external:
         port, http_port = port_of(), port_of()
+        # NOTE: the canary's SetProductionPool goes to one replica; replicas pass the split on (docs/replicas.md).
         add("canary", "canary", ["--host", host, "--port", str(port), "--http-port", str(http_port),
-                                 "--scheduler", scheduler],
+                                 "--scheduler", schedulers[0]],
             grpc_port=port, metrics_port=http_port, http_health=f"http://{host}:{http_port}/health",
             env={"KVMESH_CPU_PRIORITY": opts.candidate_cpu_priority,
                  "KVMESH_CANARY_CANDIDATE_CPU_PRIORITY": opts.candidate_cpu_priority,

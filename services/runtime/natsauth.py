@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 INBOX = "_INBOX.>"
@@ -16,14 +17,14 @@ INBOX = "_INBOX.>"
 # publish / subscribe allow-lists per service; "allow_responses" lets a service answer requests.
 PERMISSIONS: dict[str, dict[str, list[str] | bool]] = {
     "gateway": {"publish": ["kvmesh.mirror.requests"], "subscribe": [INBOX]},
-    "scheduler": {"publish": ["kvmesh.kv.replay.>", "kvmesh.kv.prewarm.>"], "subscribe": ["kvmesh.workers.>", "kvmesh.kv.events.>", INBOX]},
-    "prefill": {"publish": ["kvmesh.workers.prefill.>", "kvmesh.kv.events.>"], "subscribe": ["kvmesh.kv.replay.>"],
-                "allow_responses": True},
+    "scheduler": {"publish": ["kvmesh.kv.replay.>", "kvmesh.kv.prewarm.>", "kvmesh.schedulers.>"],
+                  "subscribe": ["kvmesh.workers.>", "kvmesh.kv.events.>", "kvmesh.schedulers.>", INBOX]},
+    "prefill": {"publish": ["kvmesh.workers.prefill.>", "kvmesh.kv.events.>"],
+                "subscribe": ["kvmesh.kv.replay.>", "kvmesh.workers.kvstore.>"], "allow_responses": True},
     "decode": {"publish": ["kvmesh.workers.decode.>", "kvmesh.kv.events.>"],
-               "subscribe": ["kvmesh.kv.replay.>", "kvmesh.kv.prewarm.>"],
-               "allow_responses": True},
-    "kvstore": {"publish": ["kvmesh.workers.kvstore.>", "kvmesh.kv.events.>"], "subscribe": ["kvmesh.kv.replay.>"],
-                "allow_responses": True},
+               "subscribe": ["kvmesh.kv.replay.>", "kvmesh.kv.prewarm.>", "kvmesh.workers.kvstore.>"], "allow_responses": True},
+    "kvstore": {"publish": ["kvmesh.workers.kvstore.>", "kvmesh.kv.events.>"],
+                "subscribe": ["kvmesh.kv.replay.>", "kvmesh.workers.kvstore.>"], "allow_responses": True},
     "canary": {"publish": [], "subscribe": ["kvmesh.mirror.requests", INBOX]},
 }
 
@@ -36,10 +37,14 @@ class NatsAuth:
     def generate(cls) -> NatsAuth:
         return cls({service: secrets.token_urlsafe(18) for service in PERMISSIONS})
 
-    def url(self, service: str, host: str, port: int) -> str:
-        return f"nats://{service}:{self.passwords[service]}@{host}:{port}"
+    def url(self, service: str, host: str, ports: int | Sequence[int]) -> str:
+        """The service's URL for each NATS node, comma-separated (every client gets all nodes)."""
+        ports = [ports] if isinstance(ports, int) else list(ports)
+        return ",".join(f"nats://{service}:{self.passwords[service]}@{host}:{port}" for port in ports)
 
-    def server_config(self, host: str, port: int) -> str:
+    def server_config(self, host: str, port: int, cluster_port: int = 0, peers: Sequence[int] = (), name: str = "") -> str:
+        """One node's config; with `cluster_port`, it listens for routes there and routes to the
+        `peers`' cluster ports (a full mesh on `host`)."""
         users = []
         for service, perms in PERMISSIONS.items():
             permissions: dict[str, object] = {
@@ -50,4 +55,9 @@ class NatsAuth:
                 permissions["allow_responses"] = True
             users.append({"user": service, "password": self.passwords[service], "permissions": permissions})
         # NOTE: nats-server's config format accepts JSON syntax.
-        return json.dumps({"listen": f"{host}:{port}", "authorization": {"users": users}}, indent=2)
+        config: dict[str, object] = {"listen": f"{host}:{port}", "authorization": {"users": users}}
+        if cluster_port:
+            config["server_name"] = name or f"nats-{port}"
+            config["cluster"] = {"name": "kvmesh", "listen": f"{host}:{cluster_port}",
+                                 "routes": [f"nats-route://{host}:{p}" for p in peers if p != cluster_port]}
+        return json.dumps(config, indent=2)

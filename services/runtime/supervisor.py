@@ -72,11 +72,16 @@ class Mesh:
         self.log_dir = self.run_dir / "logs"
         self.procs: list[Running] = []
         self.nats_port = opts.nats_port or free_port(opts.host)
-        self.nats_url = f"nats://{opts.host}:{self.nats_port}"
+        # NOTE: with --nats N > 1, node i listens on nats_ports[i] and routes on cluster_ports[i].
+        self.nats_ports = [self.nats_port, *(free_port(opts.host) for _ in range(opts.nats - 1))]
+        self.cluster_ports = [free_port(opts.host) for _ in range(opts.nats)] if opts.nats > 1 else []
+        self.nats_url = ",".join(f"nats://{opts.host}:{p}" for p in self.nats_ports)
         self.nats_auth = NatsAuth.generate()
         self.specs = plan_mesh(
-            opts, lambda service: self.nats_auth.url(service, opts.host, self.nats_port), taken=[self.nats_port]
+            opts, lambda service: self.nats_auth.url(service, opts.host, self.nats_ports),
+            taken=[*self.nats_ports, *self.cluster_ports],
         )
+        self._argv: dict[str, list[str]] = {}
         self.tls = TlsConfig.from_settings(MeshSettings(**_tls_overrides(opts.env)))
         self.external = parse_external(opts.external)
         self.scheduler_endpoint = next((s.grpc_endpoint for s in self.specs if s.service == "scheduler"), "") or \
@@ -84,17 +89,21 @@ class Mesh:
 
     def external_nats_url(self, role: str) -> str:
         """The NATS URL (with `role`'s credentials) an outside process playing `role` connects to."""
-        return self.nats_auth.url(role, self.opts.host, self.nats_port)
+        return self.nats_auth.url(role, self.opts.host, self.nats_ports)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, timeout_s: float = 120.0) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        conf = self.run_dir / "nats.conf"
-        conf.write_text(self.nats_auth.server_config(self.opts.host, self.nats_port))
-        conf.chmod(0o600)
-        self._nats_argv = [sys.executable, "-m", "kvmesh", "exec-child", nats_server_binary(), "-c", str(conf)]
-        self._spawn(ProcessSpec("nats", "nats", (), {}), self._nats_argv)
-        _wait_tcp(self.opts.host, self.nats_port, timeout_s=10)
+        for i, port in enumerate(self.nats_ports):
+            name = "nats" if len(self.nats_ports) == 1 else f"nats-{i}"
+            conf = self.run_dir / f"{name}.conf"
+            cluster_port = self.cluster_ports[i] if self.cluster_ports else 0
+            conf.write_text(self.nats_auth.server_config(self.opts.host, port, cluster_port, self.cluster_ports, name))
+            conf.chmod(0o600)
+            argv = [sys.executable, "-m", "kvmesh", "exec-child", nats_server_binary(), "-c", str(conf)]
+            self._spawn(ProcessSpec(name, "nats", (), {}), argv)
+        for port in self.nats_ports:
+            _wait_tcp(self.opts.host, port, timeout_s=10)
         deadline = time.monotonic() + timeout_s
         try:
             for role in ("kvstore", "scheduler"):
@@ -113,6 +122,7 @@ class Mesh:
         self._write_run_files()
 
     def _spawn(self, spec: ProcessSpec, argv: list[str]) -> None:
+        self._argv[spec.name] = argv
         out = (self.log_dir / f"{spec.name}.log").open("ab")
         env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1", PARENT_PID_ENV: str(os.getpid())}
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -121,13 +131,10 @@ class Mesh:
 
     def restart_nats(self, down_s: float = 1.0) -> None:
         """Stops NATS, waits `down_s`, starts it again on the same port (an outage, for chaos tests)."""
-        running = next(r for r in self.procs if r.spec.service == "nats")
-        running.proc.terminate()
-        running.proc.wait(timeout=10)
-        self.procs.remove(running)
+        name = next(r.spec.name for r in self.procs if r.spec.service == "nats")
+        self.kill(name, signal.SIGTERM)
         time.sleep(down_s)
-        self._spawn(running.spec, self._nats_argv)
-        self.procs.insert(0, self.procs.pop())  # NOTE: keep NATS first so stop() ends it last
+        self.respawn(name)
         _wait_tcp(self.opts.host, self.nats_port, timeout_s=10)
 
     def add(self, spec: ProcessSpec, timeout_s: float = 120.0) -> None:
@@ -146,6 +153,22 @@ class Mesh:
         self.procs.remove(running)
         self._spawn(running.spec, [sys.executable, "-m", "kvmesh", running.spec.service, *running.spec.args])
         self._wait_healthy(running.spec, time.monotonic() + timeout_s)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Sends `sig` to one process (SIGKILL: `kill -9`, for chaos tests) and waits for it to end."""
+        running = next(r for r in self.procs if r.spec.name == name)
+        running.proc.send_signal(sig)
+        running.proc.wait(timeout=15)
+
+    def respawn(self, name: str) -> None:
+        """Starts an ended process again with its original command line, ports and environment."""
+        running = next(r for r in self.procs if r.spec.name == name)
+        if running.proc.poll() is None:
+            raise RuntimeError(f"{name} is still running")
+        index = self.procs.index(running)
+        self.procs.remove(running)
+        self._spawn(running.spec, self._argv[name])
+        self.procs.insert(index, self.procs.pop())  # NOTE: keep start order, so stop() ends NATS last
 
     def reap(self) -> list[tuple[str, int]]:
         """Processes that exited since the last call, as (name, exit code); they are forgotten."""
@@ -173,15 +196,18 @@ class Mesh:
 
         wanted = {s.name for s in self.specs if s.service in ("prefill", "decode")}
         outside = {e for role in ("prefill", "decode") for e in self.external.get(role, [])}
-        missing = wanted | outside
-        while time.monotonic() < deadline:
-            self._check_alive()
-            missing = wanted - set(list_workers(self.scheduler_endpoint, tls=self.tls))
-            missing |= outside - set(worker_endpoints(self.scheduler_endpoint, tls=self.tls))
-            if not missing:
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"workers never registered with the scheduler: missing {sorted(missing)}")
+        schedulers = [s.grpc_endpoint for s in self.specs if s.service == "scheduler"] or self.external.get("scheduler", [])
+        for scheduler in schedulers:
+            missing = wanted | outside
+            while time.monotonic() < deadline:
+                self._check_alive()
+                missing = wanted - set(list_workers(scheduler, tls=self.tls))
+                missing |= outside - set(worker_endpoints(scheduler, tls=self.tls))
+                if not missing:
+                    break
+                time.sleep(0.2)
+            else:
+                raise TimeoutError(f"workers never registered with scheduler {scheduler}: missing {sorted(missing)}")
 
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM in reverse start order (gateway first, NATS last), then SIGKILL stragglers."""

@@ -67,6 +67,10 @@ class SchedulerSettings(MeshSettings):
     prefill_s_per_token: float = Field(_COST.prefill_s_per_token, description="cost model: prefill seconds per uncached token (bench/sim_calibration.md)")
     decode_s_per_step: float = Field(_COST.decode_s_per_step, description="cost model: seconds per decode step, fixed part")
     decode_s_per_seq: float = Field(_COST.decode_s_per_seq, description="cost model: seconds per decode step per running sequence")
+    # replicas (docs/replicas.md)
+    replica_id: str = Field("", description="this replica's id among active-active scheduler replicas (empty = host-pid)")
+    replica_heartbeat_s: float = Field(0.5, description="interval of this replica's heartbeat to its peers")
+    replica_timeout_s: float = Field(2.0, description="a peer replica silent this long is gone (its admission share returns)")
     # KV event repair
     replay_timeout_s: float = Field(2.0, description="deadline of a KV event replay request after a sequence gap")
     # KV pre-warming of decode workers that join (docs/prewarm.md)

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 
 from kvmesh.runtime.bus import HEARTBEAT_WILDCARD, KV_EVENTS_WILDCARD, KV_REPLAY_SUBJECT, Bus
+from kvmesh.runtime.kvevents import fetch_dump
 from kvmesh.runtime.pb import events_pb2
 
 from .events import batch_from_pb, heartbeat_from_pb, replay_from_pb
@@ -69,11 +70,13 @@ class BusFeeds:
     async def _replay(self, worker_id: str, from_seq: int) -> None:
         index = self.router.index
         subject = KV_REPLAY_SUBJECT.format(worker_id=worker_id)
+
+        async def request(message: events_pb2.KvReplayRequest) -> events_pb2.KvReplayReply:
+            return await self.bus.request(subject, message, events_pb2.KvReplayReply, self.replay_timeout_s)
+
         for _ in range(REPLAY_ATTEMPTS):
             try:
-                reply = await self.bus.request(
-                    subject, events_pb2.KvReplayRequest(from_seq=from_seq), events_pb2.KvReplayReply, self.replay_timeout_s
-                )
+                reply = await fetch_dump(await request(events_pb2.KvReplayRequest(from_seq=from_seq)), request)
             except Exception as exc:  # noqa: BLE001 - retried, then given up
                 log.warning("KV replay from %s (seq %d) failed: %s", worker_id, from_seq, exc)
                 continue

@@ -201,6 +201,15 @@ class BlockIndex:
             counts[w] = len(block_hashes)
         return counts
 
+    def union_overlap(self, worker_ids: Iterable[str], block_hashes: Sequence[bytes]) -> int:
+        """Leading blocks of `block_hashes` held by at least one of `worker_ids` together (the
+        shards of a sharded KV store: each holds only its share of a prompt's blocks)."""
+        ids = set(worker_ids)
+        for i, block_hash in enumerate(block_hashes):
+            if not ids & self._holders.get(block_hash, set()):
+                return i
+        return len(block_hashes) if ids else 0
+
     def held(self, worker_id: str) -> set[bytes]:
         return set(self._held.get(worker_id, ()))
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
 from dataclasses import dataclass
 
 from kvmesh.runtime.bus import Bus
 from kvmesh.runtime.config import settings_from_argv
-from kvmesh.runtime.grpcutil import GrpcServer, TlsConfig, start_server
+from kvmesh.runtime.grpcutil import GrpcServer, TlsConfig, advertised_endpoint, start_server
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import scheduler_pb2_grpc
 from kvmesh.runtime.process import init_process
@@ -21,10 +23,12 @@ from .admission import AdmissionQueue
 from .config import SchedulerSettings
 from .feeds import BusFeeds
 from .index import BlockIndex
+from .peers import Peers
 from .policy import make_policy
 from .prewarm import Prewarmer
 from .prewarmfeed import PrewarmSender
 from .registry import Registry
+from .replicas import ReplicaSet
 from .router import Router
 from .server import AdmissionGate, SchedulerServicer, refresh
 from .sticky import StickySessions
@@ -52,6 +56,7 @@ class SchedulerApp:
     bus: Bus
     feeds: BusFeeds
     prewarm: PrewarmSender
+    peers: Peers
 
     @property
     def port(self) -> int:
@@ -62,9 +67,16 @@ class SchedulerApp:
         router = build_router(settings)
         gate = AdmissionGate(AdmissionQueue(settings.admission_config(), time.monotonic))
         counters = metrics.IndexCounters()
-        bus = await Bus.connect(settings.nats_url, "scheduler")
+        replica_id = settings.replica_id or f"scheduler-{socket.gethostname()}-{os.getpid()}"
+        replicas = ReplicaSet(replica_id, settings.replica_timeout_s, time.monotonic)
+        bus = await Bus.connect(settings.nats_url, replica_id)
         prewarm = PrewarmSender(router, bus, settings.prewarm_timeout_s)
-        feeds = BusFeeds(router, bus, lambda: (refresh(router, gate, counters), prewarm.kick()), settings.replay_timeout_s)
+
+        def on_change() -> None:
+            refresh(router, gate, counters, replicas)
+            prewarm.kick()
+
+        feeds = BusFeeds(router, bus, on_change, settings.replay_timeout_s)
         await feeds.start()
         servicer = SchedulerServicer(router, gate)
         server = await start_server(
@@ -74,14 +86,21 @@ class SchedulerApp:
             interceptors=[TracingServerInterceptor()],
             tls=TlsConfig.from_settings(settings),
         )
-        log.info("scheduler serving on %s:%d (policy %s)", settings.host, server.port, settings.policy)
-        return cls(router, gate, server, bus, feeds, prewarm)
+        endpoint = advertised_endpoint(settings.host, "", server.port)
+        peers = Peers(router, bus, replicas, endpoint, on_change, settings.replica_heartbeat_s)
+        servicer.on_routed = peers.routed
+        servicer.on_split = peers.split_changed
+        servicer.on_completed = peers.completed
+        await peers.start()
+        log.info("scheduler %s serving on %s:%d (policy %s)", replica_id, settings.host, server.port, settings.policy)
+        return cls(router, gate, server, bus, feeds, prewarm, peers)
 
     async def stop(self, grace_s: float = 1.0) -> None:
         await self.server.set_serving(False)
         await self.server.stop(grace_s)
         await self.feeds.stop()
         await self.prewarm.stop()
+        await self.peers.stop()
         await self.bus.close()
 
 

@@ -199,6 +199,25 @@ class Registry:
         target.backlog_s, target.backlog_at = target.backlog(now) + prefill_s, now
         return assignment
 
+    def observe_peer_route(self, decode_id: str, prefill_id: str | None, prefill_s: float) -> None:
+        """A request a peer scheduler replica routed: it counts in the workers' load (and prefill
+        backlog) until their next heartbeat reports it. Unknown workers are ignored."""
+        now = self.clock()
+        decode = self._workers.get(decode_id)
+        target = decode if prefill_id is None else self._workers.get(prefill_id)
+        if decode is None or target is None:
+            return
+        decode.routed_since_heartbeat += 1
+        if prefill_id is not None:
+            target.routed_since_heartbeat += 1
+        target.backlog_s, target.backlog_at = target.backlog(now) + max(0.0, prefill_s), now
+
+    def observe_peer_complete(self, decode_id: str) -> None:
+        """A request a peer replica routed to `decode_id` completed (until its next heartbeat)."""
+        worker = self._workers.get(decode_id)
+        if worker is not None:
+            worker.completed_since_heartbeat += 1
+
     def complete(self, request_id: str) -> Assignment | None:
         """Releases a routed request; None when unknown (already completed or worker gone)."""
         assignment = self._assignments.pop(request_id, None)

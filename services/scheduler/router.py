@@ -50,6 +50,7 @@ class RouteDecision:
     pool: str
     sticky: bool = False
     pd_reason: str = ""
+    prefill_s: float = 0.0          # estimated prefill work it adds (peer replicas count it too)
 
     @property
     def local_prefill(self) -> bool:
@@ -161,9 +162,9 @@ class Router:
         else:
             decode_id = self.policy.choose(RoutingState(request, decode_views, self.config.cost)).worker_id
         decode_view = next(v for v in decode_views if v.worker_id == decode_id)
-        store_blocks = max((overlap[w.worker_id] for w in stores), default=0)
+        store_blocks = self.index.union_overlap([w.worker_id for w in stores], query.block_hashes)
         pd = decide(request, decode_view, [self._view(w, overlap, now) for w in prefills], self.config.cost, self.config.pd, store_blocks)
-        self._commit(query, decode_view, pd, now)
+        prefill_s = self._commit(query, decode_view, pd, now)
         prefill = None if pd.local else self.registry.get(pd.prefill_id)  # type: ignore[arg-type]
         # NOTE: the reply names blocks the index has confirmed, not routing-time predictions.
         confirmed = self.index.overlap([decode_id] + ([] if pd.local else [pd.prefill_id]), query.block_hashes)  # type: ignore[list-item]
@@ -177,6 +178,7 @@ class Router:
             pool=pool,
             sticky=sticky_id == decode_id,
             pd_reason=pd.reason,
+            prefill_s=prefill_s,
         )
 
     def complete(self, request_id: str) -> Assignment | None:
@@ -190,6 +192,15 @@ class Router:
         in_store: set[bytes] = set().union(*(self.index.held(s.worker_id) for s in self.registry.live(Role.KVSTORE)))
         return self.prewarm.take(self.registry.clock(), in_store.__contains__)
 
+    def observe_peer_route(self, decode_id: str, prefill_id: str | None, block_hashes: Sequence[bytes], prefill_s: float) -> None:
+        """A peer replica routed a request: count its load here, and its blocks as predicted."""
+        self.registry.observe_peer_route(decode_id, prefill_id, prefill_s)
+        if self.policy.predicts and block_hashes:
+            expires = self.registry.clock() + self.config.prediction_ttl_s
+            for worker_id in (decode_id,) if prefill_id is None else (decode_id, prefill_id):
+                if self.registry.get(worker_id) is not None:
+                    self.index.predict(worker_id, block_hashes, expires)
+
     # --- internals ---
 
     def _sticky_overloaded(self, worker: Worker, decodes: Sequence[Worker]) -> bool:
@@ -199,7 +210,7 @@ class Router:
     def _view(self, worker: Worker, overlap: dict[str, int], now: float) -> WorkerView:
         return WorkerView(worker.worker_id, worker.load, worker.capacity, overlap.get(worker.worker_id, 0), worker.backlog(now))
 
-    def _commit(self, query: RouteQuery, decode: WorkerView, pd: PdDecision, now: float) -> None:
+    def _commit(self, query: RouteQuery, decode: WorkerView, pd: PdDecision, now: float) -> float:
         bs = self.block_size
         cached = decode.cached_blocks if pd.local else max(pd.prefill_cached_blocks, 0)
         prefill_s = self.config.cost.prefill_s(query.num_prompt_tokens - cached * bs)
@@ -210,3 +221,4 @@ class Router:
             for worker_id in targets:
                 self.index.predict(worker_id, query.block_hashes, expires)
         self.sticky.put(query.session_id, decode.worker_id, now)
+        return prefill_s

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from kvmesh.runtime.errors import InvalidArgument, ResourceExhausted, Unavailable
 from kvmesh.runtime.pb import common_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -11,7 +12,8 @@ from kvmesh.runtime.telemetry import tracer
 
 from . import metrics
 from .admission import AdmissionQueue, QueueFull
-from .registry import Role
+from .registry import Assignment, Role
+from .replicas import ReplicaSet
 from .router import NoWorkerAvailable, RouteDecision, RouteQuery, Router, validate
 from .split import PoolSplit
 
@@ -86,6 +88,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, router: Router, gate: AdmissionGate) -> None:
         self.router = router
         self.gate = gate
+        self.on_routed: Callable[[RouteQuery, RouteDecision], None] | None = None  # shares predictions with peers
+        self.on_split: Callable[[], None] | None = None  # tells peers about a new pool split
+        self.on_completed: Callable[[Assignment], None] | None = None  # tells peers a routed request ended
 
     async def Route(self, request: scheduler_pb2.RouteRequest, context) -> scheduler_pb2.RouteResponse:  # noqa: ANN001, N802
         query = query_from_pb(request)
@@ -116,13 +121,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             span.set_attribute("kvmesh.decode_worker", decision.decode.worker_id)
             span.set_attribute("kvmesh.prefill_worker", decision.prefill.worker_id if decision.prefill else "local")
             span.set_attribute("kvmesh.overlap_blocks", decision.decode_cached_blocks)
+            if self.on_routed is not None:
+                self.on_routed(query, decision)
             return decision_to_pb(decision, loop.time() - started)
 
     async def Complete(self, request: scheduler_pb2.CompleteRequest, context) -> scheduler_pb2.CompleteResponse:  # noqa: ANN001, N802
         if not request.request_id:
             raise InvalidArgument("request_id is required")
-        self.router.complete(request.request_id)
+        assignment = self.router.complete(request.request_id)
         self.gate.release(request.request_id)
+        if assignment is not None and self.on_completed is not None:
+            self.on_completed(assignment)
         return scheduler_pb2.CompleteResponse()
 
     async def ListWorkers(self, request: scheduler_pb2.ListWorkersRequest, context) -> scheduler_pb2.ListWorkersResponse:  # noqa: ANN001, N802
@@ -159,18 +168,24 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             raise InvalidArgument(str(exc)) from None
         registry = self.router.registry
         previous, registry.split = registry.production_pool, split
+        if self.on_split is not None:
+            self.on_split()
         log.info("production pool %r; canary pool %r takes %.0f%%", split.production, split.canary, 100 * split.canary_weight)
         return scheduler_pb2.SetProductionPoolResponse(previous_pool=previous)
 
 
-def refresh(router: Router, gate: AdmissionGate, counters: metrics.IndexCounters) -> None:
-    """Re-derives admission capacity and gauges from the registry and index (cheap; run often)."""
+def refresh(router: Router, gate: AdmissionGate, counters: metrics.IndexCounters, replicas: ReplicaSet | None = None) -> None:
+    """Re-derives admission capacity and gauges from the registry and index (cheap; run often).
+    With scheduler replicas, this one admits its share of the mesh-wide limit (replicas.py)."""
     registry = router.registry
     for orphan in registry.drain_orphaned():
         gate.release(orphan.request_id)
     gate.reclaim()  # slots whose Complete never came (a crashed client) time out
     decodes = registry.live(Role.DECODE)
-    gate.resize(sum(w.capacity for w in decodes))
+    total = sum(w.capacity for w in decodes)
+    gate.resize(total if replicas is None else replicas.share(total))
+    if replicas is not None:
+        metrics.REPLICAS.set(replicas.count)
     metrics.WORKERS.clear()
     for w in registry.all():
         metrics.WORKERS.labels(w.info.role.name.lower(), w.info.pool).inc()

@@ -43,7 +43,7 @@ class WorkerSettings(MeshSettings):
     metrics_port: int = Field(0, description="Prometheus /metrics port (0 = any free port, -1 = off)")
     worker_id: str = Field("", description="worker id (default: <role>-<hostname>-<pid>)")
     pool: str = Field("production", description="worker pool (production | candidate | ...)")
-    kvstore: str = Field("", description="KV store endpoint host:port (empty = none)")
+    kvstore: str = Field("", description="KV store endpoint(s) host:port[,...] (shards), 'nats' = shards from their NATS heartbeats, empty = none")
     kvstore_timeout_s: float = Field(0.5, description="deadline for KV store lookups")
     kv_encoding: str = Field("raw", description="KV wire encoding: raw | int8 | int4")
     device: str = Field("auto", description="torch device: auto | cpu | cuda[:n]")

@@ -116,6 +116,8 @@ async def test_garbage_on_every_nats_subject_is_dropped(start_mesh):
         "decode": ["kvmesh.workers.decode.decode-0.heartbeat", "kvmesh.kv.events.decode-0"],
         "kvstore": ["kvmesh.workers.kvstore.kvstore-0.heartbeat", "kvmesh.kv.events.kvstore-0"],
         "gateway": ["kvmesh.mirror.requests"],
+        "scheduler": ["kvmesh.schedulers.scheduler-9.heartbeat", "kvmesh.schedulers.predictions",
+                      "kvmesh.schedulers.completions"],  # the replicas' subjects
     }
     for user, subjects in publishers.items():
         bus = await Bus.connect(auth.url(user, "127.0.0.1", port), f"fuzz-{user}")

@@ -78,3 +78,18 @@ def test_external_roles_are_not_started_and_their_endpoints_are_used() -> None:
     for bad in (["decode"], ["nope=a:1"], ["kvstore=a:1", "kvstore=b:2"], ["decode=a:x"]):
         with pytest.raises(ValueError):
             parse_external(bad)
+
+
+def test_replicas_shards_and_their_clients_are_planned():
+    specs = {s.name: s for s in plan(schedulers=2, kvstores=3, prefill=1, decode=1, canary=True)}
+    assert [n for n in specs if n.startswith(("kvstore", "scheduler"))] == [
+        "kvstore-0", "kvstore-1", "kvstore-2", "scheduler-0", "scheduler-1"]
+    schedulers = [specs[f"scheduler-{i}"].grpc_endpoint for i in range(2)]
+    gateway = specs["gateway"].args
+    assert gateway[gateway.index("--scheduler") + 1] == ",".join(schedulers)
+    assert specs["scheduler-1"].args[specs["scheduler-1"].args.index("--replica-id") + 1] == "scheduler-1"
+    for worker in ("prefill-0", "decode-0"):
+        assert specs[worker].args[-2:] == ("--kvstore", "nats")  # shards found from their announcements
+    assert specs["kvstore-2"].args[specs["kvstore-2"].args.index("--store-id") + 1] == "kvstore-2"
+    with pytest.raises(ValueError, match=">= 1"):
+        plan(schedulers=0)

@@ -95,22 +95,32 @@ class KvEventBatch(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., seq: _Optional[int] = ..., timestamp: _Optional[float] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ...) -> None: ...
 
 class KvReplayRequest(_message.Message):
-    __slots__ = ("from_seq",)
+    __slots__ = ("from_seq", "dump_id", "chunk")
     FROM_SEQ_FIELD_NUMBER: _ClassVar[int]
+    DUMP_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
     from_seq: int
-    def __init__(self, from_seq: _Optional[int] = ...) -> None: ...
+    dump_id: str
+    chunk: int
+    def __init__(self, from_seq: _Optional[int] = ..., dump_id: _Optional[str] = ..., chunk: _Optional[int] = ...) -> None: ...
 
 class KvReplayReply(_message.Message):
-    __slots__ = ("batches", "full_dump", "held", "seq")
+    __slots__ = ("batches", "full_dump", "held", "seq", "dump_id", "chunk", "num_chunks")
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     FULL_DUMP_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    DUMP_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedCompositeFieldContainer[KvEventBatch]
     full_dump: bool
     held: _containers.RepeatedScalarFieldContainer[bytes]
     seq: int
-    def __init__(self, batches: _Optional[_Iterable[_Union[KvEventBatch, _Mapping]]] = ..., full_dump: bool = ..., held: _Optional[_Iterable[bytes]] = ..., seq: _Optional[int] = ...) -> None: ...
+    dump_id: str
+    chunk: int
+    num_chunks: int
+    def __init__(self, batches: _Optional[_Iterable[_Union[KvEventBatch, _Mapping]]] = ..., full_dump: bool = ..., held: _Optional[_Iterable[bytes]] = ..., seq: _Optional[int] = ..., dump_id: _Optional[str] = ..., chunk: _Optional[int] = ..., num_chunks: _Optional[int] = ...) -> None: ...
 
 class MirrorRecord(_message.Message):
     __slots__ = ("request_id", "model", "prompt_token_ids", "sampling", "output_token_ids", "finish_reason", "ttft_s", "tpot_s", "error", "timestamp", "session_id", "pool")
@@ -167,3 +177,63 @@ class PrewarmReply(_message.Message):
     seconds: float
     error: str
     def __init__(self, blocks_requested: _Optional[int] = ..., blocks_fetched: _Optional[int] = ..., blocks_cached: _Optional[int] = ..., seconds: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
+
+class SchedulerHeartbeat(_message.Message):
+    __slots__ = ("replica_id", "endpoint", "started_at", "timestamp", "slots", "active", "production_pool", "canary_pool", "canary_weight", "split_set_at")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCTION_POOL_FIELD_NUMBER: _ClassVar[int]
+    CANARY_POOL_FIELD_NUMBER: _ClassVar[int]
+    CANARY_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_SET_AT_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    endpoint: str
+    started_at: float
+    timestamp: float
+    slots: int
+    active: int
+    production_pool: str
+    canary_pool: str
+    canary_weight: float
+    split_set_at: float
+    def __init__(self, replica_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., started_at: _Optional[float] = ..., timestamp: _Optional[float] = ..., slots: _Optional[int] = ..., active: _Optional[int] = ..., production_pool: _Optional[str] = ..., canary_pool: _Optional[str] = ..., canary_weight: _Optional[float] = ..., split_set_at: _Optional[float] = ...) -> None: ...
+
+class WorkerPrediction(_message.Message):
+    __slots__ = ("worker_id", "block_hashes")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, worker_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class RoutePredictions(_message.Message):
+    __slots__ = ("replica_id", "request_id", "ttl_s", "predictions", "decode_worker", "prefill_worker", "prefill_s")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_WORKER_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_WORKER_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_S_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    request_id: str
+    ttl_s: float
+    predictions: _containers.RepeatedCompositeFieldContainer[WorkerPrediction]
+    decode_worker: str
+    prefill_worker: str
+    prefill_s: float
+    def __init__(self, replica_id: _Optional[str] = ..., request_id: _Optional[str] = ..., ttl_s: _Optional[float] = ..., predictions: _Optional[_Iterable[_Union[WorkerPrediction, _Mapping]]] = ..., decode_worker: _Optional[str] = ..., prefill_worker: _Optional[str] = ..., prefill_s: _Optional[float] = ...) -> None: ...
+
+class RouteCompleted(_message.Message):
+    __slots__ = ("replica_id", "request_id", "decode_worker")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DECODE_WORKER_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    request_id: str
+    decode_worker: str
+    def __init__(self, replica_id: _Optional[str] = ..., request_id: _Optional[str] = ..., decode_worker: _Optional[str] = ...) -> None: ...

@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--kv-blocks", type=int, default=8192, help="per-worker prefix cache, blocks")
     p.add_argument("--event-delay-s", type=float, default=0.05)
+    p.add_argument("--routers", default="1",
+                   help="scheduler replicas, comma-separated (e.g. 1,2,4): each sees KV events with its own delay")
+    p.add_argument("--peer-delay-s", type=float, default=0.005, help="replicas: a routing decision reaching the peers")
     p.add_argument("--sticky-ttl-s", type=float, default=0.0, help="sticky sessions (0 = off, to compare policies)")
     p.add_argument("--prefill-s-per-token", type=float, default=cost.prefill_s_per_token)
     p.add_argument("--decode-s-per-step", type=float, default=cost.decode_s_per_step)
@@ -89,9 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _sim_config(args: argparse.Namespace, n: int) -> SimConfig:
+def _sim_config(args: argparse.Namespace, n: int, routers: int = 1) -> SimConfig:
     return SimConfig(
         num_workers=n,
+        routers=routers,
+        peer_delay_s=args.peer_delay_s,
         num_prefill_workers=round(n * args.prefill_workers),
         max_num_seqs=args.max_num_seqs,
         kv_blocks=args.kv_blocks,
@@ -156,8 +161,14 @@ def sim_main(argv: list[str] | None = None) -> int:
         print(f"# mesh terms: {mesh}")
     print(HEADER, flush=True)
     details: list[RunSummary] = []
-    for n in (int(x) for x in args.workers.split(",")):
-        config = _sim_config(args, n)
+    router_counts = [int(x) for x in args.routers.split(",")]
+    single: dict[int, dict[str, float | None]] = {}  # capacities with one replica
+    if any(k < 1 for k in router_counts):
+        raise SystemExit("kvmesh sim: --routers must be >= 1")
+    for n, k in ((int(x), k) for x in args.workers.split(",") for k in router_counts):
+        config = _sim_config(args, n, k)
+        if router_counts != [1]:
+            print(f"# {n} workers, {k} scheduler replica(s)", flush=True)
 
         def run_at(rate: float, name: str, config: SimConfig = config) -> RunSummary:
             trace, window = trace_at(rate)
@@ -175,6 +186,13 @@ def sim_main(argv: list[str] | None = None) -> int:
         for summary in rows:
             print(row(summary, caps[summary.policy]), flush=True)
         details += rows
+        if k == 1:
+            single[n] = caps
+        one_router = single.get(n)
+        for name in policies:
+            if k > 1 and one_router and one_router.get(name) and caps.get(name) is not None:
+                print(f"# {n} workers: {name} with {k} replicas = {caps[name] / one_router[name]:.2f}x one replica's capacity",
+                      flush=True)
         for name in ("kv_aware", "dualmap"):
             if caps.get(name):
                 ratios = [f"{caps[name] / caps[o]:.2f}x {o}" for o in ("round_robin", "prefix_affinity") if caps.get(o)]

@@ -15,6 +15,11 @@ reaches the decode worker after kv_transfer_s_per_token × tokens.
 
 Mesh terms (MeshCost: per-request overhead and work, per-token overhead, CPU sharing, admission)
 are described in meshcost.py; all are off by default.
+With `routers` K > 1, K scheduler replicas (each its own Router: registry, index, sticky) take
+arrivals in turn; replica j sees each KV event after event_delay_s × (1 + j / (K - 1)) (its own
+lag, up to twice the first's), and its peers' routing decisions (load and predicted blocks) and
+completions after peer_delay_s, as the replicas publish them over NATS when they happen
+(docs/replicas.md); KV events come later because workers publish them after engine steps.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ class SimConfig:
     kv_transfer_s_per_token: float = 2.0e-6
     sticky_ttl_s: float = 0.0
     prediction_ttl_s: float = 2.0
+    routers: int = 1                # scheduler replicas, each with its own view
+    peer_delay_s: float = 0.005     # a replica's routing decision reaching its peers (one NATS hop)
     cost: CostModel = field(default_factory=CostModel)
     pd: PdConfig = field(default_factory=PdConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -58,6 +65,7 @@ class RequestResult:
     request: TraceRequest
     decode_id: str
     hashes: tuple[bytes, ...] = ()
+    router: int = 0                 # the replica that routed it (gets its completion)
     cached_tokens: int = 0
     first_token_s: float = 0.0
     finish_s: float = 0.0
@@ -116,10 +124,15 @@ class Cluster:
     def __init__(self, policy_name: str, config: SimConfig) -> None:
         self.config = config
         self.now = 0.0
-        self.registry = Registry(heartbeat_timeout_s=3600.0, clock=lambda: self.now)
-        policy = make_policy(policy_name, config.policy)
-        sticky = StickySessions(config.sticky_ttl_s)
-        self.router = Router(self.registry, BlockIndex(), policy, sticky, RouterConfig(config.cost, config.pd, config.prediction_ttl_s))
+        self.routers = [
+            Router(Registry(heartbeat_timeout_s=3600.0, clock=lambda: self.now), BlockIndex(),
+                   make_policy(policy_name, config.policy), StickySessions(config.sticky_ttl_s),
+                   RouterConfig(config.cost, config.pd, config.prediction_ttl_s))
+            for _ in range(max(1, config.routers))
+        ]
+        self.router = self.routers[0]
+        self.registry = self.router.registry
+        self._arrivals = 0
         decodes = [SimWorker(f"d{i:03d}", Role.DECODE, config.kv_blocks, config.max_num_seqs) for i in range(config.num_workers)]
         prefills = [SimWorker(f"p{i:03d}", Role.PREFILL, config.kv_blocks, config.max_num_seqs) for i in range(config.num_prefill_workers)]
         self.workers = {w.worker_id: w for w in (*decodes, *prefills)}
@@ -161,7 +174,15 @@ class Cluster:
                 for w in self._host_of(payload[0]):  # type: ignore[index]
                     w.stall_s += payload[1]  # type: ignore[index]
             elif kind == "deliver":
-                self.router.index.apply(payload)  # type: ignore[arg-type]
+                j, batch = payload  # type: ignore[misc]
+                self.routers[j].index.apply(batch)
+            elif kind == "peer_route":
+                j, decision, hashes = payload  # type: ignore[misc]
+                prefill_id = None if decision.prefill is None else decision.prefill.worker_id
+                self.routers[j].observe_peer_route(decision.decode.worker_id, prefill_id, hashes, decision.prefill_s)
+            elif kind == "peer_complete":
+                j, decode_id = payload  # type: ignore[misc]
+                self.routers[j].registry.observe_peer_complete(decode_id)
             elif kind == "window":
                 for w in self.workers.values():
                     w.mark_load(self.now)
@@ -174,20 +195,27 @@ class Cluster:
         return self.results
 
     def _heartbeats(self) -> None:
-        for w in self.workers.values():
-            self.router.observe_heartbeat(HeartbeatInfo(
-                worker_id=w.worker_id, role=w.role, endpoint=w.worker_id, num_running=w.running,
-                num_waiting=len(w.slot_queue), kv_blocks_total=w.kv_blocks, kv_blocks_free=w.kv_blocks - len(w.cache),
-                max_num_seqs=w.max_num_seqs,
-            ))
-        self.router.sweep()
+        for router in self.routers:
+            for w in self.workers.values():
+                router.observe_heartbeat(HeartbeatInfo(
+                    worker_id=w.worker_id, role=w.role, endpoint=w.worker_id, num_running=w.running,
+                    num_waiting=len(w.slot_queue), kv_blocks_total=w.kv_blocks, kv_blocks_free=w.kv_blocks - len(w.cache),
+                    max_num_seqs=w.max_num_seqs,
+                ))
+            router.sweep()
+
+    def _event_delay_s(self, j: int) -> float:
+        k = len(self.routers)
+        return self.config.event_delay_s * (1 + (j / (k - 1) if k > 1 else 0))
 
     def _publish(self, w: SimWorker, stored: list[bytes], removed: list[bytes]) -> None:
         if not stored and not removed:
             return
         w.seq += 1
         events = ((Stored(tuple(stored)),) if stored else ()) + ((Removed(tuple(removed)),) if removed else ())
-        self._at(self.now + self.config.event_delay_s, "deliver", EventBatch(w.worker_id, w.seq, events))
+        batch = EventBatch(w.worker_id, w.seq, events)
+        for j in range(len(self.routers)):
+            self._at(self.now + self._event_delay_s(j), "deliver", (j, batch))
 
     # --- request lifecycle ---
 
@@ -235,10 +263,15 @@ class Cluster:
 
     def _arrive(self, r: TraceRequest) -> None:
         hashes = r.block_hashes()[: r.prompt_tokens // self.config.cost.block_size]
-        decision = self.router.route(RouteQuery(r.request_id, r.prompt_tokens, hashes, r.session_id, r.output_tokens))
+        j, self._arrivals = self._arrivals % len(self.routers), self._arrivals + 1
+        router = self.routers[j]
+        decision = router.route(RouteQuery(r.request_id, r.prompt_tokens, hashes, r.session_id, r.output_tokens))
+        for peer in range(len(self.routers)):
+            if peer != j:  # replicas share each decision's load and predicted blocks over NATS
+                self._at(self.now + self.config.peer_delay_s, "peer_route", (peer, decision, hashes))
         d = self.workers[decision.decode.worker_id]
         d.mark_load(self.now)
-        result = RequestResult(r, d.worker_id, hashes)
+        result = RequestResult(r, d.worker_id, hashes, router=j)
         if d.running < d.max_num_seqs:
             self._start(d, result, decision)
         else:
@@ -301,7 +334,10 @@ class Cluster:
         self._publish(d, *d.insert(result.hashes + output))
         d.mark_load(self.now)
         d.running -= 1
-        self.router.complete(r.request_id)
+        self.routers[result.router].complete(r.request_id)
+        for peer in range(len(self.routers)):
+            if peer != result.router:
+                self._at(self.now + self.config.peer_delay_s, "peer_complete", (peer, d.worker_id))
         self._pending -= 1
         if d.slot_queue:
             nxt, decision = d.slot_queue.popleft()

@@ -1,0 +1,166 @@
+"""gRPC client of a sharded KV store: prefix lookups fan out per shard, Gets and Puts go to owners.
+
+Every block's owner comes from `kvshards.rank` over the live shards. A shard that fails a call
+costs only its blocks: the prefix ends at its first block, the caller recomputes from there, and
+the directory leaves that shard out until it heartbeats again. Blocks read more than `hot_hits`
+times (counted by this client) are copied to the next `replicas - 1` shards in rendezvous order,
+where lookups go once their owner is gone. No torch: blocks stay protobuf `KvBlock`s here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from .errors import MeshError
+from .grpcutil import ChannelPool
+from .kvshards import Shard, ShardDirectory, contiguous_prefix, rank, split_by_owner
+from .pb import common_pb2, kvstore_pb2, kvstore_pb2_grpc
+from .telemetry import inject_metadata
+
+log = logging.getLogger(__name__)
+
+MAX_HOT_TRACKED = 65_536  # hit counters kept for replication decisions
+
+
+@dataclass(slots=True)
+class ShardedLookup:
+    num_blocks: int                       # leading blocks held mesh-wide (and leased on their shards)
+    owners: list[Shard]                   # owner of each leading block
+    leases: dict[Shard, str]
+
+
+class ShardedStore:
+    def __init__(
+        self, directory: ShardDirectory, channels: ChannelPool, spec: common_pb2.ModelSpec, timeout_s: float,
+        put_timeout_s: float = 10.0, replicas: int = 1, hot_hits: int = 0,
+    ) -> None:
+        self.directory = directory
+        self.spec = spec
+        self.timeout_s = timeout_s
+        self.put_timeout_s = put_timeout_s
+        self.replicas = max(1, replicas)
+        self.hot_hits = hot_hits
+        self.replicated = 0
+        self.failures = 0  # calls a shard failed
+        self._channels = channels
+        self._hits: Counter[bytes] = Counter()
+        self._background: set[asyncio.Task] = set()
+
+    def _stub(self, shard: Shard) -> kvstore_pb2_grpc.KvStoreStub:
+        return kvstore_pb2_grpc.KvStoreStub(self._channels.get(shard.endpoint))
+
+    def _failed(self, shard: Shard, call: str, exc: Exception) -> None:
+        self.failures += 1
+        detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+        log.warning("KV store shard %s (%s) failed %s: %s; its blocks are recomputed", shard.shard_id, shard.endpoint, call, detail)
+        self.directory.forget(shard)
+
+    async def lookup(self, hashes: Sequence[bytes]) -> ShardedLookup:
+        """Asks each owner shard for the leading blocks of its share of `hashes` (concurrently)."""
+        shards = self.directory.shards()
+        if not shards or not hashes:
+            return ShardedLookup(0, [], {})
+        groups = split_by_owner(hashes, shards)
+
+        async def ask(shard: Shard, positions: list[int]) -> kvstore_pb2.LookupResponse | None:
+            request = kvstore_pb2.LookupRequest(spec=self.spec, block_hashes=[hashes[i] for i in positions])
+            try:
+                return await self._stub(shard).Lookup(request, timeout=self.timeout_s, metadata=inject_metadata())
+            except (grpc.aio.AioRpcError, MeshError) as exc:
+                self._failed(shard, "Lookup", exc)
+                return None
+
+        replies = dict(zip(groups, await asyncio.gather(*(ask(s, p) for s, p in groups.items()))))
+        held = {s: r.num_blocks for s, r in replies.items() if r is not None}
+        num_blocks = contiguous_prefix(len(hashes), groups, held)
+        owner_of = {i: s for s, positions in groups.items() for i in positions}
+        leases = {s: r.lease_id for s, r in replies.items() if r is not None and r.lease_id}
+        return ShardedLookup(num_blocks, [owner_of[i] for i in range(num_blocks)], leases)
+
+    async def get(self, hashes: Sequence[bytes], skip: int, found: ShardedLookup, encoding: int) -> list[common_pb2.KvBlock]:
+        """Blocks `skip..found.num_blocks` of `hashes`, in order, from their owners (concurrently).
+        Stops short at the first block whose shard failed."""
+        by_shard: dict[Shard, list[int]] = {}
+        for i in range(skip, found.num_blocks):
+            by_shard.setdefault(found.owners[i], []).append(i)
+        got: dict[int, common_pb2.KvBlock] = {}
+        end = found.num_blocks
+
+        async def fetch(shard: Shard, positions: list[int]) -> None:
+            nonlocal end
+            wanted = [hashes[i] for i in positions]
+            request = kvstore_pb2.GetRequest(spec=self.spec, block_hashes=wanted, lease_id=found.leases.get(shard, ""),
+                                             encoding=encoding)
+            k = 0
+            try:
+                async for block in self._stub(shard).Get(request, timeout=self.timeout_s * 4, metadata=inject_metadata()):
+                    if k >= len(positions) or block.header.block_hash != wanted[k]:
+                        raise ValueError(f"shard sent an unexpected block at position {positions[min(k, len(positions) - 1)]}")
+                    got[positions[k]] = block
+                    k += 1
+            except (grpc.aio.AioRpcError, MeshError, ValueError) as exc:
+                self._failed(shard, "Get", exc)
+            if k < len(positions):
+                end = min(end, positions[k])
+
+        await asyncio.gather(*(fetch(s, p) for s, p in by_shard.items()))
+        blocks = [got[i] for i in range(skip, end)]
+        self._count_hits(blocks)
+        return blocks
+
+    async def put(self, producer_id: str, blocks: Sequence[common_pb2.KvBlock]) -> tuple[int, int]:
+        """Puts each block to its owner shard (one two-phase Put per shard); (stored, duplicates)."""
+        shards = self.directory.shards()
+        if not shards:
+            return 0, 0
+        groups = split_by_owner([b.header.block_hash for b in blocks], shards)
+        results = await asyncio.gather(*(self._put_to(s, producer_id, [blocks[i] for i in p]) for s, p in groups.items()))
+        return sum(r[0] for r in results), sum(r[1] for r in results)
+
+    async def _put_to(self, shard: Shard, producer_id: str, blocks: list[common_pb2.KvBlock]) -> tuple[int, int]:
+        messages = [kvstore_pb2.PutMessage(open=kvstore_pb2.PutOpen(spec=self.spec, producer_id=producer_id))]
+        for i, block in enumerate(blocks):
+            copy = common_pb2.KvBlock()
+            copy.CopyFrom(block)
+            copy.header.block_index = i
+            messages.append(kvstore_pb2.PutMessage(block=copy))
+        messages.append(kvstore_pb2.PutMessage(commit=kvstore_pb2.PutCommit(num_blocks=len(blocks))))
+        try:
+            reply = await self._stub(shard).Put(iter(messages), timeout=self.put_timeout_s, metadata=inject_metadata())
+        except (grpc.aio.AioRpcError, MeshError) as exc:
+            self._failed(shard, "Put", exc)
+            return 0, 0
+        return reply.stored, reply.duplicates
+
+    def _count_hits(self, blocks: list[common_pb2.KvBlock]) -> None:
+        if self.replicas < 2 or self.hot_hits <= 0:
+            return
+        hot = []
+        for block in blocks:
+            block_hash = block.header.block_hash
+            self._hits[block_hash] += 1
+            if self._hits[block_hash] == self.hot_hits:
+                hot.append(block)
+        if len(self._hits) > MAX_HOT_TRACKED:
+            self._hits = Counter(dict(self._hits.most_common(MAX_HOT_TRACKED // 2)))
+        if hot:
+            task = asyncio.create_task(self._replicate(hot))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _replicate(self, blocks: list[common_pb2.KvBlock]) -> None:
+        """Copies hot blocks to the shards ranked 2..R for each (the owner already has them)."""
+        shards = self.directory.shards()
+        by_shard: dict[Shard, list[common_pb2.KvBlock]] = {}
+        for block in blocks:
+            for shard in rank(block.header.block_hash, shards)[1 : self.replicas]:
+                by_shard.setdefault(shard, []).append(block)
+        for shard, copies in by_shard.items():
+            stored, _ = await self._put_to(shard, "replica", copies)
+            self.replicated += stored
