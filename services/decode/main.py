@@ -52,7 +52,7 @@ async def start(settings: DecodeSettings, bus: Bus | None = None) -> WorkerApp:
     worker.endpoint = settings.endpoint(server.port)
     prewarm = Prewarm(loop, spec, settings.kvstore, channels)
     await prewarm.start(bus, worker_id)  # NOTE: before the first heartbeat, which may trigger it
-    events, heartbeater = await announce("decode", settings, parts, worker.endpoint, bus)
+    events, heartbeater = await announce("decode", settings, parts, worker.endpoint, bus, worker.live_request_ids)
     gauges = asyncio.create_task(_refresh_gauges(loop, settings.heartbeat_interval_s), name="decode-gauges")
     metrics_port = serve_metrics(settings.host, settings.metrics_port) if settings.metrics_port >= 0 else None
     log.info("decode worker %s serving on %s (model %s)", worker_id, worker.endpoint, settings.model)

@@ -2,12 +2,14 @@
 
 A decode worker registers a pending receive before it asks a prefill worker for the KV; the
 PushKv stream fills it block by block, each frame validated (spec, index, token count, chained
-hash, checksum) before its bytes are read.
+hash, checksum) before its bytes are read. Blocks land in ONE buffer the size of the prompt's KV
+(`kv`), at their token offsets; the local cached prefix is copied into its head when the request
+is added (`fill_prefix`): no list of blocks kept and copied again by a concatenation.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -26,7 +28,8 @@ class PendingKv:
     start_block: int
     block_size: int
     hashes: list[bytes]  # chained hashes of the prompt's full blocks
-    blocks: list[torch.Tensor] = field(default_factory=list)  # each [2, L, n, H, D]
+    kv: torch.Tensor | None = None  # [2, L, num_tokens, H, D] once the first block arrived
+    num_received: int = 0
     bytes_received: int = 0
     opened: bool = False
     closed: bool = False
@@ -42,7 +45,7 @@ class PendingKv:
 
     @property
     def complete(self) -> bool:
-        return self.closed and self.error is None and len(self.blocks) == self.num_expected
+        return self.closed and self.error is None and self.num_received == self.num_expected
 
     def open(self, msg: decode_pb2.KvPushOpen) -> None:
         if self.opened:
@@ -54,10 +57,10 @@ class PendingKv:
             )
         self.opened = True
 
-    def add(self, block: common_pb2.KvBlock, spec: common_pb2.ModelSpec) -> torch.Tensor:
-        """Validate one frame against what this request expects, then decode it."""
+    def check(self, block: common_pb2.KvBlock) -> int:
+        """Validate one frame's header against what this request expects; its block index."""
         h = block.header
-        index = self.start_block + len(self.blocks)
+        index = self.start_block + self.num_received
         if self.closed or index >= self.end_block:
             raise InvalidArgument(f"request {self.request_id!r}: unexpected KV block {h.block_index}")
         if h.block_index != index:
@@ -68,17 +71,30 @@ class PendingKv:
         want_hash = self.hashes[index] if want_tokens == self.block_size else b""
         if h.block_hash != want_hash:
             raise InvalidArgument(f"KV block {index}: block hash does not match the prompt's tokens")
-        kv = kvtensor.decode_block(block, spec)
-        self.blocks.append(kv)
-        self.bytes_received += kvwire.wire_bytes(block)
-        return kv
+        return index
+
+    def store(self, index: int, kv: torch.Tensor, wire_bytes: int) -> None:
+        """Put checked block `index` (`[2, L, n, H, D]`, decoded) at its place in `kv`."""
+        if self.kv is None:
+            two, layers, _, heads, dim = kv.shape
+            self.kv = torch.empty((two, layers, self.num_tokens, heads, dim), dtype=kv.dtype)
+        start = index * self.block_size
+        self.kv[:, :, start : start + kv.shape[2]].copy_(kv)
+        self.num_received += 1
+        self.bytes_received += wire_bytes
+
+    def add(self, block: common_pb2.KvBlock, spec: common_pb2.ModelSpec) -> None:
+        """check + decode + store on the calling thread (see `DecodeWorker.receive_push` for the
+        event-loop path, which decodes on the codec pool)."""
+        index = self.check(block)
+        self.store(index, kvtensor.decode_block(block, spec), kvwire.wire_bytes(block))
 
     def close(self, msg: decode_pb2.KvPushClose) -> None:
         self.closed = True
         if msg.error:
             self.error = msg.error
-        elif msg.num_blocks != len(self.blocks) or len(self.blocks) != self.num_expected:
-            self.error = f"push closed after {len(self.blocks)} blocks (says {msg.num_blocks}), expected {self.num_expected}"
+        elif msg.num_blocks != self.num_received or self.num_received != self.num_expected:
+            self.error = f"push closed after {self.num_received} blocks (says {msg.num_blocks}), expected {self.num_expected}"
             raise InvalidArgument(f"request {self.request_id!r}: {self.error}")
 
 
@@ -104,6 +120,11 @@ class KvReceiver:
         return pending
 
 
-def assemble(local: list[torch.Tensor], received: list[torch.Tensor]) -> torch.Tensor:
-    """The prompt's KV in token order: local cached blocks then received ones, `[2, L, k, H, D]`."""
-    return torch.cat(local + received, dim=2)
+def fill_prefix(kv: torch.Tensor, local: list[torch.Tensor]) -> torch.Tensor:
+    """`kv` (`[2, L, k, H, D]`, received blocks in place) with the local cached blocks (each
+    `[2, L, block_size, H, D]`) copied into its head, in token order."""
+    start = 0
+    for block in local:
+        kv[:, :, start : start + block.shape[2]].copy_(block)
+        start += block.shape[2]
+    return kv

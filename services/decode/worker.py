@@ -10,11 +10,13 @@ one-request-per-call `Generate` RPC (coalesced when the consumer is slower than 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from opentelemetry import trace
@@ -26,11 +28,13 @@ from kvmesh.runtime.errors import InvalidArgument, MeshError, ResourceExhausted,
 from kvmesh.runtime.grpcutil import ChannelPool
 from kvmesh.runtime.pb import common_pb2, prefill_pb2, prefill_pb2_grpc
 from kvmesh.runtime.telemetry import inject_metadata, tracer
+from kvmesh.worker import kvtensor
+from kvmesh.worker.offload import CodecPool
 from kvmesh.worker.worker import EngineLoop, OutputStream
 
 from . import metrics
 from .handback import Handback
-from .receive import KvReceiver, PendingKv, assemble
+from .receive import KvReceiver, PendingKv, fill_prefix
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,7 @@ class DecodeCounters:
 class _Inflight:
     job: GenerateJob
     tokens: list[int]  # prompt + output so far (for the KV hand-back)
+    engine_id: str  # this call's id inside the engine: never shared with an earlier call of the same request id
     aborted: bool = False
     in_engine: bool = False
 
@@ -93,14 +98,14 @@ def _merge(outs: list[RequestOutput]) -> Delta:
 @dataclass(slots=True)
 class _Received:
     start_block: int
-    blocks: list = field(default_factory=list)
+    kv: Any  # [2, L, num_tokens, H, D]: received blocks in place, the local prefix still to copy in
 
 
 class DecodeWorker:
     def __init__(
         self, loop: EngineLoop, spec: common_pb2.ModelSpec, worker_id: str, endpoint: str,
         channels: ChannelPool, prefill_timeout_s: float = 30.0, handback: Handback | None = None,
-        kv_encoding: int = kvwire.RAW,
+        kv_encoding: int = kvwire.RAW, codec: CodecPool | None = None,
     ) -> None:
         self.loop = loop
         self.spec = spec
@@ -111,6 +116,7 @@ class DecodeWorker:
         self.handback = handback
         self.kv_encoding = kv_encoding
         self.receiver = KvReceiver()
+        self.codec = codec or CodecPool()
         self.counters = DecodeCounters()
         self.draining = False
         self.block_size = loop.engine.block_size
@@ -118,10 +124,15 @@ class DecodeWorker:
         self.max_model_len = loop.engine.max_model_len
         self.max_num_seqs = loop.engine.config.max_num_seqs
         self._inflight: dict[str, _Inflight] = {}
+        self._starts = itertools.count()
 
     @property
     def num_inflight(self) -> int:
         return len(self._inflight)
+
+    def live_request_ids(self) -> list[str]:
+        """The request ids this worker holds (prefilling, waiting or running): heartbeat `live_requests`."""
+        return list(self._inflight)
 
     def validate(self, job: GenerateJob) -> None:
         if self.draining:
@@ -151,19 +162,31 @@ class DecodeWorker:
             await self._compile_grammar(*job.params.structured)
         if job.request_id in self._inflight:
             raise InvalidArgument(f"request id {job.request_id!r} is already running on this worker")
-        state = self._inflight[job.request_id] = _Inflight(job, list(job.prompt))
+        # NOTE: the engine knows this call by its own id, so that an abort or a final output of an
+        # earlier call with the same request id (cancelled moments ago) never reaches this one.
+        engine_id = f"{job.request_id}#{next(self._starts)}"
+        state = self._inflight[job.request_id] = _Inflight(job, list(job.prompt), engine_id)
         try:
             with trace.use_span(span, end_on_exit=False):
                 received = await self._remote_prefill(job) if job.prefill_endpoint else None
             if state.aborted:
                 return False
-            await self._add(job, received, deliver)
+            adding = asyncio.ensure_future(self._add(job, engine_id, received, deliver))
+            try:
+                await asyncio.shield(adding)
+            except asyncio.CancelledError:
+                # NOTE: the add command is queued on the engine thread and runs anyway; the
+                # cancel queued after it takes the request out again (commands run in order).
+                self.loop.cancel(engine_id)
+                adding.add_done_callback(lambda t: t.cancelled() or t.exception())  # nobody awaits it now
+                raise
         except BaseException:
-            self._inflight.pop(job.request_id, None)
+            if self._inflight.get(job.request_id) is state:
+                del self._inflight[job.request_id]
             raise
         state.in_engine = True
         if state.aborted:  # NOTE: aborted while it was being added
-            self.loop.call_nowait(lambda engine: engine.abort_request(job.request_id))
+            self.loop.call_nowait(lambda engine: engine.abort_request(engine_id))
         return True
 
     def finished(self, job: GenerateJob, out: RequestOutput | None) -> None:
@@ -174,7 +197,7 @@ class DecodeWorker:
         del self._inflight[job.request_id]
         if out is None:
             if state.in_engine:
-                self.loop.cancel(job.request_id)
+                self.loop.cancel(state.engine_id)
         elif self.handback is not None and out.finish_reason not in ("abort", None):
             self.handback.offer(state.tokens)
 
@@ -242,7 +265,8 @@ class DecodeWorker:
             return False
         state.aborted = True
         if state.in_engine:
-            self.loop.call_nowait(lambda engine: engine.abort_request(request_id))
+            engine_id = state.engine_id
+            self.loop.call_nowait(lambda engine: engine.abort_request(engine_id))
         return True
 
     async def drain(self, timeout_s: float) -> None:
@@ -250,7 +274,7 @@ class DecodeWorker:
         while self._inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
-    async def _add(self, job: GenerateJob, received: _Received | None, deliver: Callable) -> None:
+    async def _add(self, job: GenerateJob, engine_id: str, received: _Received | None, deliver: Callable) -> None:
         bs, counters, prompt = self.block_size, self.counters, job.prompt
 
         def add(engine) -> None:
@@ -258,10 +282,10 @@ class DecodeWorker:
             if received is not None:
                 local = engine.export_cached_blocks(prompt[: received.start_block * bs])
                 if len(local) >= received.start_block:
-                    kv = assemble(local[: received.start_block], received.blocks)
+                    kv = fill_prefix(received.kv, local[: received.start_block])
                 else:  # NOTE: our cached prefix was evicted meanwhile; recompute here.
                     counters.prefill_fallbacks += 1
-            engine.add_request(job.request_id, prompt, job.params, computed_kv=kv, detokenize=job.detokenize)
+            engine.add_request(engine_id, prompt, job.params, computed_kv=kv, detokenize=job.detokenize)
             if kv is None:
                 counters.local_prefills += 1
                 metrics.LOCAL_PREFILLS.inc()
@@ -270,7 +294,7 @@ class DecodeWorker:
                 metrics.REMOTE_PREFILLS.inc()
 
         try:
-            await self.loop.add_request(job.request_id, add, deliver=deliver)
+            await self.loop.add_request(engine_id, add, deliver=deliver)
         except ValueError as exc:  # ContextLengthError included
             raise InvalidArgument(str(exc)) from exc
 
@@ -294,8 +318,8 @@ class DecodeWorker:
             stub = prefill_pb2_grpc.PrefillWorkerStub(self.channels.get(job.prefill_endpoint))
             await stub.Prefill(request, timeout=self.prefill_timeout_s, metadata=inject_metadata())
             if not pending.complete:
-                raise Unavailable(pending.error or f"{len(pending.blocks)}/{pending.num_expected} KV blocks arrived")
-            return _Received(start_block, pending.blocks)
+                raise Unavailable(pending.error or f"{pending.num_received}/{pending.num_expected} KV blocks arrived")
+            return _Received(start_block, pending.kv)
         except (grpc.aio.AioRpcError, MeshError) as exc:
             detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
             log.warning("remote prefill of %s on %s failed (%s); prefilling locally", job.request_id, job.prefill_endpoint, detail)
@@ -316,7 +340,10 @@ class DecodeWorker:
             async for msg in messages:
                 kind = msg.WhichOneof("msg")
                 if kind == "block":
-                    pending.add(msg.block, self.spec)
+                    index = pending.check(msg.block)
+                    # NOTE: crc, copies and dequantization on the codec pool, not the event loop
+                    kv = await self.codec.run(kvtensor.decode_block, msg.block, self.spec)
+                    pending.store(index, kv, kvwire.wire_bytes(msg.block))
                     label = kvwire.encoding_name(msg.block.header.encoding)
                     metrics.KV_BLOCKS_RECEIVED.labels(label).inc()
                     metrics.KV_BYTES_RECEIVED.labels(label).inc(kvwire.wire_bytes(msg.block))
@@ -330,6 +357,6 @@ class DecodeWorker:
         except MeshError as exc:
             pending.error = pending.error or str(exc)
             raise
-        self.counters.blocks_received += len(pending.blocks)
+        self.counters.blocks_received += pending.num_received
         self.counters.bytes_received += pending.bytes_received
-        return len(pending.blocks), pending.bytes_received
+        return pending.num_received, pending.bytes_received

@@ -205,6 +205,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         for seq, start, end in sched.kv_imports:
             self.runner.write_kv(seq.block_table, start, seq.computed_kv[:, :, start:end])
+            seq.computed_kv = None  # NOTE: in the cache now; a preempted sequence recomputes (or hits the prefix cache)
         for seq in sched.prefilled:
             self.scheduler.commit_blocks(seq)
             self._finish(seq, "prefill", outputs)

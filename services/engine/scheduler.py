@@ -134,7 +134,9 @@ class Scheduler:
                 self.counters.prefix_query_tokens += seq.num_prompt_tokens
                 self.counters.prefix_hit_tokens += hit_tokens
             if seq.computed_kv_len > hit_tokens:
-                out.kv_imports.append((seq, hit_tokens, seq.computed_kv_len))
+                out.kv_imports.append((seq, hit_tokens, seq.computed_kv_len))  # the engine lets it go once written
+            else:
+                seq.computed_kv = None  # NOTE: the prefix cache holds all of it; never keep it for the request's life
             if n == 0:
                 seq.status = SequenceStatus.PREFILLED
                 out.prefilled.append(seq)

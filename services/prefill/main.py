@@ -14,6 +14,7 @@ from kvmesh.runtime.kvshards import ShardDirectory
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import prefill_pb2_grpc
 from kvmesh.runtime.telemetry import TracingServerInterceptor
+from kvmesh.worker.offload import CodecPool
 from kvmesh.worker.app import WorkerApp, announce, serve_worker, start_engine, worker_main
 from kvmesh.worker.worker import EngineLoop
 
@@ -30,14 +31,15 @@ async def start(settings: PrefillSettings, bus: Bus | None = None) -> WorkerApp:
     """Build the engine (off the event loop), start the gRPC server and the heartbeat."""
     parts = await start_engine("prefill", settings)
     loop, worker_id, spec, tls, channels = parts.loop, parts.worker_id, parts.spec, parts.tls, parts.channels
+    codec = CodecPool()  # KV block encode/decode off the event loop, bounded
     shards = ShardDirectory.from_setting(settings.kvstore)
     store = None
     if shards is not None:
         await shards.start(bus)
         store = StoreReader(ShardedStore(shards, channels, spec, settings.kvstore_timeout_s,
-                                         replicas=settings.kvstore_replicas, hot_hits=settings.kvstore_hot_hits), spec)
+                                         replicas=settings.kvstore_replicas, hot_hits=settings.kvstore_hot_hits), spec, codec)
     worker = PrefillWorker(
-        loop, spec, channels, store, settings.push_timeout_s, kvwire.encoding_from_name(settings.kv_encoding)
+        loop, spec, channels, store, settings.push_timeout_s, kvwire.encoding_from_name(settings.kv_encoding), codec
     )
     server = await start_server(
         settings.host,

@@ -13,6 +13,7 @@ import torch
 
 from kvmesh.runtime import kvwire
 from kvmesh.worker import kvtensor
+from kvmesh.worker.offload import CodecPool
 from kvmesh.runtime.errors import MeshError
 from kvmesh.runtime.kvshardclient import ShardedStore
 from kvmesh.runtime.pb import common_pb2
@@ -22,8 +23,9 @@ log = logging.getLogger(__name__)
 
 
 class StoreReader:
-    def __init__(self, store: ShardedStore, spec: common_pb2.ModelSpec) -> None:
+    def __init__(self, store: ShardedStore, spec: common_pb2.ModelSpec, codec: CodecPool | None = None) -> None:
         self.store = store
+        self.codec = codec or CodecPool()
         self.spec = spec
         self._failures = 0
 
@@ -56,5 +58,5 @@ class StoreReader:
             for i, block in enumerate(await self.store.get(hashes, skip, found, kvwire.RAW)):
                 if block.header.num_tokens != self.spec.block_size:
                     raise ValueError(f"store sent a partial block at position {skip + i}")
-                blocks.append(kvtensor.decode_block(block, self.spec))
+                blocks.append(await self.codec.run(kvtensor.decode_block, block, self.spec))  # off the event loop
         return blocks

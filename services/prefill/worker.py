@@ -23,6 +23,7 @@ from kvmesh.runtime.errors import InvalidArgument, Unavailable
 from kvmesh.runtime.grpcutil import ChannelPool
 from kvmesh.runtime.pb import common_pb2, decode_pb2, decode_pb2_grpc
 from kvmesh.runtime.telemetry import inject_metadata, tracer
+from kvmesh.worker.offload import CodecPool
 from kvmesh.worker.worker import EngineLoop
 
 from . import metrics
@@ -70,6 +71,7 @@ class PrefillWorker:
     def __init__(
         self, loop: EngineLoop, spec: common_pb2.ModelSpec, channels: ChannelPool,
         store: StoreReader | None = None, push_timeout_s: float = 30.0, kv_encoding: int = kvwire.RAW,
+        codec: CodecPool | None = None, outbox_blocks: int = 8,
     ) -> None:
         self.loop = loop
         self.spec = spec
@@ -82,6 +84,8 @@ class PrefillWorker:
         self.max_model_len = loop.engine.max_model_len
         self.draining = False
         self.inflight = 0
+        self.codec = codec or CodecPool()
+        self.outbox_blocks = outbox_blocks
 
     def validate(self, job: PrefillJob) -> None:
         if self.draining:
@@ -140,7 +144,9 @@ class PrefillWorker:
             )
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from exc
-        outbox: asyncio.Queue = asyncio.Queue()
+        # NOTE: bounded: a decode worker that reads slowly holds the prefill back (backpressure),
+        # instead of encoded blocks piling up here.
+        outbox: asyncio.Queue = asyncio.Queue(maxsize=self.outbox_blocks)
         open_msg = decode_pb2.KvPushOpen(
             request_id=job.request_id, spec=self.spec, num_tokens=num_tokens, start_block=job.start_block
         )
@@ -156,15 +162,18 @@ class PrefillWorker:
                     for blocks, out in await stream.next_batch():
                         for index, kv in blocks:
                             block_hash = hashes[index] if kv.shape[2] == bs else b""
-                            msg = kvtensor.encode_block(kv, encoding=encoding, block_hash=block_hash, block_index=index)
-                            outbox.put_nowait(decode_pb2.KvPushMessage(block=msg))
+                            # NOTE: crc, copies and quantization on the codec pool, not the event loop
+                            msg = await self.codec.run(kvtensor.encode_block, kv, encoding=encoding,
+                                                       block_hash=block_hash, block_index=index)
+                            if not await _put(outbox, decode_pb2.KvPushMessage(block=msg), reply):
+                                break
                             pushed, nbytes = pushed + 1, nbytes + kvwire.wire_bytes(msg)
                         if out.finished:
                             finished, cached = True, out.num_cached_tokens
                     if reply.done():
                         break  # the decode side ended the push early; its status is raised below
-                outbox.put_nowait(decode_pb2.KvPushMessage(close=decode_pb2.KvPushClose(num_blocks=pushed)))
-                outbox.put_nowait(None)
+                if await _put(outbox, decode_pb2.KvPushMessage(close=decode_pb2.KvPushClose(num_blocks=pushed)), reply):
+                    await _put(outbox, None, reply)
                 await reply
             except grpc.aio.AioRpcError as exc:
                 raise Unavailable(f"KV push to {job.destination} failed: {exc.code().name} {exc.details()}") from exc
@@ -186,6 +195,18 @@ class PrefillWorker:
         metrics.CACHED_TOKENS.labels("local").inc(cached - store_tokens)
         metrics.COMPUTED_TOKENS.inc(num_tokens - cached)
         return PrefillResult(num_tokens - cached, cached, pushed, nbytes)
+
+
+async def _put(outbox: asyncio.Queue, msg: decode_pb2.KvPushMessage | None, reply: asyncio.Future) -> bool:
+    """Waits for room in the push's bounded outbox; False when the push call ended first."""
+    if reply.done():
+        return False
+    put = asyncio.ensure_future(outbox.put(msg))
+    await asyncio.wait({put, reply}, return_when=asyncio.FIRST_COMPLETED)
+    if not put.done():
+        put.cancel()
+        return False
+    return True
 
 
 async def _messages(first: decode_pb2.KvPushMessage, outbox: asyncio.Queue) -> AsyncIterator:

@@ -33,6 +33,7 @@ CHANNEL_OPTIONS = [
 # when two services raced for one free port). A port belongs to one server here.
 SERVER_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)]
 DEFAULT_DEADLINE_S = 30.0
+DRAIN_S = 2.0  # how long a failed client-streaming call reads on before it answers (see `_drain`)
 
 
 def _abort_args(exc: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -101,6 +102,23 @@ def _wrap_unary(behavior: Callable) -> Callable:
     return handler
 
 
+async def _drain(requests: Any, timeout_s: float = DRAIN_S) -> None:
+    """Reads (and drops) what is left of a client stream, for at most `timeout_s`.
+
+    NOTE: a bidirectional call that ends with an error while the client is still sending (e.g.
+    a malformed frame, then more frames) made gRPC core reset the stream, and the client saw
+    INTERNAL "Internal error from Core" instead of the status, depending on timing. Letting the
+    client finish sending first (bounded) delivers the real status."""
+    async def drop() -> None:
+        async for _ in requests:
+            pass
+
+    try:
+        await asyncio.wait_for(drop(), timeout_s)
+    except Exception:  # noqa: BLE001 - the status that follows is what matters
+        pass
+
+
 def _wrap_stream(behavior: Callable) -> Callable:
     async def handler(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
@@ -109,6 +127,8 @@ def _wrap_stream(behavior: Callable) -> Callable:
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as exc:  # noqa: BLE001 - mapped to a status code
+            if hasattr(request_or_iterator, "__aiter__"):
+                await _drain(request_or_iterator)
             await _abort(context, exc)
 
     return handler

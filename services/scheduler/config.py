@@ -33,6 +33,9 @@ class SchedulerSettings(MeshSettings):
     reconcile_grace_s: float = Field(
         5.0, description="a routed request its decode worker's heartbeat still does not list after this is reclaimed (lost Complete)"
     )
+    engine_stall_s: float = Field(
+        10.0, gt=0.0, description="a worker with work whose heartbeat engine_progress has not moved for this long gets no new requests"
+    )
     # P/D
     local_prefill_max_tokens: int = Field(64, description="uncached prompt tokens up to which the decode worker prefills itself")
     prefill_queue_max_s: float = Field(2.0, description="prefill workers queued longer than this → prefill locally on the decode worker")

@@ -28,6 +28,7 @@ def heartbeat_from_pb(hb: events_pb2.Heartbeat) -> HeartbeatInfo:
         kv_event_seq=hb.kv_event_seq,
         live_request_ids=frozenset(hb.live_requests.request_ids) if hb.HasField("live_requests") else None,
         max_model_len=hb.max_model_len,
+        engine_progress=hb.engine_progress if hb.reports_progress else None,
     )
 
 

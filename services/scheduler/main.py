@@ -39,7 +39,8 @@ log = logging.getLogger("kvmesh.scheduler")
 def build_router(settings: SchedulerSettings) -> Router:
     settings.check()
     registry = Registry(heartbeat_timeout_s=settings.heartbeat_timeout_s, clock=time.monotonic,
-                        reconcile_grace_s=settings.reconcile_grace_s)
+                        reconcile_grace_s=settings.reconcile_grace_s,
+                        stall_s=settings.engine_stall_s)
     policy = make_policy(settings.policy, settings.policy_config())
     return Router(registry, BlockIndex(), policy, StickySessions(settings.sticky_ttl_s), settings.router_config(),
                   Prewarmer(settings.prewarm_config()))

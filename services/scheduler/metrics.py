@@ -26,6 +26,8 @@ KV_EVENTS_APPLIED = Counter("kvmesh_scheduler_kv_events_applied_total", "KV even
 KV_EVENT_GAPS = Counter("kvmesh_scheduler_kv_event_gaps_total", "sequence gaps detected (repaired by replay/dump)")
 REPLICAS = Gauge("kvmesh_scheduler_replicas", "live scheduler replicas this one sees (itself included)")
 INDEX_BLOCKS = Gauge("kvmesh_scheduler_index_blocks", "block entries in the global index")
+ASSIGNMENTS = Gauge("kvmesh_scheduler_assignments", "routed requests not completed yet (registry)")
+ADMITTED = Gauge("kvmesh_scheduler_admitted", "requests holding an admission slot")
 
 
 def priority_class(priority: int) -> str:

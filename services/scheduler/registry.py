@@ -47,6 +47,7 @@ class HeartbeatInfo:
     kv_event_seq: int = 0
     live_request_ids: frozenset[str] | None = None  # decode workers that report what they hold
     max_model_len: int = 0  # the worker engine's context length (0 = not reported)
+    engine_progress: int | None = None  # engine steps that advanced a request (None = not reported)
 
 
 @dataclass(slots=True)
@@ -60,6 +61,7 @@ class Worker:
     completed_since_heartbeat: int = 0
     backlog_s: float = 0.0            # estimated prefill work queued, seconds, at `backlog_at`
     backlog_at: float = 0.0
+    progress_at: float = 0.0          # when its engine_progress last moved (or it had no work)
 
     @property
     def worker_id(self) -> str:
@@ -101,6 +103,7 @@ class Registry:
     heartbeat_timeout_s: float = 3.0
     clock: Clock = time.monotonic
     reconcile_grace_s: float = 5.0  # a routed request the worker still does not hold after this is reclaimed
+    stall_s: float = 10.0  # a worker with work whose engine_progress has not moved for this long gets no new requests
     split: PoolSplit = field(default_factory=PoolSplit)  # production pool (and a canary's share)
     _workers: dict[str, Worker] = field(default_factory=dict)
     _assignments: dict[str, Assignment] = field(default_factory=dict)
@@ -118,6 +121,9 @@ class Registry:
         now = self.clock()
         worker = self._workers.get(hb.worker_id)
         if worker is not None and worker.info.started_at == hb.started_at and worker.info.role == hb.role:
+            if hb.engine_progress is None or hb.engine_progress != worker.info.engine_progress or not (
+                    hb.num_running or hb.num_waiting):
+                worker.progress_at = now
             worker.info, worker.last_seen, worker.routed_since_heartbeat = hb, now, 0
             worker.completed_since_heartbeat = 0
             self._reconcile(worker, now)
@@ -125,7 +131,7 @@ class Registry:
         seen = Seen.NEW if worker is None else Seen.RESTARTED
         if worker is not None:
             self._drop_assignments(hb.worker_id)
-        self._workers[hb.worker_id] = Worker(hb, now, backlog_at=now)
+        self._workers[hb.worker_id] = Worker(hb, now, backlog_at=now, progress_at=now)
         self._sorted = None
         return seen
 
@@ -160,14 +166,17 @@ class Registry:
         return list(self._sorted)
 
     def live(self, role: Role, pool: str | None = None, exclude: Iterable[str] = ()) -> list[Worker]:
-        """Workers of `role` in `pool` that take new requests (not draining), sorted by id."""
+        """Workers of `role` in `pool` that take new requests (not draining, engine not stalled:
+        work pending and `engine_progress` unchanged for `stall_s`), sorted by id."""
         skip = set(exclude)
+        stalled_before = self.clock() - self.stall_s
         if self._sorted is None:
             self._sorted = sorted(self._workers.values(), key=lambda w: w.worker_id)
         return [
             w
             for w in self._sorted
             if w.info.role is role and not w.info.draining and w.worker_id not in skip and (pool is None or w.info.pool == pool)
+            and w.progress_at >= stalled_before
         ]
 
     def pools(self) -> set[str]:

@@ -191,5 +191,7 @@ def refresh(router: Router, gate: AdmissionGate, counters: metrics.IndexCounters
     metrics.WORKERS.clear()
     for w in registry.all():
         metrics.WORKERS.labels(w.info.role.name.lower(), w.info.pool).inc()
+    metrics.ASSIGNMENTS.set(registry.open_assignments())
+    metrics.ADMITTED.set(gate.queue.active)
     stats = router.index.stats
     counters.update(stats.batches_applied, stats.gaps, router.index.num_entries)

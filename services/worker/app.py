@@ -19,6 +19,7 @@ from kvmesh.runtime.process import init_process
 from kvmesh.runtime.shutdown import GracefulShutdown
 from kvmesh.runtime.telemetry import Telemetry
 from .heartbeat import HeartbeatInfo, Heartbeater
+from .watchdog import watch_engine
 from .worker import EngineLoop, WorkerSettings, engine_config
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,10 @@ async def serve_worker(
     telemetry = Telemetry(role, settings.otlp_endpoint, settings.trace_dir) if settings.tracing else None
     bus = await Bus.connect(settings.nats_url, f"{role}-{settings.worker_id or 'worker'}") if settings.nats_url else None
     app = await start(settings, bus)
+    watchdog = asyncio.create_task(
+        watch_engine(app.loop, settings.engine_stall_s, app.deregister, min(1.0, settings.engine_stall_s / 4)),
+        name=f"{role}-watchdog",
+    )
 
     async def flush_telemetry() -> None:
         if telemetry is not None:
@@ -49,6 +54,7 @@ async def serve_worker(
     if ready is not None:
         ready.set()
     await shutdown.wait()
+    watchdog.cancel()
     log.info("%s worker shutting down", role)
     await shutdown.run()
 
@@ -122,7 +128,7 @@ async def start_engine(role: str, settings: WorkerSettings) -> EngineParts:
 
     engine = await asyncio.to_thread(LLMEngine, engine_config(settings))
     loop = EngineLoop(engine, name=f"{role}-engine", step_delay_s=settings.step_delay_s,
-                      step_slowdown=settings.step_slowdown)
+                      step_slowdown=settings.step_slowdown, call_timeout_s=settings.engine_call_timeout_s)
     loop.start()
     spec = kvwire.model_spec(engine.hasher.model_id, engine.model_args, engine.hasher.dtype, engine.block_size)
     tls = TlsConfig.from_settings(settings)
@@ -130,9 +136,11 @@ async def start_engine(role: str, settings: WorkerSettings) -> EngineParts:
 
 
 async def announce(
-    role: str, settings: WorkerSettings, parts: EngineParts, endpoint: str, bus: Bus | None
+    role: str, settings: WorkerSettings, parts: EngineParts, endpoint: str, bus: Bus | None,
+    live_requests: Callable[[], list[str]] | None = None,
 ) -> tuple[CacheEvents, Heartbeater]:
-    """Starts publishing the worker's KV cache events and heartbeats on NATS."""
+    """Starts publishing the worker's KV cache events and heartbeats on NATS; `live_requests`
+    (decode workers) lists the request ids the worker holds, on every beat."""
     info = HeartbeatInfo(
         parts.worker_id, role, endpoint, settings.pool, settings.served_model_name(), parts.engine.block_size,
         settings.max_num_seqs, time.time(), max_model_len=parts.engine.max_model_len,
@@ -140,6 +148,7 @@ async def announce(
     events = CacheEvents(parts.loop)
     if bus is not None and not await events.start(bus, parts.worker_id):
         log.warning("engine exposes no KV cache events; this worker's prefix cache is not announced")
-    heartbeater = Heartbeater(bus, info, lambda: parts.loop.stats, settings.heartbeat_interval_s, lambda: events.seq)
+    heartbeater = Heartbeater(bus, info, lambda: parts.loop.stats, settings.heartbeat_interval_s, lambda: events.seq,
+                              live_requests, lambda: parts.loop.progress)
     heartbeater.start()
     return events, heartbeater

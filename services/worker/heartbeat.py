@@ -36,26 +36,35 @@ class Heartbeater:
 
     def __init__(
         self, bus: Bus | None, info: HeartbeatInfo, stats: Callable[[], Any], interval_s: float,
-        kv_event_seq: Callable[[], int] = lambda: 0,
+        kv_event_seq: Callable[[], int] = lambda: 0, live_requests: Callable[[], list[str]] | None = None,
+        progress: Callable[[], int] | None = None,
     ) -> None:
         self.bus = bus
         self.info = info
         self.draining = False
         self._stats = stats
         self._kv_event_seq = kv_event_seq
+        self._live_requests = live_requests  # None = not reported (a prefill worker)
+        self._progress = progress  # engine steps that advanced a request; None = not reported
         self._interval_s = interval_s
         self._task: asyncio.Task | None = None
         self.subject = HEARTBEAT_SUBJECT.format(role=info.role, worker_id=info.worker_id)
 
     def message(self) -> events_pb2.Heartbeat:
         s, i = self._stats(), self.info
-        return events_pb2.Heartbeat(
+        hb = events_pb2.Heartbeat(
             worker_id=i.worker_id, role=ROLES[i.role], endpoint=i.endpoint, pool=i.pool, model=i.model,
             block_size=i.block_size, num_running=s.num_running, num_waiting=s.num_waiting,
             kv_blocks_total=s.num_total_blocks, kv_blocks_free=s.num_free_blocks, max_num_seqs=i.max_num_seqs,
             timestamp=time.time(), started_at=i.started_at, draining=self.draining, kv_event_seq=self._kv_event_seq(),
             max_model_len=i.max_model_len,
         )
+        if self._progress is not None:
+            hb.engine_progress, hb.reports_progress = self._progress(), True
+        if self._live_requests is not None:  # NOTE: set even when empty: "holds nothing" (S16)
+            hb.live_requests.SetInParent()
+            hb.live_requests.request_ids.extend(self._live_requests())
+        return hb
 
     async def beat(self) -> None:
         if self.bus is None:

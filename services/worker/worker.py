@@ -2,8 +2,12 @@
 
 The engine is not thread-safe, so one `EngineLoop` thread owns it: it runs queued commands
 between steps and calls `engine.step()` while there is work. The asyncio side submits commands
-with `await loop.call(fn)` and receives each request's outputs through an `OutputStream` or a
-`deliver` callback, all of one step's outputs in one hand-over to the event loop.
+with `await loop.call(fn)` (bounded by `call_timeout_s`) and receives each request's outputs
+through an `OutputStream` or a `deliver` callback, all of one step's outputs in one hand-over to
+the event loop. `progress` counts the steps that advanced a request and `progress_at` says when
+the last one did (the watchdog and the heartbeat read them); a step that advanced nothing (e.g.
+a prefill worker whose blocks are all held by requests waiting for release) makes the thread
+wait for the next command instead of spinning with the GIL held.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pydantic import Field
 
 from kvmesh.runtime.blockhash import resolve_dtype
 from kvmesh.runtime.config import MeshSettings
+from kvmesh.runtime.errors import Unavailable
 from kvmesh.runtime.grpcutil import advertised_endpoint
 
 log = logging.getLogger(__name__)
@@ -54,6 +59,8 @@ class WorkerSettings(MeshSettings):
     drain_grace_s: float = Field(10.0, description="how long in-flight requests may finish on shutdown")
     torch_threads: int = Field(0, description="torch intra-op threads (0 = torch's default: one per core)")
     step_delay_s: float = Field(0.0, description="testing aid: sleep after every engine step (e.g. a deliberately slow canary candidate)")
+    engine_call_timeout_s: float = Field(60.0, gt=0.0, description="how long a request waits for the engine thread to answer a command before UNAVAILABLE")
+    engine_stall_s: float = Field(30.0, gt=0.0, description="watchdog: no engine step progress for this long while work is pending = stalled (NOT_SERVING, deregistered)")
     step_slowdown: float = Field(1.0, ge=1.0, description="testing aid: every engine step takes this many times as long (sleeps the difference)")
 
     def resolved_worker_id(self, role: str) -> str:
@@ -141,8 +148,12 @@ class EngineLoop:
         step_slowdown: float = 1.0,
         clock: Callable[[], float] = time.perf_counter,
         sleep: Callable[[float], None] = time.sleep,
+        call_timeout_s: float = 60.0,
+        idle_wait_s: float = 0.05,
     ) -> None:
         self.engine = engine
+        self.call_timeout_s = call_timeout_s
+        self.idle_wait_s = idle_wait_s
         self.step_delay_s = step_delay_s
         self.step_slowdown = step_slowdown
         self._clock = clock
@@ -153,6 +164,10 @@ class EngineLoop:
         self._commands: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._subs: dict[str, _Subscription] = {}
         self.num_steps = 0
+        self.progress = 0  # steps that advanced a request
+        self.progress_at = time.monotonic()  # when one last did (or the engine last had nothing to do)
+        self.has_work = False  # as of the engine thread's last look
+        self._stalled_step = False  # the last step advanced nothing
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
@@ -164,8 +179,10 @@ class EngineLoop:
         await asyncio.to_thread(self._thread.join, 10.0)
         log.info("engine loop stopped after %d steps", self.num_steps)
 
-    async def call(self, fn: Callable[[Any], T]) -> T:
-        """Run `fn(engine)` on the engine thread between steps; its result or exception comes back."""
+    async def call(self, fn: Callable[[Any], T], timeout_s: float | None = None) -> T:
+        """Run `fn(engine)` on the engine thread between steps; its result or exception comes back.
+        Raises Unavailable when the engine thread does not answer within `timeout_s` (default
+        `call_timeout_s`): a stuck engine fails its callers instead of hanging them."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
 
@@ -178,7 +195,11 @@ class EngineLoop:
                 self._deliver(lambda: future.done() or future.set_result(result))
 
         self._commands.put(run)
-        return await future
+        wait_s = self.call_timeout_s if timeout_s is None else timeout_s
+        try:
+            return await asyncio.wait_for(future, wait_s)
+        except TimeoutError:
+            raise Unavailable(f"the engine did not answer within {wait_s:g} s") from None
 
     def call_nowait(self, fn: Callable[[Any], Any]) -> None:
         """Fire-and-forget `fn(engine)` on the engine thread (errors are logged)."""
@@ -233,10 +254,17 @@ class EngineLoop:
 
     def _run(self) -> None:
         while True:
-            busy = self.engine.has_unfinished_requests()
+            busy = self.has_work = self.engine.has_unfinished_requests()
+            if not busy:
+                self.progress_at = time.monotonic()  # NOTE: nothing to do is not a stall
             commands = []
             try:
-                commands.append(self._commands.get(block=not busy))
+                if not busy:
+                    commands.append(self._commands.get())
+                elif self._stalled_step:  # NOTE: nothing can move until a command (release, abort) comes
+                    commands.append(self._commands.get(timeout=self.idle_wait_s))
+                else:
+                    commands.append(self._commands.get_nowait())
                 while True:
                     commands.append(self._commands.get_nowait())
             except queue.Empty:
@@ -266,7 +294,12 @@ class EngineLoop:
                 self.engine.abort_request(request_id)
             self._subs.clear()
             self._deliver(lambda: _dispatch(failed))
+            self._stalled_step = False
             return
+        self._stalled_step = not outputs
+        if outputs:
+            self.progress += 1
+            self.progress_at = time.monotonic()
         items: list[tuple[Callable[[Any], None], Any]] = []
         for out in outputs:
             sub = self._subs.get(out.request_id)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import grpc
 import pytest
 import torch
 
 from kvmesh.decode.receive import PendingKv
+from kvmesh.engine.sampling import SamplingParams
 from kvmesh.runtime import kvwire
 from kvmesh.worker import kvtensor
 from kvmesh.runtime.pb import common_pb2, decode_pb2
@@ -167,7 +170,7 @@ async def test_bad_block_frames_are_invalid_and_fail_the_receive(decode, stub, b
     err = await _push(stub, [_open(decode), _block(decode, **bad)])
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert words in err.details()
-    assert pending.error is not None and not pending.blocks
+    assert pending.error is not None and pending.num_received == 0
 
 
 async def test_a_push_closed_short_is_invalid(decode, stub) -> None:
@@ -176,3 +179,47 @@ async def test_a_push_closed_short_is_invalid(decode, stub) -> None:
     err = await _push(stub, [_open(decode), _block(decode), close])
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert not pending.complete
+
+
+def test_handed_in_kv_is_not_held_once_it_is_in_the_cache(reference) -> None:
+    """Issue 16 item 5: `computed_kv` is written into the KV cache on admission and then let go,
+    not held for the request's lifetime."""
+    a = reference.model_args
+    kv = torch.zeros((2, a.num_layers, len(PROMPT) - 1, a.num_kv_heads, a.head_dim), dtype=reference.dtype)
+    alive = weakref.ref(kv)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    reference.add_request("handed-in", PROMPT, params, computed_kv=kv)
+    del kv
+    reference.step()
+    gc.collect()
+    try:
+        assert reference.has_unfinished_requests()  # still running...
+        assert alive() is None  # ...without its handed-in KV
+    finally:
+        while reference.has_unfinished_requests():
+            reference.step()
+
+
+async def test_pushed_blocks_are_decoded_off_the_event_loop_into_one_buffer(decode, stub, monkeypatch) -> None:
+    """Issue 16 items 4 and 5: crc, copies and dequantization of a pushed block run on the codec
+    pool, not the event loop's thread; the blocks land in one prompt-sized buffer in order."""
+    import threading
+
+    threads: list[str] = []
+    decode_block = kvtensor.decode_block
+
+    def spy(block, spec):
+        threads.append(threading.current_thread().name)
+        return decode_block(block, spec)
+
+    monkeypatch.setattr(kvtensor, "decode_block", spy)
+    pending = _pending(decode)
+    blocks = [_block(decode, i) for i in range(3)]
+    close = decode_pb2.KvPushMessage(close=decode_pb2.KvPushClose(num_blocks=3))
+    reply = await stub.PushKv(iter([_open(decode), *blocks, close]), timeout=5)
+    assert reply.blocks_received == 3 and pending.complete
+    assert threads and all(name.startswith("kv-codec") for name in threads)
+    assert tuple(pending.kv.shape[2:3]) == (12,)
+    for i, msg in enumerate(blocks):
+        want = decode_block(msg.block, decode.worker.spec)
+        assert torch.equal(pending.kv[:, :, i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE], want)

@@ -30,6 +30,7 @@ async def test_heartbeats_carry_the_endpoint_and_capacity_then_draining(nats_ser
         assert (beat.worker_id, beat.role, beat.endpoint) == ("d-1", common_pb2.WORKER_ROLE_DECODE, app.endpoint)
         assert (beat.block_size, beat.kv_blocks_total, beat.kv_blocks_free) == (4, 64, 64)
         assert beat.pool == "production" and beat.model == "tiny" and not beat.draining
+        assert beat.reports_progress and beat.HasField("live_requests")  # issue 16 items 3 and 5
         await app.deregister()
         for _ in range(200):
             if beats[-1].draining:

@@ -92,3 +92,56 @@ async def test_stream_interval_holds_tokens_but_never_the_first_or_the_end(refer
     assert sizes[0] == 1 and all(s >= 4 for s in sizes[1:-1]) and sum(sizes) == 10
     assert deltas["r"][-1].finish_reason == "length"
     assert [t for d in deltas["r"] for t in d.token_ids] == greedy(reference, PROMPT, 10)
+
+
+async def test_a_reused_request_id_never_gets_the_cancelled_calls_output(reference) -> None:
+    """Issue 16 item 1(c): a stream cancelled while its request runs, then the same id started
+    again before the engine's next step, must run the new request, not end it with the old one's
+    "abort"; the heartbeat's live_requests lists the ids the worker holds (item 5)."""
+    app = await start(decode_settings(step_delay_s=0.4))  # NOTE: commands pile up between steps
+    try:
+        async with grpc.aio.insecure_channel(app.endpoint) as channel:
+            stub = decode_pb2_grpc.DecodeWorkerStub(channel)
+            first = Client(stub)
+            first.generate("x", max_tokens=40)
+            await first.call.read()
+            assert list(app.heartbeater.message().live_requests.request_ids) == ["x"]
+            await first.close()
+            for _ in range(100):
+                if app.worker.num_inflight == 0:
+                    break
+                await asyncio.sleep(0.005)
+            again = Client(stub)
+            again.generate("x", max_tokens=4)
+            deltas, _ = await again.run({"x"})
+            await again.close()
+        assert deltas["x"][-1].finish_reason == "length"
+        assert [t for d in deltas["x"] for t in d.token_ids] == greedy(reference, PROMPT, 4)
+        beat = app.heartbeater.message()
+        assert beat.HasField("live_requests") and list(beat.live_requests.request_ids) == []
+    finally:
+        await app.stop()
+
+
+async def test_a_generate_cancelled_while_it_is_being_added_leaves_the_engine() -> None:
+    """Issue 16 item 6: a call that goes away while its add command waits for the engine thread
+    must not leave its request running in the engine."""
+    app = await start(decode_settings(step_delay_s=0.4))  # NOTE: commands wait behind each step
+    try:
+        async with grpc.aio.insecure_channel(app.endpoint) as channel:
+            stub = decode_pb2_grpc.DecodeWorkerStub(channel)
+            busy = stub.Generate(generate_request(request_id="busy", max_tokens=6), timeout=30)
+            await busy.read()  # the engine is stepping (slowly)
+            gone = stub.Generate(generate_request(request_id="gone", max_tokens=40), timeout=30)
+            await asyncio.sleep(0.1)  # on the server: validated, its add queued behind the step
+            gone.cancel()
+            while await busy.read() != grpc.aio.EOF:
+                pass
+        for _ in range(4):  # NOTE: ~2 s; the 40 tokens it asked for take 16 s here
+            if not await app.loop.call(lambda engine: engine.has_unfinished_requests()):
+                break
+            await asyncio.sleep(0.1)
+        assert not await app.loop.call(lambda engine: engine.has_unfinished_requests())
+        assert app.worker.num_inflight == 0
+    finally:
+        await app.stop()

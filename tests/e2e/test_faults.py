@@ -43,7 +43,10 @@ def reference(tokenizer):
 @pytest.mark.parametrize("stream", [True, False])
 def test_client_disconnect_frees_the_decode_slot_and_blocks(mesh, stream):
     idle_blocks = mesh.metric("decode-0", "kvmesh_decode_kv_blocks_used")
-    body = {"model": "tiny", "prompt": [70] * 40, "max_tokens": 1500, "temperature": 0, "stream": stream,
+    # NOTE: the tiny model makes 1500 tokens in under 2 s on an idle machine: the non-streaming
+    # request then finished before the client's 2 s timeout ("DID NOT RAISE"). 2000 tokens (the
+    # context's most) and a 0.5 s timeout leave the disconnect well inside the generation.
+    body = {"model": "tiny", "prompt": [70] * 40, "max_tokens": 2000, "temperature": 0, "stream": stream,
             "ignore_eos": True}
     with httpx.Client(timeout=60) as client:
         if stream:
@@ -52,7 +55,7 @@ def test_client_disconnect_frees_the_decode_slot_and_blocks(mesh, stream):
                     pass
         else:
             with pytest.raises(httpx.ReadTimeout):
-                client.post(f"{mesh.base_url}/v1/completions", json=body, timeout=2.0)
+                client.post(f"{mesh.base_url}/v1/completions", json=body, timeout=0.5)
     assert eventually(lambda: mesh.metric("decode-0", "kvmesh_decode_running_requests") == 0, timeout_s=20)
     # Blocks of the aborted request are freed (they may stay cached, but not in use).
     assert eventually(lambda: mesh.metric("decode-0", "kvmesh_decode_kv_blocks_used") <= idle_blocks, timeout_s=20)

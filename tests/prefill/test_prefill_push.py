@@ -178,3 +178,20 @@ async def test_a_down_store_only_means_computing(reference) -> None:
     finally:
         await decode.stop()
         await prefill.stop()
+
+
+async def test_the_push_outbox_is_bounded_and_gives_up_when_the_push_ends() -> None:
+    """Issue 16 item 5: a full outbox makes the prefill wait (backpressure) instead of growing;
+    when the decode side ends the push meanwhile, the wait ends instead of hanging."""
+    import asyncio
+
+    from kvmesh.prefill.worker import _put
+
+    outbox: asyncio.Queue = asyncio.Queue(maxsize=1)
+    reply = asyncio.get_running_loop().create_future()
+    assert await _put(outbox, "first", reply)
+    waiting = asyncio.ensure_future(_put(outbox, "second", reply))
+    await asyncio.sleep(0.05)
+    assert not waiting.done() and outbox.qsize() == 1  # held back, not queued
+    reply.set_result(None)
+    assert await asyncio.wait_for(waiting, 1.0) is False

@@ -22,6 +22,10 @@ class Streaming(decode_pb2_grpc.DecodeWorkerServicer):
         yield decode_pb2.GenerateResponse(token_ids=[1])
         raise InvalidArgument("stop after one")
 
+    async def Stream(self, request_iterator, context):
+        async for _ in request_iterator:  # a malformed first frame raises here
+            yield decode_pb2.StepOutput()
+
 
 @pytest.fixture
 async def server():
@@ -100,3 +104,18 @@ async def test_a_taken_port_is_refused_not_shared(server):
         await start_server("127.0.0.1", started.port, [
             (scheduler_pb2_grpc.add_SchedulerServicer_to_server, Failing(), "kvmesh.v1.Scheduler"),
         ])
+
+
+async def test_a_bidi_call_failing_while_the_client_still_sends_gets_its_status_not_internal(server):
+    """Issue 16 item 1(a): a malformed frame ends the call while more frames are on the way;
+    gRPC core used to reset the stream and the client saw INTERNAL ("Internal error from Core")."""
+    _, channel = server
+    raw = channel.stream_stream("/kvmesh.v1.DecodeWorker/Stream", request_serializer=None, response_deserializer=None)
+    codes = []
+    for _ in range(20):
+        call = raw(iter([b"\x1d\xa8"] + [b"\x0a\x00" * 4096] * 64), timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in call:
+                pass
+        codes.append(info.value.code())
+    assert set(codes) == {grpc.StatusCode.INVALID_ARGUMENT}

@@ -132,3 +132,23 @@ def test_the_heartbeat_message_says_whether_it_lists_live_requests():
     assert heartbeat_from_pb(listing).live_request_ids == {"a", "b"}
     assert heartbeat_from_pb(empty).live_request_ids == frozenset()
     assert heartbeat_from_pb(events_pb2.Heartbeat(worker_id="d1", role=2)).live_request_ids is None
+
+
+def test_a_worker_whose_engine_stops_progressing_with_work_gets_no_new_requests():
+    """Issue 16 item 3: heartbeats carry engine_progress; unchanged for stall_s while the worker
+    has work = stalled, not routable; progress (or having nothing to do) makes it routable again."""
+    clock = FakeClock()
+    registry = Registry(heartbeat_timeout_s=30.0, clock=clock, stall_s=5.0)
+    registry.observe(hb("d1", num_running=2, engine_progress=7))
+    registry.observe(hb("d2", num_running=2))  # reports no progress: judged by its heartbeats alone
+    for _ in range(6):
+        clock.advance(1.0)
+        registry.observe(hb("d1", num_running=2, engine_progress=7))
+        registry.observe(hb("d2", num_running=2))
+    assert [w.worker_id for w in registry.live(Role.DECODE)] == ["d2"]
+    registry.observe(hb("d1", num_running=2, engine_progress=8))
+    assert [w.worker_id for w in registry.live(Role.DECODE)] == ["d1", "d2"]
+    clock.advance(6.0)
+    registry.observe(hb("d1", engine_progress=8))  # idle: nothing pending is no stall
+    registry.observe(hb("d2", num_running=2))
+    assert [w.worker_id for w in registry.live(Role.DECODE)] == ["d1", "d2"]

@@ -75,3 +75,66 @@ def test_every_step_sleeps_the_fixed_delay_plus_the_slowdown_of_its_own_duration
     # NOTE: the first step runs as soon as the request is added; steps without work never sleep.
     assert slept[:3] == pytest.approx(expected)
     assert len(slept) == len(expected)
+
+
+class StuckEngine:
+    """Has work; `step` blocks until `release` is set (a hung kernel), or returns nothing (a
+    prefill worker whose blocks are all held by requests waiting for release)."""
+
+    def __init__(self, hang: bool) -> None:
+        import threading
+
+        self.hang = hang
+        self.release = threading.Event()
+        self.steps = 0
+
+    def has_unfinished_requests(self) -> bool:
+        return not self.release.is_set()
+
+    def step(self) -> list:
+        self.steps += 1
+        if self.hang:
+            self.release.wait(10)
+        return []
+
+    def stats(self) -> dict:
+        return {}
+
+
+async def test_a_stuck_engine_times_out_calls_and_trips_the_watchdog() -> None:
+    """Issue 16 item 3: `call` gets UNAVAILABLE instead of hanging, and the watchdog deregisters."""
+    from kvmesh.runtime.errors import Unavailable
+    from kvmesh.worker.watchdog import watch_engine
+
+    engine = StuckEngine(hang=True)
+    loop = EngineLoop(engine, call_timeout_s=0.2)
+    loop.start()
+    tripped = asyncio.Event()
+
+    async def on_stall() -> None:
+        tripped.set()
+
+    try:
+        await asyncio.sleep(0.05)
+        with pytest.raises(Unavailable):
+            await loop.call(lambda e: None)
+        await asyncio.wait_for(watch_engine(loop, stall_s=0.2, on_stall=on_stall, interval_s=0.05), 2.0)
+        assert tripped.is_set() and loop.progress == 0
+    finally:
+        engine.release.set()
+        await loop.stop()
+
+
+async def test_an_engine_with_nothing_it_can_schedule_does_not_spin() -> None:
+    """Issue 16 item 3: work pending but no step advances anything: the thread waits for a
+    command (bounded) instead of stepping in a busy loop with the GIL held."""
+    engine = StuckEngine(hang=False)
+    loop = EngineLoop(engine, idle_wait_s=0.05)
+    loop.start()
+    try:
+        await asyncio.sleep(0.5)
+        assert engine.steps <= 20  # NOTE: a busy loop makes tens of thousands
+        assert await loop.call(lambda e: "answered") == "answered"  # a command still runs at once
+    finally:
+        engine.release.set()
+        await loop.stop()

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as kvmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/events.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/common.proto\"\x8d\x03\n\tHeartbeat\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12#\n\x04role\x18\x02 \x01(\x0e\x32\x15.kvmesh.v1.WorkerRole\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x0c\n\x04pool\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x12\n\nblock_size\x18\x06 \x01(\r\x12\x13\n\x0bnum_running\x18\x07 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x08 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\t \x01(\r\x12\x16\n\x0ekv_blocks_free\x18\n \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x0b \x01(\r\x12\x11\n\ttimestamp\x18\x0c \x01(\x01\x12\x12\n\nstarted_at\x18\r \x01(\x01\x12\x10\n\x08\x64raining\x18\x0e \x01(\x08\x12\x14\n\x0ckv_event_seq\x18\x0f \x01(\x04\x12.\n\rlive_requests\x18\x14 \x01(\x0b\x32\x17.kvmesh.v1.LiveRequests\x12\x15\n\rmax_model_len\x18\x10 \x01(\r\"#\n\x0cLiveRequests\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"8\n\x0b\x42lockStored\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x13\n\x0bparent_hash\x18\x02 \x01(\x0c\"$\n\x0c\x42lockRemoved\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\"\x0c\n\nAllCleared\"\x92\x01\n\x07KvEvent\x12(\n\x06stored\x18\x01 \x01(\x0b\x32\x16.kvmesh.v1.BlockStoredH\x00\x12*\n\x07removed\x18\x02 \x01(\x0b\x32\x17.kvmesh.v1.BlockRemovedH\x00\x12(\n\x07\x63leared\x18\x03 \x01(\x0b\x32\x15.kvmesh.v1.AllClearedH\x00\x42\x07\n\x05\x65vent\"e\n\x0cKvEventBatch\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x11\n\ttimestamp\x18\x03 \x01(\x01\x12\"\n\x06\x65vents\x18\x04 \x03(\x0b\x32\x12.kvmesh.v1.KvEvent\"C\n\x0fKvReplayRequest\x12\x10\n\x08\x66rom_seq\x18\x01 \x01(\x04\x12\x0f\n\x07\x64ump_id\x18\x02 \x01(\t\x12\r\n\x05\x63hunk\x18\x03 \x01(\r\"\x9b\x01\n\rKvReplayReply\x12(\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x17.kvmesh.v1.KvEventBatch\x12\x11\n\tfull_dump\x18\x02 \x01(\x08\x12\x0c\n\x04held\x18\x03 \x03(\x0c\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12\x0f\n\x07\x64ump_id\x18\x05 \x01(\t\x12\r\n\x05\x63hunk\x18\x06 \x01(\r\x12\x12\n\nnum_chunks\x18\x07 \x01(\r\"\x8d\x02\n\x0cMirrorRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12+\n\x08sampling\x18\x04 \x01(\x0b\x32\x19.kvmesh.v1.SamplingParams\x12\x18\n\x10output_token_ids\x18\x05 \x03(\r\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12\x0e\n\x06ttft_s\x18\x07 \x01(\x01\x12\x0e\n\x06tpot_s\x18\x08 \x01(\x01\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\x11\n\ttimestamp\x18\n \x01(\x01\x12\x12\n\nsession_id\x18\x0b \x01(\t\x12\x0c\n\x04pool\x18\x0c \x01(\t\"%\n\rPrewarmPrefix\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\"P\n\x0ePrewarmRequest\x12*\n\x08prefixes\x18\x01 \x03(\x0b\x32\x18.kvmesh.v1.PrewarmPrefix\x12\x12\n\nnum_blocks\x18\x02 \x01(\r\"w\n\x0cPrewarmReply\x12\x18\n\x10\x62locks_requested\x18\x01 \x01(\r\x12\x16\n\x0e\x62locks_fetched\x18\x02 \x01(\r\x12\x15\n\rblocks_cached\x18\x03 \x01(\r\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\r\n\x05\x65rror\x18\x05 \x01(\t\"\xdb\x01\n\x12SchedulerHeartbeat\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x12\n\nstarted_at\x18\x03 \x01(\x01\x12\x11\n\ttimestamp\x18\x04 \x01(\x01\x12\r\n\x05slots\x18\x05 \x01(\r\x12\x0e\n\x06\x61\x63tive\x18\x06 \x01(\r\x12\x17\n\x0fproduction_pool\x18\x07 \x01(\t\x12\x13\n\x0b\x63\x61nary_pool\x18\x08 \x01(\t\x12\x15\n\rcanary_weight\x18\t \x01(\x01\x12\x14\n\x0csplit_set_at\x18\n \x01(\x01\";\n\x10WorkerPrediction\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\"\xbd\x01\n\x10RoutePredictions\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\r\n\x05ttl_s\x18\x03 \x01(\x01\x12\x30\n\x0bpredictions\x18\x04 \x03(\x0b\x32\x1b.kvmesh.v1.WorkerPrediction\x12\x15\n\rdecode_worker\x18\x05 \x01(\t\x12\x16\n\x0eprefill_worker\x18\x06 \x01(\t\x12\x11\n\tprefill_s\x18\x07 \x01(\x01\"O\n\x0eRouteCompleted\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x15\n\rdecode_worker\x18\x03 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/events.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/common.proto\"\xc0\x03\n\tHeartbeat\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12#\n\x04role\x18\x02 \x01(\x0e\x32\x15.kvmesh.v1.WorkerRole\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x0c\n\x04pool\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x12\n\nblock_size\x18\x06 \x01(\r\x12\x13\n\x0bnum_running\x18\x07 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x08 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\t \x01(\r\x12\x16\n\x0ekv_blocks_free\x18\n \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x0b \x01(\r\x12\x11\n\ttimestamp\x18\x0c \x01(\x01\x12\x12\n\nstarted_at\x18\r \x01(\x01\x12\x10\n\x08\x64raining\x18\x0e \x01(\x08\x12\x14\n\x0ckv_event_seq\x18\x0f \x01(\x04\x12.\n\rlive_requests\x18\x14 \x01(\x0b\x32\x17.kvmesh.v1.LiveRequests\x12\x15\n\rmax_model_len\x18\x10 \x01(\r\x12\x17\n\x0f\x65ngine_progress\x18\x15 \x01(\x04\x12\x18\n\x10reports_progress\x18\x16 \x01(\x08\"#\n\x0cLiveRequests\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"8\n\x0b\x42lockStored\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x13\n\x0bparent_hash\x18\x02 \x01(\x0c\"$\n\x0c\x42lockRemoved\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\"\x0c\n\nAllCleared\"\x92\x01\n\x07KvEvent\x12(\n\x06stored\x18\x01 \x01(\x0b\x32\x16.kvmesh.v1.BlockStoredH\x00\x12*\n\x07removed\x18\x02 \x01(\x0b\x32\x17.kvmesh.v1.BlockRemovedH\x00\x12(\n\x07\x63leared\x18\x03 \x01(\x0b\x32\x15.kvmesh.v1.AllClearedH\x00\x42\x07\n\x05\x65vent\"e\n\x0cKvEventBatch\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x11\n\ttimestamp\x18\x03 \x01(\x01\x12\"\n\x06\x65vents\x18\x04 \x03(\x0b\x32\x12.kvmesh.v1.KvEvent\"C\n\x0fKvReplayRequest\x12\x10\n\x08\x66rom_seq\x18\x01 \x01(\x04\x12\x0f\n\x07\x64ump_id\x18\x02 \x01(\t\x12\r\n\x05\x63hunk\x18\x03 \x01(\r\"\x9b\x01\n\rKvReplayReply\x12(\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x17.kvmesh.v1.KvEventBatch\x12\x11\n\tfull_dump\x18\x02 \x01(\x08\x12\x0c\n\x04held\x18\x03 \x03(\x0c\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12\x0f\n\x07\x64ump_id\x18\x05 \x01(\t\x12\r\n\x05\x63hunk\x18\x06 \x01(\r\x12\x12\n\nnum_chunks\x18\x07 \x01(\r\"\x8d\x02\n\x0cMirrorRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12+\n\x08sampling\x18\x04 \x01(\x0b\x32\x19.kvmesh.v1.SamplingParams\x12\x18\n\x10output_token_ids\x18\x05 \x03(\r\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12\x0e\n\x06ttft_s\x18\x07 \x01(\x01\x12\x0e\n\x06tpot_s\x18\x08 \x01(\x01\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\x11\n\ttimestamp\x18\n \x01(\x01\x12\x12\n\nsession_id\x18\x0b \x01(\t\x12\x0c\n\x04pool\x18\x0c \x01(\t\"%\n\rPrewarmPrefix\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\"P\n\x0ePrewarmRequest\x12*\n\x08prefixes\x18\x01 \x03(\x0b\x32\x18.kvmesh.v1.PrewarmPrefix\x12\x12\n\nnum_blocks\x18\x02 \x01(\r\"w\n\x0cPrewarmReply\x12\x18\n\x10\x62locks_requested\x18\x01 \x01(\r\x12\x16\n\x0e\x62locks_fetched\x18\x02 \x01(\r\x12\x15\n\rblocks_cached\x18\x03 \x01(\r\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\r\n\x05\x65rror\x18\x05 \x01(\t\"\xdb\x01\n\x12SchedulerHeartbeat\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x12\n\nstarted_at\x18\x03 \x01(\x01\x12\x11\n\ttimestamp\x18\x04 \x01(\x01\x12\r\n\x05slots\x18\x05 \x01(\r\x12\x0e\n\x06\x61\x63tive\x18\x06 \x01(\r\x12\x17\n\x0fproduction_pool\x18\x07 \x01(\t\x12\x13\n\x0b\x63\x61nary_pool\x18\x08 \x01(\t\x12\x15\n\rcanary_weight\x18\t \x01(\x01\x12\x14\n\x0csplit_set_at\x18\n \x01(\x01\";\n\x10WorkerPrediction\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\"\xbd\x01\n\x10RoutePredictions\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\r\n\x05ttl_s\x18\x03 \x01(\x01\x12\x30\n\x0bpredictions\x18\x04 \x03(\x0b\x32\x1b.kvmesh.v1.WorkerPrediction\x12\x15\n\rdecode_worker\x18\x05 \x01(\t\x12\x16\n\x0eprefill_worker\x18\x06 \x01(\t\x12\x11\n\tprefill_s\x18\x07 \x01(\x01\"O\n\x0eRouteCompleted\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x15\n\rdecode_worker\x18\x03 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,37 +33,37 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvmesh.v1.events_pb2', _glo
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_HEARTBEAT']._serialized_start=62
-  _globals['_HEARTBEAT']._serialized_end=459
-  _globals['_LIVEREQUESTS']._serialized_start=461
-  _globals['_LIVEREQUESTS']._serialized_end=496
-  _globals['_BLOCKSTORED']._serialized_start=498
-  _globals['_BLOCKSTORED']._serialized_end=554
-  _globals['_BLOCKREMOVED']._serialized_start=556
-  _globals['_BLOCKREMOVED']._serialized_end=592
-  _globals['_ALLCLEARED']._serialized_start=594
-  _globals['_ALLCLEARED']._serialized_end=606
-  _globals['_KVEVENT']._serialized_start=609
-  _globals['_KVEVENT']._serialized_end=755
-  _globals['_KVEVENTBATCH']._serialized_start=757
-  _globals['_KVEVENTBATCH']._serialized_end=858
-  _globals['_KVREPLAYREQUEST']._serialized_start=860
-  _globals['_KVREPLAYREQUEST']._serialized_end=927
-  _globals['_KVREPLAYREPLY']._serialized_start=930
-  _globals['_KVREPLAYREPLY']._serialized_end=1085
-  _globals['_MIRRORRECORD']._serialized_start=1088
-  _globals['_MIRRORRECORD']._serialized_end=1357
-  _globals['_PREWARMPREFIX']._serialized_start=1359
-  _globals['_PREWARMPREFIX']._serialized_end=1396
-  _globals['_PREWARMREQUEST']._serialized_start=1398
-  _globals['_PREWARMREQUEST']._serialized_end=1478
-  _globals['_PREWARMREPLY']._serialized_start=1480
-  _globals['_PREWARMREPLY']._serialized_end=1599
-  _globals['_SCHEDULERHEARTBEAT']._serialized_start=1602
-  _globals['_SCHEDULERHEARTBEAT']._serialized_end=1821
-  _globals['_WORKERPREDICTION']._serialized_start=1823
-  _globals['_WORKERPREDICTION']._serialized_end=1882
-  _globals['_ROUTEPREDICTIONS']._serialized_start=1885
-  _globals['_ROUTEPREDICTIONS']._serialized_end=2074
-  _globals['_ROUTECOMPLETED']._serialized_start=2076
-  _globals['_ROUTECOMPLETED']._serialized_end=2155
+  _globals['_HEARTBEAT']._serialized_end=510
+  _globals['_LIVEREQUESTS']._serialized_start=512
+  _globals['_LIVEREQUESTS']._serialized_end=547
+  _globals['_BLOCKSTORED']._serialized_start=549
+  _globals['_BLOCKSTORED']._serialized_end=605
+  _globals['_BLOCKREMOVED']._serialized_start=607
+  _globals['_BLOCKREMOVED']._serialized_end=643
+  _globals['_ALLCLEARED']._serialized_start=645
+  _globals['_ALLCLEARED']._serialized_end=657
+  _globals['_KVEVENT']._serialized_start=660
+  _globals['_KVEVENT']._serialized_end=806
+  _globals['_KVEVENTBATCH']._serialized_start=808
+  _globals['_KVEVENTBATCH']._serialized_end=909
+  _globals['_KVREPLAYREQUEST']._serialized_start=911
+  _globals['_KVREPLAYREQUEST']._serialized_end=978
+  _globals['_KVREPLAYREPLY']._serialized_start=981
+  _globals['_KVREPLAYREPLY']._serialized_end=1136
+  _globals['_MIRRORRECORD']._serialized_start=1139
+  _globals['_MIRRORRECORD']._serialized_end=1408
+  _globals['_PREWARMPREFIX']._serialized_start=1410
+  _globals['_PREWARMPREFIX']._serialized_end=1447
+  _globals['_PREWARMREQUEST']._serialized_start=1449
+  _globals['_PREWARMREQUEST']._serialized_end=1529
+  _globals['_PREWARMREPLY']._serialized_start=1531
+  _globals['_PREWARMREPLY']._serialized_end=1650
+  _globals['_SCHEDULERHEARTBEAT']._serialized_start=1653
+  _globals['_SCHEDULERHEARTBEAT']._serialized_end=1872
+  _globals['_WORKERPREDICTION']._serialized_start=1874
+  _globals['_WORKERPREDICTION']._serialized_end=1933
+  _globals['_ROUTEPREDICTIONS']._serialized_start=1936
+  _globals['_ROUTEPREDICTIONS']._serialized_end=2125
+  _globals['_ROUTECOMPLETED']._serialized_start=2127
+  _globals['_ROUTECOMPLETED']._serialized_end=2206
 # @@protoc_insertion_point(module_scope)

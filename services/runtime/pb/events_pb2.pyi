@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Heartbeat(_message.Message):
-    __slots__ = ("worker_id", "role", "endpoint", "pool", "model", "block_size", "num_running", "num_waiting", "kv_blocks_total", "kv_blocks_free", "max_num_seqs", "timestamp", "started_at", "draining", "kv_event_seq", "live_requests", "max_model_len")
+    __slots__ = ("worker_id", "role", "endpoint", "pool", "model", "block_size", "num_running", "num_waiting", "kv_blocks_total", "kv_blocks_free", "max_num_seqs", "timestamp", "started_at", "draining", "kv_event_seq", "live_requests", "max_model_len", "engine_progress", "reports_progress")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,8 @@ class Heartbeat(_message.Message):
     KV_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     LIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_PROGRESS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: _common_pb2.WorkerRole
     endpoint: str
@@ -42,7 +44,9 @@ class Heartbeat(_message.Message):
     kv_event_seq: int
     live_requests: LiveRequests
     max_model_len: int
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.WorkerRole, str]] = ..., endpoint: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., timestamp: _Optional[float] = ..., started_at: _Optional[float] = ..., draining: bool = ..., kv_event_seq: _Optional[int] = ..., live_requests: _Optional[_Union[LiveRequests, _Mapping]] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    engine_progress: int
+    reports_progress: bool
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.WorkerRole, str]] = ..., endpoint: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., timestamp: _Optional[float] = ..., started_at: _Optional[float] = ..., draining: bool = ..., kv_event_seq: _Optional[int] = ..., live_requests: _Optional[_Union[LiveRequests, _Mapping]] = ..., max_model_len: _Optional[int] = ..., engine_progress: _Optional[int] = ..., reports_progress: bool = ...) -> None: ...
 
 class LiveRequests(_message.Message):
     __slots__ = ("request_ids",)
