@@ -50,6 +50,10 @@ RUN . /tmp/pip/env.sh && python -m pip install "${TORCH_SPEC}" ${TORCH_INDEX_URL
 # NOTE: the dependencies first, in their own layer, so a code change reinstalls only the project.
 COPY --from=requirements /tmp/requirements.txt /tmp/
 RUN . /tmp/pip/env.sh && python -m pip install -r /tmp/requirements.txt
+# NOTE: xgrammar (structured outputs) requires triton on x86-64 Linux for GPU kernels that a CPU
+# torch never runs: 1 GB. A CUDA torch needs triton itself and keeps it.
+RUN if python -c "import sys, torch; sys.exit(torch.version.cuda is not None)"; then \
+      python -m pip uninstall --yes --quiet triton; fi
 
 WORKDIR /tmp/kvmesh
 COPY pyproject.toml README.md ./

@@ -48,7 +48,7 @@ def test_image_is_lean(stack) -> None:
     size = int(stack.docker("image", "inspect", "-f", "{{.Size}}", "kvmesh:local"))
     assert size <= 1.1e9, f"kvmesh:local is {size / 1e9:.2f} GB"
     probe = ("import importlib.util as u, shutil; "
-             "print([m for m in ('pip', 'setuptools', 'pytest', 'transformers', 'schemathesis', 'grpc_tools', 'triton')"
+             "print([m for m in ('pip', 'setuptools', 'pytest', 'schemathesis', 'grpc_tools', 'triton')"
              " if u.find_spec(m)] + [t for t in ('gcc', 'cc', 'make', 'pip') if shutil.which(t)])")
     assert stack.docker("run", "--rm", "kvmesh:local", "python", "-c", probe).strip() == "[]"
 
