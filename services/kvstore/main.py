@@ -18,7 +18,7 @@ from kvmesh.runtime.grpcutil import GrpcServer, TlsConfig, advertised_endpoint, 
 from kvmesh.runtime.kvevents import KvEventPublisher
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import common_pb2, events_pb2, kvstore_pb2_grpc
-from kvmesh.runtime.process import init_process
+from kvmesh.runtime.process import init_process, run_service
 from kvmesh.runtime.shutdown import GracefulShutdown
 from kvmesh.runtime.telemetry import Telemetry, TracingServerInterceptor
 
@@ -155,5 +155,5 @@ async def serve(settings: KvStoreSettings, ready: asyncio.Event | None = None) -
 def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_argv(KvStoreSettings, argv, "kvmesh kvstore")
     init_process(settings)
-    asyncio.run(serve(settings))
+    run_service(serve(settings))
     return 0

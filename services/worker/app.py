@@ -15,7 +15,7 @@ from kvmesh.runtime.bus import Bus
 from kvmesh.runtime.cacheevents import CacheEvents
 from kvmesh.runtime.config import settings_from_argv
 from kvmesh.runtime.grpcutil import ChannelPool, GrpcServer, TlsConfig
-from kvmesh.runtime.process import init_process
+from kvmesh.runtime.process import init_process, run_service
 from kvmesh.runtime.shutdown import GracefulShutdown
 from kvmesh.runtime.telemetry import Telemetry
 from .heartbeat import HeartbeatInfo, Heartbeater
@@ -64,7 +64,7 @@ def worker_main(
 ) -> int:
     settings = settings_from_argv(settings_cls, argv, f"kvmesh {role}")
     init_process(settings)
-    asyncio.run(serve(settings))
+    run_service(serve(settings))
     return 0
 
 
