@@ -20,7 +20,8 @@ from kvmesh.runtime.shutdown import GracefulShutdown
 from kvmesh.runtime.telemetry import Telemetry
 from .heartbeat import HeartbeatInfo, Heartbeater
 from .watchdog import watch_engine
-from .worker import EngineLoop, WorkerSettings, engine_config
+from .settings import WorkerSettings, engine_config
+from .worker import EngineLoop
 
 log = logging.getLogger(__name__)
 S = TypeVar("S", bound=WorkerSettings)
