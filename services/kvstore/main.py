@@ -17,6 +17,7 @@ from kvmesh.runtime.config import settings_from_argv
 from kvmesh.runtime.grpcutil import GrpcServer, TlsConfig, advertised_endpoint, start_server
 from kvmesh.runtime.kvevents import KvEventPublisher
 from kvmesh.runtime.metrics import serve_metrics
+from kvmesh.runtime.offload import Offload
 from kvmesh.runtime.pb import common_pb2, events_pb2, kvstore_pb2_grpc
 from kvmesh.runtime.process import init_process
 from kvmesh.runtime.shutdown import GracefulShutdown
@@ -25,7 +26,6 @@ from kvmesh.runtime.telemetry import Telemetry, TracingServerInterceptor
 from .config import KvStoreSettings
 from .disk import DiskDir
 from .metrics import StoreMetrics
-from .offload import StoreThread
 from .server import EventFeed, KvStoreServicer
 from .store import BlockStore
 
@@ -111,7 +111,7 @@ async def start(settings: KvStoreSettings, metrics: StoreMetrics | None = None) 
     store = BlockStore(settings.store_config(), time.monotonic, disk)
     if disk is not None:
         log.info("disk tier %s: %d blocks rebuilt", settings.disk_dir, len(store.held_hashes()))
-    thread = StoreThread()
+    thread = Offload("kvstore-io")
     bus = publisher = None
     if settings.nats:
         try:
