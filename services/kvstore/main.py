@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from kvmesh.runtime.bus import HEARTBEAT_SUBJECT, Bus
 from kvmesh.runtime.config import settings_from_argv
 from kvmesh.runtime.grpcutil import GrpcServer, TlsConfig, advertised_endpoint, start_server
+from kvmesh.runtime.heap import trim_heap
 from kvmesh.runtime.kvevents import KvEventPublisher
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.offload import Offload
@@ -127,7 +128,8 @@ async def start(settings: KvStoreSettings, metrics: StoreMetrics | None = None) 
     )
     running = RunningStore(settings, store_id, server, servicer, bus, publisher)
     await servicer.after_change()  # AllCleared (+ what the disk tier holds) as the first batch
-    running.tasks = [asyncio.create_task(running._ticks(), name="kvstore-tick")]
+    running.tasks = [asyncio.create_task(running._ticks(), name="kvstore-tick"),
+                     asyncio.create_task(trim_heap(settings.heap_trim_s), name="kvstore-heap-trim")]
     if bus is not None:
         bus.on_reconnect(running._send_heartbeat)
         running.tasks.append(asyncio.create_task(running._heartbeats(), name="kvstore-heartbeat"))
