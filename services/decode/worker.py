@@ -25,10 +25,10 @@ from kvmesh.engine.sampling import SamplingParams
 from kvmesh.runtime import kvwire
 from kvmesh.runtime.errors import InvalidArgument, MeshError, ResourceExhausted, Unavailable
 from kvmesh.runtime.grpcutil import ChannelPool
+from kvmesh.runtime.offload import Offload
 from kvmesh.runtime.pb import common_pb2, prefill_pb2, prefill_pb2_grpc
 from kvmesh.runtime.telemetry import inject_metadata
 from kvmesh.worker import kvtensor
-from kvmesh.worker.offload import CodecPool
 from kvmesh.worker.worker import EngineLoop
 
 from . import metrics
@@ -76,7 +76,7 @@ class DecodeWorker:
     def __init__(
         self, loop: EngineLoop, spec: common_pb2.ModelSpec, worker_id: str, endpoint: str,
         channels: ChannelPool, prefill_timeout_s: float = 30.0, handback: Handback | None = None,
-        kv_encoding: int = kvwire.RAW, codec: CodecPool | None = None,
+        kv_encoding: int = kvwire.RAW, codec: Offload | None = None,
     ) -> None:
         self.loop = loop
         self.spec = spec
@@ -87,7 +87,7 @@ class DecodeWorker:
         self.handback = handback
         self.kv_encoding = kv_encoding
         self.receiver = KvReceiver()
-        self.codec = codec or CodecPool()
+        self.codec = codec or kvtensor.codec_pool()
         self.counters = DecodeCounters()
         self.draining = False
         self.block_size = loop.engine.block_size

@@ -5,7 +5,8 @@ between steps and calls `engine.step()` while there is work. The asyncio side su
 with `await loop.call(fn)` (bounded by `call_timeout_s`) and receives each request's outputs
 through an `OutputStream` or a `deliver` callback, all of one step's outputs in one hand-over to
 the event loop. `progress` counts the steps that advanced a request and `progress_at` says when
-the last one did (the watchdog and the heartbeat read them); a step that advanced nothing (e.g.
+the last one did (the watchdog and the heartbeat read them); `stats` reads the engine's counts at
+the moment it is read, from any thread (see `EngineLoop.stats`); a step that advanced nothing (e.g.
 a prefill worker whose blocks are all held by requests waiting for release) makes the thread
 wait for the next command instead of spinning with the GIL held.
 """
@@ -87,7 +88,6 @@ class EngineLoop:
         self.step_slowdown = step_slowdown
         self._clock = clock
         self._sleep = sleep
-        self.stats = engine.stats()
         self.step_hooks: list[Callable[[Any, list[Any]], None]] = []  # run on the engine thread after each step
         self._loop: asyncio.AbstractEventLoop | None = None
         self._commands: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
@@ -98,6 +98,19 @@ class EngineLoop:
         self.has_work = False  # as of the engine thread's last look
         self._stalled_step = False  # the last step advanced nothing
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    @property
+    def stats(self) -> Any:
+        """The engine's stats (queue depth, running, free blocks, counters) as they are now.
+
+        NOTE: read from the event loop while the engine thread may be mid-step, without a lock or
+        a round trip through the engine thread (which a stuck step would block): `engine.stats()`
+        is only `len()`s of the scheduler's queues and the free-block map plus int counters, each
+        one atomic under the GIL. The counts may straddle a request moving between queues in the
+        step under way, never torn values. A copy cached after each step (as before) showed a
+        stuck step's requests as never started and a burst of adds only after the next step.
+        """
+        return self.engine.stats()
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -248,4 +261,3 @@ class EngineLoop:
                 hook(self.engine, outputs)
             except Exception:  # noqa: BLE001
                 log.exception("engine step hook failed")
-        self.stats = self.engine.stats()
