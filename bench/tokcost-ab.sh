@@ -1,0 +1,22 @@
+#!/bin/bash
+# bench/tokcost.py from another checkout ("before") and from this one ("after"), alternating.
+#
+#   ROUNDS=2 bench/tokcost-ab.sh /path/to/before-checkout [tokcost.py args]
+#
+# The before side runs its own `kvmesh` package (put first on PYTHONPATH) with this checkout's
+# virtualenv. BLOCK_HTTPTOOLS=1 hides httptools from it, so its uvicorn runs on h11 the way a
+# checkout without the httptools dependency did. Run from this checkout's root.
+set -euo pipefail
+before=$(cd "$1" && pwd); shift
+path=$(mktemp -d)
+trap 'rm -rf "$path"' EXIT
+ln -s "$before/services" "$path/kvmesh"
+if [ "${BLOCK_HTTPTOOLS:-0}" = 1 ]; then
+  echo 'raise ImportError("hidden by tokcost-ab.sh: the before side runs uvicorn on h11")' > "$path/httptools.py"
+fi
+for round in $(seq 1 "${ROUNDS:-1}"); do
+  echo "=== before, round $round: $(uptime)"
+  PYTHONPATH="$path" nice -n 5 .venv/bin/python "$before/bench/tokcost.py" "$@"
+  echo "=== after, round $round: $(uptime)"
+  nice -n 5 .venv/bin/python bench/tokcost.py "$@"
+done
