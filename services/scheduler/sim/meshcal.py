@@ -138,7 +138,10 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
     def spread(k: float) -> float:  # busy workers when k streams run at once
         return min(k, workers)
 
-    base, per_stream = fit_line([(k / spread(k), itl / slowdown(spread(k))) for k, itl in samples.itl])
+    points = [(k / spread(k), itl / slowdown(spread(k))) for k, itl in samples.itl]
+    base, per_stream = fit_line(points)
+    if per_stream < 0:  # NOTE: a flat, noisy ITL: a step cannot get cheaper with more streams
+        base, per_stream = statistics.fmean(y for _, y in points), 0.0
 
     def step(k: float) -> float:
         return base + per_stream * k
