@@ -9,6 +9,7 @@ import grpc
 
 from kvmesh.runtime import kvevents
 from kvmesh.runtime.errors import FailedPrecondition, InvalidArgument, MeshError, ResourceExhausted
+from kvmesh.runtime.offload import Offload
 from kvmesh.runtime.pb import common_pb2, events_pb2, kvstore_pb2, kvstore_pb2_grpc
 from kvmesh.runtime.telemetry import tracer
 
@@ -16,7 +17,6 @@ from . import codec
 from .blocks import Block, BlockHeader, Encoding, ModelSpec
 from .events import Cleared, Removed, StoreEvent, Stored
 from .metrics import StoreMetrics
-from .offload import StoreThread
 from .store import BlockStore
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class EventFeed:
     def seq(self) -> int:
         return self.publisher.seq if self.publisher else 0
 
-    async def flush(self, store: BlockStore, thread: StoreThread) -> None:
+    async def flush(self, store: BlockStore, thread: Offload) -> None:
         events = await thread.run(store.drain_events)
         if self.publisher is None or not events:
             return
@@ -87,12 +87,12 @@ class EventFeed:
 
 class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
     def __init__(
-        self, store: BlockStore, metrics: StoreMetrics, feed: EventFeed | None = None, thread: StoreThread | None = None
+        self, store: BlockStore, metrics: StoreMetrics, feed: EventFeed | None = None, thread: Offload | None = None
     ) -> None:
         self.store = store
         self.metrics = metrics
         self.feed = feed or EventFeed(None)
-        self.thread = thread or StoreThread()  # every store call runs there, off the event loop
+        self.thread = thread or Offload("kvstore-io")  # every store call runs there, off the event loop
 
     async def after_change(self) -> None:
         """Publishes pending events and refreshes metrics (also called by the periodic tick)."""
