@@ -102,6 +102,7 @@ def sim_costs(cal: MeshCalibration, workers: int) -> tuple[CostModel, MeshCost]:
                     token_overhead_s=cal.token_overhead_s, hit_s_per_token=cal.hit_s_per_token,
                     prefill_stall=cal.prefill_stall, prefill_share=cal.prefill_share, noise=cal.noise,
                     attention_s_per_pair=cal.attention_s_per_pair, host_parallelism=cal.host_parallelism,
+                    decode_s_per_context_token=cal.decode_s_per_context_token,
                     admission_limit=MAX_NUM_SEQS * workers)
     return cost, mesh
 

@@ -17,7 +17,8 @@ from kvmesh.scheduler.sim.trace import TraceRequest
 
 TRUE = MeshCalibration(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4,
                        request_overhead_s=0.031, request_busy_s=0.004, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5,
-                       prefill_stall=0.8, prefill_share=0.05, admission_limit=None, attention_s_per_pair=1.1e-7)
+                       prefill_stall=0.8, prefill_share=0.05, admission_limit=None, attention_s_per_pair=1.1e-7,
+                       decode_s_per_context_token=1.3e-7)
 SHARED = dataclasses.replace(TRUE, host_parallelism=1.5)  # 2 workers on a host that runs 1.5 at full speed
 
 
@@ -29,22 +30,26 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
     def slowdown(busy):
         return max(1.0, busy / cal.host_parallelism) if cal.host_parallelism else 1.0
 
-    def ttft(uncached, cached=0):
-        return cal.request_overhead_s + cal.request_busy_s + work(uncached, cached) + cached * cal.hit_s_per_token + step_s(cal, 1)
+    def step(k, context=64.0):  # k streams of this mean context (the ITL probe's: 64)
+        return step_s(cal, k) + cal.decode_s_per_context_token * context * k
 
-    samples = Samples(workers=workers)
+    def ttft(uncached, cached=0):
+        return cal.request_overhead_s + cal.request_busy_s + work(uncached, cached) + cached * cal.hit_s_per_token + step(1)
+
+    samples = Samples(workers=workers, itl_context=64.0)
     samples.ttft = [(n, ttft(n)) for n in (64, 256, 1024, 1536)]
     samples.hit = [(1520, 16, ttft(16, 1520))]
-    samples.itl = [(k, slowdown(min(k, workers)) * step_s(cal, k / min(k, workers))) for k in (1, 4, 8, 16)]
+    samples.itl = [(k, slowdown(min(k, workers)) * step(k / min(k, workers))) for k in (1, 4, 8, 16)]
+    samples.itl_long = [(8, 1568.0, slowdown(min(8, workers)) * step(8 / min(8, workers), 1568.0))]
     samples.burst = [(24, 32, ttft(32) + 23 * cal.request_busy_s)]
     if workers > 1:
         lone = ttft(1536)
         samples.pair = [(workers, 1536, lone + (workers - 1) * cal.request_busy_s
-                         + (slowdown(workers) - 1) * (work(1536) + step_s(cal, 1)))]
+                         + (slowdown(workers) - 1) * (work(1536) + step(1)))]
     beside = 4 / min(4, workers)  # 4 streams over the workers
-    prefill = slowdown(min(4, workers)) * (work(1536) * (1 + beside * cal.prefill_share) + step_s(cal, beside + 1))
+    prefill = slowdown(min(4, workers)) * (work(1536) * (1 + beside * cal.prefill_share) + step(beside + 1))
     loaded_ttft = cal.request_overhead_s + cal.request_busy_s + prefill
-    samples.stall = [(1536, 4, step_s(cal, 4) + cal.prefill_stall * prefill, step_s(cal, 4), loaded_ttft)]
+    samples.stall = [(1536, 4, step(4) + cal.prefill_stall * prefill, step(4), loaded_ttft)]
     return samples
 
 
@@ -52,7 +57,7 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
 def test_fit_gives_back_the_parameters_of_timings_made_by_the_model(cal, workers):
     got = fit(formula_samples(cal, workers), engine_decode_s_per_seq=cal.decode_s_per_seq)
     assert got.admission_limit is None and got.noise == ()
-    for name in ("prefill_s_per_token", "attention_s_per_pair", "decode_s_per_step", "decode_s_per_seq",
+    for name in ("prefill_s_per_token", "attention_s_per_pair", "decode_s_per_step", "decode_s_per_seq", "decode_s_per_context_token",
                  "request_overhead_s", "request_busy_s", "token_overhead_s", "hit_s_per_token", "prefill_stall",
                  "prefill_share", "host_parallelism"):
         assert getattr(got, name) == pytest.approx(getattr(cal, name), rel=1e-9, abs=1e-15), name
@@ -60,7 +65,7 @@ def test_fit_gives_back_the_parameters_of_timings_made_by_the_model(cal, workers
 
 def test_without_a_lower_bound_the_whole_per_stream_slope_is_decode_s_per_seq():
     got = fit(formula_samples(TRUE))
-    assert got.decode_s_per_seq == pytest.approx(TRUE.decode_s_per_seq + TRUE.token_overhead_s)
+    assert got.decode_s_per_seq == pytest.approx(TRUE.decode_s_per_seq + TRUE.token_overhead_s, rel=1e-9)
     assert got.token_overhead_s == pytest.approx(0.0, abs=1e-15)
 
 
@@ -95,6 +100,21 @@ def test_fit_gives_back_the_parameters_the_simulator_ran_with():
     assert (got.request_overhead_s, got.token_overhead_s) == pytest.approx((0.031, 4.0e-4), rel=1e-9)
     assert got.hit_s_per_token == pytest.approx(1.5e-5, rel=1e-6)
     assert got.attention_s_per_pair == pytest.approx(1.1e-7, rel=1e-6)
+
+
+def test_fit_gives_back_the_context_cost_of_simulated_decode_steps():
+    cost = CostModel(decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4)
+    config = SimConfig(num_workers=1, cost=cost, mesh=MeshCost(decode_s_per_context_token=1.3e-7))
+    samples = formula_samples(dataclasses.replace(TRUE, decode_s_per_context_token=1.3e-7, token_overhead_s=0.0))
+    samples.itl, samples.itl_context = [], 32 + 20 / 2  # streams of 32 prompt + 20 output tokens: mean context 42
+    for k in (1, 4, 8):
+        burst = [TraceRequest(0.0, f"k{k}-{j}", "", 32, 20, (10_000 + 10 * j, 10_001 + 10 * j)) for j in range(k)]
+        samples.itl.append(itl_point(k, [o.itl_s for o in sim_outcomes(config, burst)]))
+    long = [TraceRequest(0.0, f"x{j}", "", 1536, 200, tuple(range(100 * j, 100 * j + 96))) for j in range(4)]
+    samples.itl_long = [(4, 1536 + 100, itl_point(4, [o.itl_s for o in sim_outcomes(config, long)])[1])]
+    got = fit(samples, engine_decode_s_per_seq=cost.decode_s_per_seq)
+    assert got.decode_s_per_context_token == pytest.approx(1.3e-7, rel=1e-9)
+    assert (got.decode_s_per_step, got.decode_s_per_seq) == pytest.approx((cost.decode_s_per_step, cost.decode_s_per_seq), rel=1e-9)
 
 
 def test_the_admission_probe_counts_the_streams_admitted_before_the_first_finish():
@@ -133,7 +153,8 @@ def test_the_sim_takes_the_printed_mesh_flags(tmp_path, capsys):
 def test_fit_gives_back_how_the_simulated_shared_host_slows_busy_workers():
     cost = CostModel(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4)
     config = SimConfig(num_workers=2, cost=cost, mesh=MeshCost(host_parallelism=1.5, attention_s_per_pair=1.1e-7))
-    cal = dataclasses.replace(TRUE, request_overhead_s=0.0, request_busy_s=0.0, token_overhead_s=0.0, host_parallelism=1.5)
+    cal = dataclasses.replace(TRUE, request_overhead_s=0.0, request_busy_s=0.0, token_overhead_s=0.0, host_parallelism=1.5,
+                              decode_s_per_context_token=0.0)
     samples = formula_samples(cal, workers=2)  # lone requests, hits, stalls: as the model says; now from the sim:
     pair = [TraceRequest(0.0, f"p{j}", "", 1536, 1, tuple(range(100 * j, 100 * j + 96))) for j in range(2)]
     samples.pair = [(2, 1536, max(o.ttft_s for o in sim_outcomes(config, pair)))]  # round robin: one per worker

@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-parallelism", type=float, default=mesh.host_parallelism,
                    help="mesh: all decode workers share one host (`kvmesh up` on one machine) that runs this many "
                    "busy ones at full speed (0 = a host each)")
+    p.add_argument("--decode-s-per-context-token", type=float, default=mesh.decode_s_per_context_token,
+                   help="mesh: added to a decode step per token of each running sequence's context")
     p.add_argument("--attention-s-per-pair", type=float, default=mesh.attention_s_per_pair,
                    help="mesh: prefill's quadratic part, per (new prompt token, earlier token) pair")
     p.add_argument("--token-overhead-s", type=float, default=mesh.token_overhead_s,
@@ -112,6 +114,7 @@ def _sim_config(args: argparse.Namespace, n: int, routers: int = 1) -> SimConfig
             token_overhead_s=args.token_overhead_s, hit_s_per_token=args.hit_s_per_token,
             prefill_stall=args.prefill_stall, prefill_share=args.prefill_share,
             host_parallelism=args.host_parallelism, attention_s_per_pair=args.attention_s_per_pair,
+            decode_s_per_context_token=args.decode_s_per_context_token,
             noise=tuple(float(x) for x in args.ttft_noise.split(",") if x),
             admission_limit=args.admission_limit, admission_timeout_s=args.admission_timeout_s,
         ),

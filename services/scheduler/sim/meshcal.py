@@ -6,8 +6,11 @@ one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy w
 - TTFT of a lone request with n uncached and c cached prompt tokens
       = request_overhead + request_busy + n · prefill_s_per_token + attention_s_per_pair · n · (c + n/2)
         + c · hit_s_per_token + step(1)
-- ITL (a request's mean gap between tokens) with k streams decoding, spread over b = min(k, W)
-  workers = s(b) · step(k / b),  step(k) = decode_s_per_step + (decode_s_per_seq + token_overhead_s) · k
+- ITL (a request's mean gap between tokens) with k streams of mean context x decoding, spread over
+  b = min(k, W) workers = s(b) · (step(k / b) + decode_s_per_context_token · x · k / b),
+  step(k) = decode_s_per_step + (decode_s_per_seq + token_overhead_s) · k; the ITL probe's short
+  streams (context x0) fit a line, long ones (x1) give the context term; the other probes' streams
+  are short and take step(k) + decode_s_per_context_token · x0 · k, as the ITL probe measured them;
 - W long prompts (n tokens) sent at once, one per worker: the last first token comes
   (W - 1) · request_busy + (s(W) - 1) · (lone prefill work + step(1)) after a lone request's;
 - a burst of M short requests (n tokens, one output token) sent at once: the last first token
@@ -38,6 +41,8 @@ class Samples:
     ttft_raw: list[tuple[float, float]] = field(default_factory=list)    # every lone request behind those medians
     hit: list[tuple[float, float, float]] = field(default_factory=list)  # (cached, uncached tokens, TTFT s)
     itl: list[tuple[float, float]] = field(default_factory=list)         # (streams, ITL s)
+    itl_context: float = 0.0                                             # mean context of those streams
+    itl_long: list[tuple[float, float, float]] = field(default_factory=list)  # (streams, mean context, ITL s)
     burst: list[tuple[float, float, float]] = field(default_factory=list)  # (requests, prompt tokens, last TTFT)
     pair: list[tuple[float, float, float]] = field(default_factory=list)   # (long prompts at once, tokens, last TTFT)
     workers: int = 1                                                     # decode workers behind the gateway
@@ -61,6 +66,7 @@ class MeshCalibration:
     admission_limit: int | None      # None: not probed, or more than the probe sent
     noise: tuple[float, ...] = ()    # deciles of lone TTFT / the median at its length: the host's noise
     attention_s_per_pair: float = 0.0
+    decode_s_per_context_token: float = 0.0
     host_parallelism: float = 0.0    # busy workers the shared host runs at full speed (0: one worker, not measured)
 
     def sim_flags(self) -> list[str]:
@@ -71,6 +77,7 @@ class MeshCalibration:
             f"--request-busy-s {self.request_busy_s:.3g}", f"--token-overhead-s {self.token_overhead_s:.3g}",
             f"--hit-s-per-token {self.hit_s_per_token:.3g}", f"--prefill-stall {self.prefill_stall:.3g}",
             f"--prefill-share {self.prefill_share:.3g}", f"--attention-s-per-pair {self.attention_s_per_pair:.3g}",
+            f"--decode-s-per-context-token {self.decode_s_per_context_token:.3g}",
         ]
         if self.host_parallelism:
             flags.append(f"--host-parallelism {self.host_parallelism:.3g}")
@@ -143,10 +150,14 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
     if per_stream < 0:  # NOTE: a flat, noisy ITL: a step cannot get cheaper with more streams
         base, per_stream = statistics.fmean(y for _, y in points), 0.0
 
-    def step(k: float) -> float:
+    def step(k: float) -> float:  # at the ITL probe's context
         return base + per_stream * k
 
-    engine = per_stream if engine_decode_s_per_seq is None else min(per_stream, engine_decode_s_per_seq)
+    x0 = samples.itl_context
+    per_context = max(0.0, _median([(itl / slowdown(spread(k)) - step(k / spread(k))) / (k / spread(k) * (x - x0))
+                                    for k, x, itl in samples.itl_long if x > x0]))
+    per_seq = per_stream - per_context * x0  # without the context
+    engine = per_seq if engine_decode_s_per_seq is None else min(per_seq, engine_decode_s_per_seq)
     hits = [(ttft - intercept - work(uncached) - attention * uncached * cached) / cached
             for cached, uncached, ttft in samples.hit if cached > 0]
     overhead = max(0.0, intercept - step(1) - busy)
@@ -166,13 +177,14 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         decode_s_per_seq=engine,
         request_overhead_s=overhead,
         request_busy_s=busy,
-        token_overhead_s=per_stream - engine,
+        token_overhead_s=per_seq - engine,
         hit_s_per_token=max(0.0, _median(hits)),
         prefill_stall=min(1.0, max(0.0, _median(stalls))),
         prefill_share=max(0.0, _median(shares)),
         admission_limit=admitted,
         noise=noise_quantiles(_spread(samples.ttft_raw)),
         attention_s_per_pair=attention,
+        decode_s_per_context_token=per_context,
         host_parallelism=parallel,
     )
 
@@ -251,7 +263,8 @@ def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list
         f"#   prefill {cal.prefill_s_per_token:.3g} s per uncached token + {cal.attention_s_per_pair:.3g} s per "
         f"(new token, earlier token) pair (attention), {cal.hit_s_per_token:.3g} s per cached token",
         f"#   decode step {cal.decode_s_per_step:.3g} s + {cal.decode_s_per_seq + cal.token_overhead_s:.3g} s per stream "
-        f"(of which mesh per-token overhead {cal.token_overhead_s:.3g} s)",
+        f"(of which mesh per-token overhead {cal.token_overhead_s:.3g} s) + {cal.decode_s_per_context_token:.3g} s "
+        "per token of a stream's context",
         f"#   per-request overhead {cal.request_overhead_s:.3g} s of latency, plus {cal.request_busy_s:.3g} s of work "
         "requests queue for mesh-wide (HTTP, tokenizing, routing, gRPC set-up, hand-back)",
         f"#   a prefill takes {cal.prefill_share:.3g}x longer per stream decoding beside it, and stalls those "

@@ -11,6 +11,8 @@
 - prefill_share: a prefill takes (1 + prefill_share × other running streams) times as long, since
   the worker's RPC loop (and the gateway) work for those streams on the same CPU;
 - token_overhead_s is added to a decode step per running sequence (per-token RPC/SSE work);
+- decode_s_per_context_token is added to a decode step per token of context of each running
+  sequence (its attention over its KV; a sequence counts prompt + output / 2);
 - hit_s_per_token: what a prompt token found in the worker's prefix cache still costs;
 - prefill_stall: while a decode worker prefills locally, its running sequences stop decoding for
   this fraction of the prefill (1 = the engine and its RPC loop share one CPU, nothing overlaps);
@@ -41,6 +43,7 @@ class MeshCost:
     request_overhead_s: float = 0.0
     request_busy_s: float = 0.0
     token_overhead_s: float = 0.0
+    decode_s_per_context_token: float = 0.0
     hit_s_per_token: float = 0.0
     prefill_stall: float = 0.0
     prefill_share: float = 0.0

@@ -6,7 +6,8 @@ a probe means it to be):
 1. TTFT of lone requests against uncached prompt length (median of `repeats` per length);
 2. prefix hits: the same long prompt twice, the second TTFT against its cached tokens;
 3. ITL against the number of concurrent streams (short prompts, `stream_tokens` each): the mean
-   gap while all k streams decode, median over streams, then over `repeats` runs;
+   gap while all k streams decode, median over streams, then over `repeats` runs; then
+   `context_streams` streams with long prompts: how much slower they decode is the context's cost;
 4. CPU sharing: while `stall_streams` streams decode, one long uncached prompt arrives; its TTFT
    against a lone one's, and the streams' largest gap during its prefill against their ITL;
 5. request work: `burst` short requests (one output token) at once; how much later than a lone
@@ -45,6 +46,7 @@ class ProbeConfig:
     streams: tuple[int, ...] = (1, 4, 8, 16)
     stream_tokens: int = 64
     stall_streams: int = 4
+    context_streams: int = 8          # long-prompt streams for the decode step's context cost (0 = skip)
     burst: int = 24
     workers: int = 1                  # decode workers behind the gateway (> 1: probe how they share the host)
     admission_probe: int = 0          # burst size; 0 = skip the probe
@@ -116,11 +118,20 @@ class _Prober:
         itls: dict[int, list[float]] = {k: [] for k in self.config.streams}
         for _ in range(self.config.repeats):
             for k in self.config.streams:  # taking turns, as in ttft()
-                times: list[list[float]] = [[] for _ in range(k)]
-                run = await asyncio.gather(*(self.one(self.prompt(32), self.config.stream_tokens, t) for t in times))
-                steady = steady_itl(times, [o.output_tokens for o in run])
-                itls[k].append(steady if not math.isnan(steady) else itl_point(k, [o.itl_s for o in run])[1])
+                itls[k].append(await self.steady(k, 32))
         self.samples.itl += [(k, statistics.median(values)) for k, values in itls.items()]
+        self.samples.itl_context = 32 + self.config.stream_tokens / 2
+        k = self.config.context_streams
+        if k:
+            long = [await self.steady(k, self.longest) for _ in range(self.config.repeats)]
+            self.samples.itl_long.append((k, self.longest + self.config.stream_tokens / 2, statistics.median(long)))
+
+    async def steady(self, k: int, prompt_tokens: int) -> float:
+        """The ITL of k streams with `prompt_tokens`-token prompts, sent at once (see steady_itl)."""
+        times: list[list[float]] = [[] for _ in range(k)]
+        run = await asyncio.gather(*(self.one(self.prompt(prompt_tokens), self.config.stream_tokens, t) for t in times))
+        steady = steady_itl(times, [o.output_tokens for o in run])
+        return steady if not math.isnan(steady) else itl_point(k, [o.itl_s for o in run])[1]
 
     async def stall(self) -> tuple[float, float, float, float, float]:
         """(prefill tokens, streams, the largest gap of any during the prefill, their median ITL, its TTFT)."""
