@@ -156,7 +156,7 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
     x0 = samples.itl_context
     per_context = max(0.0, _median([(itl / slowdown(spread(k)) - step(k / spread(k))) / (k / spread(k) * (x - x0))
                                     for k, x, itl in samples.itl_long if x > x0]))
-    per_seq = per_stream - per_context * x0  # without the context
+    per_seq = max(0.0, per_stream - per_context * x0)  # without the context (noise can make it negative)
     engine = per_seq if engine_decode_s_per_seq is None else min(per_seq, engine_decode_s_per_seq)
     hits = [(ttft - intercept - work(uncached) - attention * uncached * cached) / cached
             for cached, uncached, ttft in samples.hit if cached > 0]
