@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from kvmesh.runtime.bus import HEARTBEAT_SUBJECT, Bus
 from kvmesh.runtime.config import settings_from_argv
 from kvmesh.runtime.grpcutil import GrpcServer, TlsConfig, advertised_endpoint, start_server
+from kvmesh.runtime.heartbeats import beat_on_request
 from kvmesh.runtime.kvevents import KvEventPublisher
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import common_pb2, events_pb2, kvstore_pb2_grpc
@@ -130,6 +131,7 @@ async def start(settings: KvStoreSettings, metrics: StoreMetrics | None = None) 
     running.tasks = [asyncio.create_task(running._ticks(), name="kvstore-tick")]
     if bus is not None:
         bus.on_reconnect(running._send_heartbeat)
+        await beat_on_request(bus, running._send_heartbeat)  # a scheduler replica that starts asks
         running.tasks.append(asyncio.create_task(running._heartbeats(), name="kvstore-heartbeat"))
     return running
 

@@ -18,7 +18,10 @@ async def test_replicas_split_admission_share_predictions_and_a_late_one_catches
     held: list[bytes] = []
     publisher = await KvEventPublisher.start(bus, "d2", lambda: list(held), ring_size=1)
     settings = dict(replica_timeout_s=1.0, replica_heartbeat_s=0.1, prediction_ttl_s=30.0)
-    async with heartbeats(bus, "d1", max_num_seqs=5), heartbeats(bus, "d2", max_num_seqs=4):
+    # NOTE: heartbeats every 0.4 s here, so a late replica that lists both workers as soon as it
+    # serves has waited for them (sync.py), not been lucky with the period.
+    async with (heartbeats(bus, "d1", max_num_seqs=5, interval_s=0.4),
+                heartbeats(bus, "d2", max_num_seqs=4, seq=lambda: publisher.seq, interval_s=0.4)):
         held.extend(WARM)
         await publisher.publish([stored(WARM)])
         async with scheduler(nats_server.url, replica_id="a", **settings) as (a, stub_a):
@@ -42,16 +45,21 @@ async def test_replicas_split_admission_share_predictions_and_a_late_one_catches
                 await eventually(lambda: _async(a.router.registry.split.canary_weight == 0.25), timeout_s=2.0)
             # b is gone: a admits the whole limit again
             await eventually(lambda: _async(a.gate.queue.slots == 9), timeout_s=3.0)
-            # a late replica learns what d2 held before it started from a (chunked) dump, then replays on
+            # a late replica syncs before it serves: it hears every worker its peer lists and learns
+            # what d2 held before it started from a (chunked) full dump, then follows the live events
+            held.extend(COLD[:1])
+            await publisher.publish([stored(COLD[:1])])  # seq 2: the ring (size 1) no longer has seq 1
             async with scheduler(nats_server.url, replica_id="c", **settings) as (c, stub_c):
-                await eventually(lambda: _has(stub_c, "d2"))
-                held.extend(COLD[:1])
-                await publisher.publish([stored(COLD[:1])])  # seq 2, while c knows nothing: a gap from 1
-                await eventually(lambda: _async(c.router.index.overlap(["d2"], WARM)["d2"] == 4), timeout_s=5.0)
+                assert c.synced.peer and not c.synced.timed_out, c.synced
+                assert await _has(stub_c, "d1", "d2")  # at once: no waiting for a heartbeat period
+                assert c.router.index.overlap(["d2"], WARM)["d2"] == 4 and c.router.index.stats.full_dumps == 1
+                held.extend(COLD[1:2])
+                await publisher.publish([stored(COLD[1:2])])  # seq 3, applied live after the dump
+                await eventually(lambda: _async(c.router.index.overlap(["d2"], COLD)["d2"] == 2), timeout_s=5.0)
                 reply_a = await stub_a.Route(route_request("r3", WARM), timeout=DEADLINE_S)
                 reply_c = await stub_c.Route(route_request("r4", WARM), timeout=DEADLINE_S)
                 assert reply_a.decode.worker_id == reply_c.decode.worker_id == "d2"
-                assert reply_c.decode_cached_blocks == 4 and c.router.index.stats.full_dumps == 1
+                assert reply_c.decode_cached_blocks == 4
                 assert c.router.registry.split.canary == "candidate"  # a late replica learns the split too
     await publisher.close()
     await bus.close()
