@@ -100,8 +100,8 @@ async def test_tokenize_detokenize_version(gateway: RunningGateway) -> None:
 
 async def test_health_is_503_until_a_production_decode_worker_is_registered() -> None:
     mesh = await start_fake_mesh(num_decode=0)
-    try:
-        async with run_gateway(mesh) as gw, gw.client() as client:
+    try:  # the first scheduler replica listed is down: the probe asks the next one (docs/replicas.md)
+        async with run_gateway(mesh, scheduler=f"127.0.0.1:1,{mesh.scheduler_endpoint}") as gw, gw.client() as client:
             before = await client.get("/health")
             await mesh.add_decode("decode-0")
             after = await client.get("/health")

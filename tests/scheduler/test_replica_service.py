@@ -13,6 +13,12 @@ COLD = hashes("cold prompt", 4)
 WARM = hashes("warm prompt", 4)
 
 
+def session_request(request_id: str, blocks, session_id: str) -> scheduler_pb2.RouteRequest:
+    request = route_request(request_id, blocks)
+    request.session_id = session_id
+    return request
+
+
 async def test_replicas_split_admission_share_predictions_and_a_late_one_catches_up(nats_server):
     bus = await Bus.connect(nats_server.url, "test")
     held: list[bytes] = []
@@ -30,13 +36,16 @@ async def test_replicas_split_admission_share_predictions_and_a_late_one_catches
                 await eventually(lambda: _has(stub_b, "d1", "d2"))
                 await eventually(lambda: _async(a.gate.queue.slots == 5 and b.gate.queue.slots == 4))
                 # a routes a cold prompt: b counts it on the same worker, its blocks as predicted there
-                first = await stub_a.Route(route_request("r1", COLD), timeout=DEADLINE_S)
+                first = await stub_a.Route(session_request("r1", COLD, "s1"), timeout=DEADLINE_S)
                 chosen = first.decode.worker_id
                 await eventually(lambda: _async(b.peers.predictions_received == 1))
                 now = b.router.registry.clock()
                 assert b.router.index.overlap([chosen], COLD, now)[chosen] == 4
                 assert b.router.index.overlap([chosen], COLD)[chosen] == 0  # predicted, not confirmed
-                await stub_b.Route(route_request("r2", COLD), timeout=DEADLINE_S)
+                # the session's next turn reaches b, which has no sticky entry for it: the shared
+                # prediction sends it to the same worker (sticky tables are per replica, docs/replicas.md)
+                second = await stub_b.Route(session_request("r2", COLD, "s1"), timeout=DEADLINE_S)
+                assert second.decode.worker_id == chosen
                 for stub, rid in ((stub_a, "r1"), (stub_b, "r2")):
                     await stub.Complete(scheduler_pb2.CompleteRequest(request_id=rid, status="ok"), timeout=DEADLINE_S)
                 # a stepwise promote made on one replica reaches the other
