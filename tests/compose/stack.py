@@ -19,7 +19,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ("compose.yaml", "compose.test.yaml")
 # Every port compose.yaml publishes: empty = a free host port (read back with `port`).
-PUBLISHED = ("NATS", "KVSTORE", "CANARY", "GATEWAY", "OTLP", "TEMPO", "PROMETHEUS", "GRAFANA")
+PUBLISHED = ("NATS", "NATS_1", "NATS_2", "KVSTORE", "CANARY", "GATEWAY", "OTLP", "TEMPO", "PROMETHEUS", "GRAFANA")
 
 
 def compose_tool() -> list[str]:

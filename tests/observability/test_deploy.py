@@ -167,14 +167,16 @@ def test_worker_host_file_runs_the_same_workers_against_the_main_host(monkeypatc
             monkeypatch.setenv(var, value)
         settings = settings_from_argv(settings_class(command), argv, f"kvmesh {command}")
         assert settings.advertise_host == "10.0.0.12" and settings.kvstore == "10.0.0.10:50081"
-        assert settings.nats_url == "nats://10.0.0.10:4222" and settings.otlp_endpoint == "http://10.0.0.10:4317"
+        nodes = ",".join(f"nats://10.0.0.10:{port}" for port in (4222, 4223, 4224))  # every cluster node
+        assert settings.nats_url == nodes and settings.otlp_endpoint == "http://10.0.0.10:4317"
         assert set(df.environment(service, env)) == set(main_env) - {f"KVMESH_{command.upper()}_ADVERTISE_HOST"}
         assert service["healthcheck"]["test"][3] == f"127.0.0.1:{settings.port}"
         main_argv = KVMESH[command][1]
         assert argv[: argv.index("--kvstore")] == main_argv[: main_argv.index("--kvstore")], "same ports as compose.yaml"
     published = {name: [str(p).rsplit(":", 1)[-1] for p in SPEC["services"][name].get("ports", [])]
-                 for name in ("nats", "kvstore", "otel-collector")}
-    assert published == {"nats": ["4222"], "kvstore": ["50081"], "otel-collector": ["4317"]}
+                 for name in ("nats", "nats-1", "nats-2", "kvstore", "otel-collector")}
+    assert published == {"nats": ["4222"], "nats-1": ["4222"], "nats-2": ["4222"], "kvstore": ["50081"],
+                         "otel-collector": ["4317"]}
 
 
 # -- Grafana provisioning and dashboards ----------------------------------------------------------
@@ -261,12 +263,14 @@ def test_compose_files_suit_docker_compose_1_29() -> None:
 
 
 def test_every_port_is_published_on_the_publish_host() -> None:
+    moved = {"nats-1": "4223", "nats-2": "4224"}  # the cluster's other nodes: the next host ports
     for name, service in SPEC["services"].items():
         for mapping in service.get("ports", []):
             port = mapping.rsplit(":", 1)[-1]
-            assert df.interpolate(mapping) == f"127.0.0.1:{port}:{port}", f"{name}: {mapping}"
+            host_port = moved.get(name, port)
+            assert df.interpolate(mapping) == f"127.0.0.1:{host_port}:{port}", f"{name}: {mapping}"
             free = df.interpolate(mapping, {"KVMESH_PUBLISH_HOST": "0.0.0.0"})
-            assert free == f"0.0.0.0:{port}:{port}", f"{name}: {mapping} must follow KVMESH_PUBLISH_HOST"
+            assert free == f"0.0.0.0:{host_port}:{port}", f"{name}: {mapping} must follow KVMESH_PUBLISH_HOST"
 
 
 def test_test_override_replaces_only_what_cannot_be_pulled() -> None:
