@@ -16,7 +16,7 @@ elif timeout 60 docker pull -q "$base" >/dev/null 2>&1; then echo "images: pulle
 else
   echo "images: $base cannot be pulled; using $local_base from Debian's packages"
   base=$local_base
-  docker image inspect "$base" >/dev/null 2>&1 || deploy/docker/debian-base.sh "$base"
+  docker image inspect "$base" >/dev/null 2>&1 || { deploy/docker/debian-base.sh "$base"; echo "images: base built in $SECONDS s"; }
 fi
 
 pip_setting() {  # the host's pip setting NAME (env first, then pip's config files)
@@ -60,4 +60,5 @@ build "$logs/kvmesh" -t kvmesh:local \
   --build-arg PIP_EXTRA_INDEX_URL="${extra# }" \
   . || { wait "$prometheus"; exit 1; }
 wait "$prometheus"
+echo "images: built in $SECONDS s"
 docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E '^kvmesh(-prometheus)?:local '
