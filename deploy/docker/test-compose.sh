@@ -9,6 +9,7 @@ PY=${PY:-.venv/bin/python}
 
 t0=$SECONDS
 docker_tools
+echo "test-compose: docker.io and docker-compose ready after $((SECONDS - t0)) s"
 engine_start
 trap engine_stop EXIT
 deploy/docker/images.sh

@@ -16,7 +16,7 @@ HEALTH_MAX_AGE_S = 1.0  # how stale a worker list /health may answer from
 
 
 async def decode_workers_ready(workers: WorkerList, pool: str) -> tuple[bool, str]:
-    """(ready, why not) from the scheduler's worker list (`pool`: this gateway's setting)."""
+    """(ready, why not) from the scheduler replicas' worker list (`pool`: this gateway's setting)."""
     reply = await workers.read(max_age_s=HEALTH_MAX_AGE_S)
     if reply is None:
         return False, f"scheduler unreachable ({workers.error})"

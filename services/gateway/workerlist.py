@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from kvmesh.runtime.pb import scheduler_pb2
+from kvmesh.runtime.pb import common_pb2, scheduler_pb2
 
 from .generation import SIDE_CALL_TIMEOUT_S
 
@@ -30,7 +30,7 @@ def served_pool(reply: scheduler_pb2.ListWorkersResponse, pool: str) -> str:
 
 
 class WorkerList:
-    """The latest ListWorkers reply of `backend`'s scheduler; see the module docstring."""
+    """The latest ListWorkers reply of `backend`'s scheduler replicas; see the module docstring."""
 
     def __init__(self, backend: Any, clock: Callable[[], float] = time.monotonic) -> None:
         self.backend = backend
@@ -49,13 +49,21 @@ class WorkerList:
         return self.reply
 
     async def _read(self) -> None:
+        """Ask the scheduler replicas in turn: the first whose list holds a live decode worker wins,
+        so losing one replica does not fail /health (docs/replicas.md); else the last list read."""
+        reply, error = None, ""
         try:
-            self.reply = await self.backend.scheduler().ListWorkers(scheduler_pb2.ListWorkersRequest(),
-                                                                    timeout=SIDE_CALL_TIMEOUT_S)
-            self.error = ""
-        except grpc.aio.AioRpcError as exc:
-            log.debug("worker list not read: %s", exc.code())
-            self.reply, self.error = None, exc.code().name
+            for endpoint in self.backend.schedulers.endpoints:
+                try:
+                    reply = await self.backend.scheduler(endpoint).ListWorkers(
+                        scheduler_pb2.ListWorkersRequest(), timeout=SIDE_CALL_TIMEOUT_S)
+                except grpc.aio.AioRpcError as exc:
+                    log.debug("worker list not read from %s: %s", endpoint, exc.code())
+                    error = error or exc.code().name
+                    continue
+                if any(w.role == common_pb2.WORKER_ROLE_DECODE and not w.draining for w in reply.workers):
+                    break
+            self.reply, self.error = reply, "" if reply is not None else error
         finally:
             self._read_at = self._clock()
             self._reading = None

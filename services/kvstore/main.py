@@ -16,6 +16,7 @@ from kvmesh.runtime.bus import HEARTBEAT_SUBJECT, Bus
 from kvmesh.runtime.config import settings_from_argv
 from kvmesh.runtime.grpcutil import GrpcServer, TlsConfig, advertised_endpoint, start_server
 from kvmesh.runtime.heap import trim_heap
+from kvmesh.runtime.heartbeats import beat_on_request
 from kvmesh.runtime.kvevents import KvEventPublisher
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.offload import Offload
@@ -132,6 +133,7 @@ async def start(settings: KvStoreSettings, metrics: StoreMetrics | None = None) 
                      asyncio.create_task(trim_heap(settings.heap_trim_s), name="kvstore-heap-trim")]
     if bus is not None:
         bus.on_reconnect(running._send_heartbeat)
+        await beat_on_request(bus, running._send_heartbeat)  # a scheduler replica that starts asks
         running.tasks.append(asyncio.create_task(running._heartbeats(), name="kvstore-heartbeat"))
     return running
 

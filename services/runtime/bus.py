@@ -14,6 +14,7 @@ import nats
 from google.protobuf.message import DecodeError, Message
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import NoRespondersError  # noqa: F401 - `request` raises it when nobody subscribes
 from opentelemetry import propagate
 
 log = logging.getLogger(__name__)
@@ -22,6 +23,7 @@ M = TypeVar("M", bound=Message)
 
 HEARTBEAT_SUBJECT = "kvmesh.workers.{role}.{worker_id}.heartbeat"
 HEARTBEAT_WILDCARD = "kvmesh.workers.*.*.heartbeat"
+HEARTBEAT_REQUEST_SUBJECT = "kvmesh.workers.heartbeat.request"  # runtime/heartbeats.py
 KV_EVENTS_SUBJECT = "kvmesh.kv.events.{worker_id}"
 KV_EVENTS_WILDCARD = "kvmesh.kv.events.*"
 KV_REPLAY_SUBJECT = "kvmesh.kv.replay.{worker_id}"

@@ -208,10 +208,11 @@ async def start_server(
     register: Iterable[tuple[Callable[[Any, grpc.aio.Server], None], Any, str]],
     interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
     tls: TlsConfig | None = None,
+    serving: bool = True,
 ) -> GrpcServer:
     """Starts a gRPC server on host:port serving each (add_fn, servicer, full service name)
-    plus grpc.health.v1 (SERVING once started); with `tls`, only clients holding a certificate
-    signed by the mesh CA get in."""
+    plus grpc.health.v1 (SERVING once started, or NOT_SERVING until `set_serving(True)` when
+    `serving` is False); with `tls`, only clients holding a certificate signed by the mesh CA get in."""
     server = grpc.aio.server(interceptors=[*interceptors, ErrorMappingInterceptor()], options=SERVER_OPTIONS)
     names = []
     for add_fn, servicer, name in register:
@@ -219,6 +220,8 @@ async def start_server(
         names.append(name)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    started = GrpcServer(server, 0, health_servicer, names)
+    await started.set_serving(False)  # until started (and, with `serving` False, until the caller says)
     address = f"{host}:{port}"
     try:
         bound = server.add_secure_port(address, tls.server_credentials()) if tls else server.add_insecure_port(address)
@@ -227,8 +230,9 @@ async def start_server(
     if bound == 0:
         raise OSError(f"cannot bind gRPC server to {host}:{port}")
     await server.start()
-    started = GrpcServer(server, bound, health_servicer, names)
-    await started.set_serving(True)
+    started.port = bound
+    if serving:
+        await started.set_serving(True)
     return started
 
 

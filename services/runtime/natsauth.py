@@ -12,19 +12,24 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .bus import HEARTBEAT_REQUEST_SUBJECT
+
 INBOX = "_INBOX.>"
+HEARTBEAT_REQUEST = HEARTBEAT_REQUEST_SUBJECT
 
 # publish / subscribe allow-lists per service; "allow_responses" lets a service answer requests.
 PERMISSIONS: dict[str, dict[str, list[str] | bool]] = {
     "gateway": {"publish": ["kvmesh.mirror.requests"], "subscribe": [INBOX]},
-    "scheduler": {"publish": ["kvmesh.kv.replay.>", "kvmesh.kv.prewarm.>", "kvmesh.schedulers.>"],
-                  "subscribe": ["kvmesh.workers.>", "kvmesh.kv.events.>", "kvmesh.schedulers.>", INBOX]},
+    "scheduler": {"publish": ["kvmesh.kv.replay.>", "kvmesh.kv.prewarm.>", "kvmesh.schedulers.>", HEARTBEAT_REQUEST],
+                  "subscribe": ["kvmesh.workers.>", "kvmesh.kv.events.>", "kvmesh.schedulers.>", INBOX],
+                  "allow_responses": True},  # answers a starting peer's kvmesh.schedulers.sync
     "prefill": {"publish": ["kvmesh.workers.prefill.>", "kvmesh.kv.events.>"],
-                "subscribe": ["kvmesh.kv.replay.>", "kvmesh.workers.kvstore.>"], "allow_responses": True},
+                "subscribe": ["kvmesh.kv.replay.>", "kvmesh.workers.kvstore.>", HEARTBEAT_REQUEST], "allow_responses": True},
     "decode": {"publish": ["kvmesh.workers.decode.>", "kvmesh.kv.events.>"],
-               "subscribe": ["kvmesh.kv.replay.>", "kvmesh.kv.prewarm.>", "kvmesh.workers.kvstore.>"], "allow_responses": True},
+               "subscribe": ["kvmesh.kv.replay.>", "kvmesh.kv.prewarm.>", "kvmesh.workers.kvstore.>", HEARTBEAT_REQUEST],
+               "allow_responses": True},
     "kvstore": {"publish": ["kvmesh.workers.kvstore.>", "kvmesh.kv.events.>"],
-                "subscribe": ["kvmesh.kv.replay.>", "kvmesh.workers.kvstore.>"], "allow_responses": True},
+                "subscribe": ["kvmesh.kv.replay.>", "kvmesh.workers.kvstore.>", HEARTBEAT_REQUEST], "allow_responses": True},
     "canary": {"publish": [], "subscribe": ["kvmesh.mirror.requests", INBOX]},
 }
 

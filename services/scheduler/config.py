@@ -71,6 +71,8 @@ class SchedulerSettings(MeshSettings):
     replica_id: str = Field("", description="this replica's id among active-active scheduler replicas (empty = host-pid)")
     replica_heartbeat_s: float = Field(0.5, description="interval of this replica's heartbeat to its peers")
     replica_timeout_s: float = Field(2.0, description="a peer replica silent this long is gone (its admission share returns)")
+    sync_timeout_s: float = Field(3.0, ge=0, description="start-up sync: NOT_SERVING until every worker a peer hears is known and its KV events repaired, or this long")
+    sync_alone_s: float = Field(0.2, ge=0, description="start-up sync with no peer replica: wait this long for the heartbeats asked for")
     # KV event repair
     replay_timeout_s: float = Field(2.0, description="deadline of a KV event replay request after a sequence gap")
     # KV pre-warming of decode workers that join (docs/prewarm.md)

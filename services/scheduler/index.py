@@ -98,14 +98,16 @@ class BlockIndex:
 
     def check_seq(self, worker_id: str, reported_seq: int) -> int | None:
         """A heartbeat's `kv_event_seq`: if we are still behind a seq reported one heartbeat ago,
-        a trailing batch was lost; returns the replay's `from_seq` then."""
+        a trailing batch was lost; returns the replay's `from_seq` then. For a worker we have no
+        events of at all (this replica just started, or the worker restarted), at once: nothing
+        in flight can fill that gap."""
         last = self._seq.get(worker_id, 0)
         if worker_id in self._repairing or reported_seq <= last:
             self._behind.pop(worker_id, None)
             return None
         earlier = self._behind.get(worker_id)
         self._behind[worker_id] = reported_seq
-        if earlier is None or earlier <= last:
+        if worker_id in self._seq and (earlier is None or earlier <= last):
             return None
         self.stats.gaps += 1
         self._behind.pop(worker_id, None)

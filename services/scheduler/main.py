@@ -30,8 +30,9 @@ from .prewarmfeed import PrewarmSender
 from .registry import Registry
 from .replicas import ReplicaSet
 from .router import Router
-from .server import AdmissionGate, SchedulerServicer, refresh
+from .server import AdmissionGate, SchedulerServicer, refresh, workers_reply
 from .sticky import StickySessions
+from .sync import StartupSync, SyncResult
 
 log = logging.getLogger("kvmesh.scheduler")
 
@@ -57,6 +58,7 @@ class SchedulerApp:
     feeds: BusFeeds
     prewarm: PrewarmSender
     peers: Peers
+    synced: SyncResult
 
     @property
     def port(self) -> int:
@@ -79,12 +81,15 @@ class SchedulerApp:
         feeds = BusFeeds(router, bus, on_change, settings.replay_timeout_s)
         await feeds.start()
         servicer = SchedulerServicer(router, gate)
+        sync = StartupSync(router, bus, replicas, settings.sync_timeout_s, settings.sync_alone_s)
+        servicer.until_synced = sync.until_synced
         server = await start_server(
             settings.host,
             settings.port,
             [(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, "kvmesh.v1.Scheduler")],
             interceptors=[TracingServerInterceptor()],
             tls=TlsConfig.from_settings(settings),
+            serving=False,  # NOT_SERVING until synced
         )
         endpoint = advertised_endpoint(settings.host, "", server.port)
         peers = Peers(router, bus, replicas, endpoint, on_change, settings.replica_heartbeat_s)
@@ -92,8 +97,16 @@ class SchedulerApp:
         servicer.on_split = peers.split_changed
         servicer.on_completed = peers.completed
         await peers.start()
-        log.info("scheduler %s serving on %s:%d (policy %s)", replica_id, settings.host, server.port, settings.policy)
-        return cls(router, gate, server, bus, feeds, prewarm, peers)
+        synced = await sync.run()
+        await peers.answer_sync(lambda: workers_reply(router))
+        on_change()
+        await server.set_serving(True)
+        peers.start_heartbeats()
+        log.info("scheduler %s serving on %s:%d (policy %s); synced in %.2f s (%s, %d workers known%s)", replica_id,
+                 settings.host, server.port, settings.policy, synced.waited_s,
+                 "from a peer" if synced.peer else "no peer", len(router.registry.all()),
+                 f"; timed out waiting for {', '.join(synced.still_missing) or 'a peer heartbeat'}" if synced.timed_out else "")
+        return cls(router, gate, server, bus, feeds, prewarm, peers, synced)
 
     async def stop(self, grace_s: float = 1.0) -> None:
         await self.server.set_serving(False)

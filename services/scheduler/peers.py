@@ -9,6 +9,8 @@ Subjects (docs/replicas.md):
   work and the blocks it is about to create there. Peers count it in those workers' load until
   their next heartbeat, and enter the blocks into their own index as predictions with the same
   TTL, so replicas routing at once see each other's choices instead of all herding one worker.
+- `kvmesh.schedulers.sync` (SchedulerHeartbeat -> ListWorkersResponse, request/reply): a replica
+  that starts asks which workers its peers hear (`sync.py`); a peer heartbeats, then answers.
 - `kvmesh.schedulers.completions` (RouteCompleted): a routed request completed; peers stop
   counting it in its decode worker's load (until the next heartbeat, as for their own).
   NOTE: without the load part, 4 replicas in `kvmesh sim --routers 4` (32 workers) kept 13% of
@@ -38,6 +40,7 @@ REPLICA_HEARTBEAT_SUBJECT = "kvmesh.schedulers.{replica_id}.heartbeat"
 REPLICA_HEARTBEAT_WILDCARD = "kvmesh.schedulers.*.heartbeat"
 PREDICTIONS_SUBJECT = "kvmesh.schedulers.predictions"
 COMPLETIONS_SUBJECT = "kvmesh.schedulers.completions"
+SYNC_SUBJECT = "kvmesh.schedulers.sync"  # request/reply: a starting replica asks (sync.py)
 MAX_PREDICTED_BLOCKS = 1 << 16  # a prompt of a million tokens at block size 16
 
 
@@ -80,8 +83,24 @@ class Peers:
         await self.bus.subscribe(REPLICA_HEARTBEAT_WILDCARD, events_pb2.SchedulerHeartbeat, self._on_heartbeat)
         await self.bus.subscribe(PREDICTIONS_SUBJECT, events_pb2.RoutePredictions, self._on_predictions)
         await self.bus.subscribe(COMPLETIONS_SUBJECT, events_pb2.RouteCompleted, self._on_completed)
+
+    def start_heartbeats(self) -> None:
+        """Starts this replica's heartbeats: peers count it (and shrink their admission share)
+        from now on, so a starting replica calls this once synced and serving."""
         self.bus.on_reconnect(self._beat)
         self._task = asyncio.create_task(self._loop(), name="scheduler-replica-heartbeat")
+
+    async def answer_sync(self, workers: Callable[[], Message]) -> None:
+        """Answers a starting replica's `kvmesh.schedulers.sync` request with `workers()` (the
+        ListWorkers reply) after a heartbeat of ours, so it hears this peer at once (sync.py)."""
+
+        async def on_sync(request: events_pb2.SchedulerHeartbeat, msg) -> None:  # noqa: ANN001
+            if request.replica_id == self.replica_id or not msg.reply:
+                return
+            await self._beat()
+            await msg.respond(workers().SerializeToString())
+
+        await self.bus.subscribe(SYNC_SUBJECT, events_pb2.SchedulerHeartbeat, on_sync)
 
     async def stop(self) -> None:
         tasks = [t for t in (self._task, *self._pending) if t is not None]

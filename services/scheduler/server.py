@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from kvmesh.runtime.errors import InvalidArgument, ResourceExhausted, Unavailable
 from kvmesh.runtime.pb import common_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -91,10 +91,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.on_routed: Callable[[RouteQuery, RouteDecision], None] | None = None  # shares predictions with peers
         self.on_split: Callable[[], None] | None = None  # tells peers about a new pool split
         self.on_completed: Callable[[Assignment], None] | None = None  # tells peers a routed request ended
+        self.until_synced: Callable[[], Awaitable[None]] | None = None  # start-up sync (sync.py)
 
     async def Route(self, request: scheduler_pb2.RouteRequest, context) -> scheduler_pb2.RouteResponse:  # noqa: ANN001, N802
         query = query_from_pb(request)
         validate(query, self.router.block_size)
+        if self.until_synced is not None:
+            await self.until_synced()
         with tracer.start_as_current_span("scheduler.route") as span:
             span.set_attribute("kvmesh.request_id", query.request_id)
             span.set_attribute("kvmesh.policy", self.router.policy.name)
@@ -137,31 +140,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.CompleteResponse()
 
     async def ListWorkers(self, request: scheduler_pb2.ListWorkersRequest, context) -> scheduler_pb2.ListWorkersResponse:  # noqa: ANN001, N802
-        registry = self.router.registry
-        now = registry.clock()
-        split = registry.split
-        reply = scheduler_pb2.ListWorkersResponse(
-            production_pool=split.production, canary_pool=split.canary, canary_weight=split.canary_weight
-        )
-        for w in registry.all():
-            info = w.info
-            reply.workers.add(
-                worker_id=info.worker_id,
-                role=int(info.role),
-                endpoint=info.endpoint,
-                pool=info.pool,
-                model=info.model,
-                num_running=info.num_running,
-                num_waiting=info.num_waiting,
-                kv_blocks_total=info.kv_blocks_total,
-                kv_blocks_free=info.kv_blocks_free,
-                last_seen_age_s=max(0.0, now - w.last_seen),
-                draining=info.draining,
-                inflight=w.inflight,
-                max_model_len=info.max_model_len,
-                warming=bool(self.router.prewarm and self.router.prewarm.is_warming(info.worker_id)),
-            )
-        return reply
+        return workers_reply(self.router)
 
     async def SetProductionPool(self, request: scheduler_pb2.SetProductionPoolRequest, context):  # noqa: ANN001, ANN201, N802
         try:
@@ -174,6 +153,35 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             self.on_split()
         log.info("production pool %r; canary pool %r takes %.0f%%", split.production, split.canary, 100 * split.canary_weight)
         return scheduler_pb2.SetProductionPoolResponse(previous_pool=previous)
+
+
+def workers_reply(router: Router) -> scheduler_pb2.ListWorkersResponse:
+    """Every known worker and the pool split (ListWorkers; also a starting peer's sync answer)."""
+    registry = router.registry
+    now = registry.clock()
+    split = registry.split
+    reply = scheduler_pb2.ListWorkersResponse(
+        production_pool=split.production, canary_pool=split.canary, canary_weight=split.canary_weight
+    )
+    for w in registry.all():
+        info = w.info
+        reply.workers.add(
+            worker_id=info.worker_id,
+            role=int(info.role),
+            endpoint=info.endpoint,
+            pool=info.pool,
+            model=info.model,
+            num_running=info.num_running,
+            num_waiting=info.num_waiting,
+            kv_blocks_total=info.kv_blocks_total,
+            kv_blocks_free=info.kv_blocks_free,
+            last_seen_age_s=max(0.0, now - w.last_seen),
+            draining=info.draining,
+            inflight=w.inflight,
+            max_model_len=info.max_model_len,
+            warming=bool(router.prewarm and router.prewarm.is_warming(info.worker_id)),
+        )
+    return reply
 
 
 def refresh(router: Router, gate: AdmissionGate, counters: metrics.IndexCounters, replicas: ReplicaSet | None = None) -> None:

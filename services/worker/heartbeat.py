@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvmesh.runtime.bus import HEARTBEAT_SUBJECT, Bus
+from kvmesh.runtime.heartbeats import beat_on_request
 from kvmesh.runtime.pb import common_pb2, events_pb2
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,8 @@ class HeartbeatInfo:
 
 
 class Heartbeater:
-    """Publishes a Heartbeat every `interval_s` (and right after a NATS reconnect)."""
+    """Publishes a Heartbeat every `interval_s`, right after a NATS reconnect, and when a
+    scheduler replica asks (`runtime.heartbeats`)."""
 
     def __init__(
         self, bus: Bus | None, info: HeartbeatInfo, stats: Callable[[], Any], interval_s: float,
@@ -81,6 +83,10 @@ class Heartbeater:
         self._task = asyncio.create_task(self._run(), name="heartbeat")
 
     async def _run(self) -> None:
+        try:
+            await beat_on_request(self.bus, self.beat)
+        except Exception as exc:  # noqa: BLE001 - the periodic beat still runs
+            log.warning("not answering heartbeat requests: %s", exc)
         while True:
             await self.beat()
             await asyncio.sleep(self._interval_s)

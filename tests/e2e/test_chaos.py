@@ -4,12 +4,19 @@ A mesh with 2 scheduler replicas, 2 KV store shards, a 3-node NATS cluster, 2 pr
 decode workers. Clients stream greedy completions the whole time while the test kills (SIGKILL),
 one at a time, a scheduler replica, a store shard, a NATS node, a prefill worker and a decode
 worker, and restarts each. Goal: 0 failed requests, every output equal to the in-process
-engine's (no lost or duplicated tokens), and the restarted scheduler routes like its peer
-(same worker, same confirmed cached blocks) within CONVERGE_S of serving again.
+engine's (no lost or duplicated tokens), and the restarted scheduler routes like its peer within
+CONVERGE_S of serving again (`_converge`: the same confirmed cached blocks on every decode worker
+for every prompt, and the same decode worker for a prompt its cache decides).
+
+NOTE: a prompt every decode worker holds is routed by load alone, and load is live state each
+replica sees a little differently (its own requests at once, a peer's through predictions and
+heartbeats): for those, two replicas that never restarted disagree too (the test prints how often
+in the steady window), so "routes like its peer" is checked where the index decides.
 """
 
 from __future__ import annotations
 
+import itertools
 import socket
 import threading
 import time
@@ -45,24 +52,31 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else float("nan")
 
 
-# NOTE: issue 17 asks for 5 s. Passing runs converge in 0.9-3.2 s, but on a 2-core VM about 1 run in 3
-# failed at 5 s with the restarted replica still answering "no decode worker" (it had not yet heard
-# the workers' heartbeats). Until that start-up is fixed, the test allows 10 s so that it catches
-# a replica that never converges without failing CI on the slow start; the 5 s goal stays open.
-CONVERGE_S = 10.0
+CONVERGE_S = 5.0   # issue 17: a restarted scheduler routes like its peers within 5 s
+PROBE_IDS = itertools.count()
+MARKER = [33 + (j * 13) % 90 for j in range(320)]  # 20 blocks sent once: held by one decode worker
 
 
-def route_probe(endpoint: str, request_id: str, tokens: int, hashes: list[bytes]) -> tuple[str, int] | None:
-    """(decode worker, confirmed cached blocks) the replica at `endpoint` picks; None if it cannot."""
-    with grpc.insecure_channel(endpoint) as channel:
-        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+class Prober:
+    """Route + Complete on one scheduler replica (a persistent channel)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.channel = grpc.insecure_channel(endpoint)
+        self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
+
+    def route(self, tokens: int, hashes: list[bytes], exclude: tuple[str, ...] = ()) -> tuple[str, int] | None:
+        """(decode worker, confirmed cached blocks) the replica picks; None if it cannot."""
+        request_id = f"probe-{next(PROBE_IDS)}"
         try:
-            reply = stub.Route(scheduler_pb2.RouteRequest(request_id=request_id, num_prompt_tokens=tokens,
-                                                          block_hashes=hashes), timeout=2.0)
-            stub.Complete(scheduler_pb2.CompleteRequest(request_id=request_id, status="ok"), timeout=2.0)
+            reply = self.stub.Route(scheduler_pb2.RouteRequest(request_id=request_id, num_prompt_tokens=tokens,
+                                                               block_hashes=hashes, exclude_workers=exclude), timeout=2.0)
+            self.stub.Complete(scheduler_pb2.CompleteRequest(request_id=request_id, status="ok"), timeout=2.0)
         except grpc.RpcError:
             return None
-    return reply.decode.worker_id, reply.decode_cached_blocks
+        return reply.decode.worker_id, reply.decode_cached_blocks
+
+    def close(self) -> None:
+        self.channel.close()
 
 
 def test_killing_any_one_process_under_load_loses_nothing(start_mesh, reference):  # noqa: F811
@@ -98,20 +112,25 @@ def test_killing_any_one_process_under_load_loses_nothing(start_mesh, reference)
 
     victims = ["scheduler-0", "kvstore-1", "nats-1", "prefill-0", "decode-0"]
     windows: dict[str, tuple[float, float]] = {}
-    converged_s = float("nan")
-    for prompt in prompts:  # warm: the steady-state TTFT should not include first-request costs
+    converged_s = serving_s = float("nan")
+    for prompt in [*prompts, MARKER]:  # warm: the steady-state TTFT should not include first-request costs
         client.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0)
+    schedulers = [s.grpc_endpoint for s in handle.mesh.specs if s.service == "scheduler"]
+    decodes = sorted(s.name for s in handle.mesh.specs if s.service == "decode")
     drivers = [threading.Thread(target=drive, args=(w,)) for w in range(3)]
     for t in drivers:
         t.start()
     try:
-        time.sleep(SETTLE_S)
+        steady_until = time.monotonic() + SETTLE_S
+        load_tied = _disagreements(schedulers, prompts, hasher)  # two replicas that never restarted
+        time.sleep(max(0.0, steady_until - time.monotonic()))
         windows["steady"] = (0.0, time.monotonic())
         for name in victims:
             began = time.monotonic()
             handle.mesh.kill(name)  # kill -9
             time.sleep(DOWN_S)
             handle.mesh.respawn(name)
+            respawned = time.monotonic()
             if name.startswith("nats"):
                 port = handle.mesh.nats_ports[int(name.rsplit("-", 1)[1])]
                 assert eventually(lambda port=port: _listening(port), timeout_s=30), f"{name} never came back"
@@ -119,7 +138,8 @@ def test_killing_any_one_process_under_load_loses_nothing(start_mesh, reference)
                 endpoint = handle.spec(name).grpc_endpoint
                 assert eventually(lambda e=endpoint: grpc_healthy(e), timeout_s=60), f"{name} never came back"
             if name.startswith("scheduler"):
-                converged_s = _converge(handle, name, prompts, hasher)
+                serving_s = time.monotonic() - respawned
+                converged_s = _converge(handle, name, [*prompts, MARKER], decodes, hasher)
             time.sleep(SETTLE_S)
             windows[name] = (began, time.monotonic())
     finally:
@@ -130,8 +150,9 @@ def test_killing_any_one_process_under_load_loses_nothing(start_mesh, reference)
     wrong = [o for o in outcomes if o.error is None and o.text != o.expected]
     steady = p99([o.ttft_s for o in outcomes if o.started < windows["steady"][1] and o.error is None])
     print(f"\nchaos (spof): sent {len(outcomes)}, completed {len(outcomes) - len(failed)}, failed {len(failed)}, "
-          f"lost/duplicated {len(wrong)}; restarted scheduler converged {converged_s:.2f} s after serving; "
-          f"TTFT p99 steady {steady * 1000:.0f} ms")
+          f"lost/duplicated {len(wrong)}; restarted scheduler SERVING {serving_s:.2f} s after its respawn, "
+          f"routing like its peer {converged_s:.2f} s after that; TTFT p99 steady {steady * 1000:.0f} ms; "
+          f"load-tied Route choices of the two replicas before any fault: {load_tied[0]} of {load_tied[1]} differed")
     for name in victims:
         lo, hi = windows.get(name, (0.0, 0.0))
         during = [o.ttft_s for o in outcomes if lo <= o.started < hi and o.error is None]
@@ -151,25 +172,52 @@ def _listening(port: int) -> bool:
     return True
 
 
-def _converge(handle, restarted: str, prompts: list[list[int]], hasher) -> float:  # noqa: ANN001
-    """Seconds until the restarted replica picks what a peer picks for every prompt (fails past CONVERGE_S)."""
-    mine = handle.spec(restarted).grpc_endpoint
-    peer = next(s.grpc_endpoint for s in handle.mesh.specs if s.service == "scheduler" and s.name != restarted)
-    serving = time.monotonic()
-    attempt = 0
-    while time.monotonic() - serving < CONVERGE_S:
-        attempt += 1
-        same = True
-        for k, prompt in enumerate(prompts):
+def _disagreements(schedulers: list[str], prompts: list[list[int]], hasher, rounds: int = 4) -> tuple[int, int]:  # noqa: ANN001
+    """(differing, compared) plain Route choices of two live replicas for the same prompts."""
+    a, b = Prober(schedulers[0]), Prober(schedulers[1])
+    differing = compared = 0
+    for _ in range(rounds):
+        for prompt in prompts:
             hashes = hasher.hashes(prompt)
-            ours = route_probe(mine, f"probe-{attempt}-{k}-a", len(prompt), hashes)
-            time.sleep(0.05)  # the probe's own route and completion reach the peer (net zero load there)
-            theirs = route_probe(peer, f"probe-{attempt}-{k}-b", len(prompt), hashes)
-            time.sleep(0.05)
-            if ours is None or ours != theirs:
-                same = False
-                break
-        if same:
-            return time.monotonic() - serving
-        time.sleep(0.1)
+            ours, theirs = a.route(len(prompt), hashes), b.route(len(prompt), hashes)
+            compared += 1
+            differing += ours != theirs
+    a.close()
+    b.close()
+    return differing, compared
+
+
+def _converge(handle, restarted: str, prompts: list[list[int]], decodes: list[str], hasher) -> float:  # noqa: ANN001
+    """Seconds until the restarted replica routes like a peer (fails past CONVERGE_S): for every
+    prompt, forced onto each decode worker in turn, the same confirmed cached blocks (the index
+    agrees), and the last prompt (the marker, which one decode worker holds) routed to the same
+    worker."""
+    mine = Prober(handle.spec(restarted).grpc_endpoint)
+    peer = Prober(next(s.grpc_endpoint for s in handle.mesh.specs if s.service == "scheduler" and s.name != restarted))
+    serving = time.monotonic()
+    try:
+        while time.monotonic() - serving < CONVERGE_S:
+            if _agree(mine, peer, prompts, decodes, hasher):
+                return time.monotonic() - serving
+            time.sleep(0.1)
+    finally:
+        mine.close()
+        peer.close()
     raise AssertionError(f"{restarted} did not route like its peer within {CONVERGE_S} s of serving again")
+
+
+def _agree(mine: Prober, peer: Prober, prompts: list[list[int]], decodes: list[str], hasher) -> bool:  # noqa: ANN001
+    for prompt in prompts[:-1]:  # NOTE: never the marker: a forced route would predict it on another worker
+        hashes = hasher.hashes(prompt)
+        for worker in decodes:
+            others = tuple(d for d in decodes if d != worker)
+            ours = mine.route(len(prompt), hashes, others)
+            if ours is None or ours != peer.route(len(prompt), hashes, others):
+                print(f"  not yet: {ours} here, the peer differs (forced onto {worker})")
+                return False
+    marker = hasher.hashes(prompts[-1])
+    ours, theirs = mine.route(len(prompts[-1]), marker), peer.route(len(prompts[-1]), marker)
+    if ours is None or ours != theirs or ours[1] == 0:
+        print(f"  not yet: marker {ours} here, {theirs} on the peer")
+        return False
+    return True

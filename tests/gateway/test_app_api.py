@@ -111,8 +111,8 @@ async def health_within(client, seconds: float, status: int):  # noqa: ANN001, A
 
 async def test_health_is_503_until_a_production_decode_worker_is_registered() -> None:
     mesh = await start_fake_mesh(num_decode=0)
-    try:
-        async with run_gateway(mesh) as gw, gw.client() as client:
+    try:  # the first scheduler replica listed is down: the probe asks the next one (docs/replicas.md)
+        async with run_gateway(mesh, scheduler=f"127.0.0.1:1,{mesh.scheduler_endpoint}") as gw, gw.client() as client:
             before = await client.get("/health")
             await mesh.add_decode("decode-0")
             after = await health_within(client, HEALTH_MAX_AGE_S + 1.0, 200)  # NOTE: the list it reads may be 1 s old

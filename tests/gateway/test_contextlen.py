@@ -4,6 +4,7 @@ worker list it reads is shared with /health (one ListWorkers call for both)."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import grpc
 
@@ -47,10 +48,13 @@ class ListingScheduler:
 
 
 class Backend:
+    """One scheduler replica at endpoint "s0"."""
+
     def __init__(self, scheduler: ListingScheduler) -> None:
         self._scheduler = scheduler
+        self.schedulers = SimpleNamespace(endpoints=["s0"])
 
-    def scheduler(self) -> ListingScheduler:
+    def scheduler(self, endpoint: str = "") -> ListingScheduler:
         return self._scheduler
 
 

@@ -39,3 +39,25 @@ async def test_reconnects_after_a_nats_restart_and_runs_hooks(nats_server):
     await asyncio.get_running_loop().run_in_executor(None, nats_server.restart)
     assert await _until(lambda: announced and bus.connected, timeout_s=15)
     await bus.close()
+
+
+async def test_a_publisher_beats_when_a_scheduler_asks_at_most_once_per_gap(nats_server):
+    from kvmesh.runtime.heartbeats import beat_on_request, request_heartbeats  # noqa: PLC0415
+
+    worker, scheduler = await Bus.connect(nats_server.url, "worker"), await Bus.connect(nats_server.url, "scheduler")
+    beats = []
+
+    async def beat():
+        beats.append(True)
+
+    await beat_on_request(worker, beat, min_gap_s=1.0)
+    await worker.client.flush()
+    await request_heartbeats(scheduler, "scheduler-0")
+    assert await _until(lambda: len(beats) == 1)
+    await request_heartbeats(scheduler, "scheduler-1")  # within the gap: no second beat
+    await scheduler.client.flush()
+    await worker.client.flush()
+    await asyncio.sleep(0.1)
+    assert len(beats) == 1
+    await worker.close()
+    await scheduler.close()

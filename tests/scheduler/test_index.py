@@ -53,6 +53,15 @@ def test_missing_events_from_a_heartbeat_seq_are_detected_one_beat_later():
     assert index.repairing("w1")
 
 
+def test_a_worker_first_seen_with_events_behind_it_is_repaired_at_once():
+    """A replica that just started (or a restarted worker) has none of its events: nothing in
+    flight can fill the gap, so the first heartbeat's kv_event_seq asks for the replay."""
+    index = BlockIndex()
+    assert index.check_seq("w1", 0) is None  # nothing published yet: nothing to repair
+    assert index.check_seq("w1", 7) == 1
+    assert index.repairing("w1")
+
+
 def test_a_failed_replay_forgets_the_worker_rather_than_keep_phantoms():
     index = BlockIndex()
     index.apply(stored_batch("w1", 1, A[:2]))

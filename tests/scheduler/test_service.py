@@ -37,8 +37,9 @@ async def scheduler(nats_url: str, **overrides):
 
 
 @contextlib.asynccontextmanager
-async def heartbeats(bus: Bus, worker_id: str, max_num_seqs: int = 8, role=common_pb2.WORKER_ROLE_DECODE, max_model_len: int = 0):
-    """Publishes a worker's heartbeat every 0.1 s while the block runs."""
+async def heartbeats(bus: Bus, worker_id: str, max_num_seqs: int = 8, role=common_pb2.WORKER_ROLE_DECODE, max_model_len: int = 0,
+                     seq=lambda: 0, interval_s: float = 0.1):
+    """Publishes a worker's heartbeat (`kv_event_seq` = `seq()`) every `interval_s` while the block runs."""
     beat = events_pb2.Heartbeat(
         worker_id=worker_id, role=role, endpoint=f"127.0.0.1:1{len(worker_id)}00{worker_id[-1]}", pool="production",
         block_size=16, max_num_seqs=max_num_seqs, started_at=1.0, max_model_len=max_model_len,
@@ -47,8 +48,9 @@ async def heartbeats(bus: Bus, worker_id: str, max_num_seqs: int = 8, role=commo
 
     async def run() -> None:
         while True:
+            beat.kv_event_seq = seq()
             await bus.publish(subject, beat)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(interval_s)
 
     task = asyncio.create_task(run())
     try:
