@@ -48,18 +48,26 @@ RUN . /tmp/pip/env.sh && python -m pip install --upgrade pip
 RUN . /tmp/pip/env.sh && python -m pip install "${TORCH_SPEC}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 
 # NOTE: the dependencies first, in their own layer, so a code change reinstalls only the project.
+# NOTE: xgrammar (structured outputs) requires triton on x86-64 Linux, for GPU kernels a CPU torch
+# never runs: a 1 GB install (and a large download). So xgrammar goes in without its dependencies,
+# then those but triton. A CUDA torch requires triton itself and brings it.
 COPY --from=requirements /tmp/requirements.txt /tmp/
-RUN . /tmp/pip/env.sh && python -m pip install -r /tmp/requirements.txt
-# NOTE: xgrammar (structured outputs) requires triton on x86-64 Linux for GPU kernels that a CPU
-# torch never runs: 1 GB. A CUDA torch needs triton itself and keeps it.
-RUN if python -c "import sys, torch; sys.exit(torch.version.cuda is not None)"; then \
-      python -m pip uninstall --yes --quiet triton; fi
+RUN . /tmp/pip/env.sh && grep -v '^xgrammar' /tmp/requirements.txt > /tmp/others.txt \
+    && python -m pip install -r /tmp/others.txt \
+    && python -m pip install --no-deps "$(grep '^xgrammar' /tmp/requirements.txt)" \
+    && python -c "import importlib.metadata as m; print(*(r for r in m.requires('xgrammar') \
+         if 'extra ==' not in r and not r.startswith('triton')), sep='\n')" > /tmp/xgrammar.txt \
+    && python -m pip install -r /tmp/xgrammar.txt
 
 WORKDIR /tmp/kvmesh
 COPY pyproject.toml README.md ./
 COPY proto ./proto
 COPY services ./services
 RUN . /tmp/pip/env.sh && python -m pip install --no-deps .
+# NOTE: the bytecode of transformers (xgrammar's dependency), sympy, networkx and mpmath that no
+# kvmesh import loads: about 120 MB (see the script).
+COPY deploy/docker/slim_bytecode.py /tmp/
+RUN python /tmp/slim_bytecode.py "$VIRTUAL_ENV/lib/python3.11/site-packages"
 # What serving never runs: torch's C++ headers, test binaries and protoc; pip itself. (The
 # bytecode pip compiled stays: the runtime user cannot write it, and every start would recompile.)
 RUN site="$VIRTUAL_ENV/lib/python3.11/site-packages" \

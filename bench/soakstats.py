@@ -2,7 +2,8 @@
 
 Per process: RSS and open file descriptors (psutil). From /metrics: the scheduler's registry
 (`kvmesh_scheduler_assignments`), admission (`kvmesh_scheduler_admitted`, `_queue_depth`), each
-decode worker's running requests, and the KV store's blocks (`kvmesh_kvstore_blocks`, all tiers).
+decode worker's running requests, the KV store's blocks (`kvmesh_kvstore_blocks`, all tiers), and
+the C heap in use of the workers and the store (`kvmesh_process_heap_bytes{state="in_use"}`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class Sampler:
                 now[f"{name}.running"] = metric(target, "kvmesh_decode_running_requests")
             elif name.startswith("kvstore"):
                 now[f"{name}.blocks"] = metric(target, "kvmesh_kvstore_blocks")
+            if name.startswith(("prefill", "decode", "kvstore")):  # NOTE: what malloc holds live, beside RSS
+                now[f"{name}.heap_in_use_mib"] = metric(target, "kvmesh_process_heap_bytes", state="in_use") / MIB
         for name, value in now.items():
             self._add(name, t, value)
         return now
@@ -83,12 +86,22 @@ def slope(points: list[tuple[float, float]]) -> float:
 
 
 def growth(points: list[tuple[float, float]], window_s: float) -> float:
-    """Relative change over the last `window_s` (first sample in the window to the last)."""
+    """Relative change over the last `window_s`: the rise of the least-squares line through the
+    window's samples, over the line's value at the window's start.
+
+    NOTE: a fitted line, not the first and last sample: a worker's RSS moves by ±10% from one
+    sample to the next (a long prompt's activations come and go), so two samples measure noise."""
     if not points:
         return 0.0
     end = points[-1][0]
-    start = next((v for t, v in points if t >= end - window_s), points[0][1])
-    return (points[-1][1] - start) / start if start else 0.0
+    window = [(t, v) for t, v in points if t >= end - window_s and v == v]
+    if len(window) < 2:
+        return 0.0
+    per_s = slope(window) / 60.0
+    mt = sum(t for t, _ in window) / len(window)
+    mv = sum(v for _, v in window) / len(window)
+    start = mv + per_s * (window[0][0] - mt)
+    return per_s * (end - window[0][0]) / start if start else 0.0
 
 
 def report(series: dict[str, list[tuple[float, float]]], window_s: float) -> list[str]:
@@ -96,6 +109,6 @@ def report(series: dict[str, list[tuple[float, float]]], window_s: float) -> lis
     lines = [f"{'series':34} {'first':>10} {'last':>10} {'slope/min':>10} {'growth':>8}"]
     for name in sorted(series):
         pts = series[name]
-        grow = f"{100 * growth(pts, window_s):7.2f}%" if name.endswith("rss_mib") else ""
+        grow = f"{100 * growth(pts, window_s):7.2f}%" if name.endswith("_mib") else ""
         lines.append(f"{name:34} {pts[0][1]:10.1f} {pts[-1][1]:10.1f} {slope(pts):10.3f} {grow:>8}")
     return lines

@@ -180,9 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(engine_child(args.model, args.requests, int(args.concurrency), args.max_tokens)))
         return 0
     levels = [int(c) for c in args.concurrency.split(",")]
+    load_before = os.getloadavg()[0]
     mesh = measure_mesh(args.model, args.requests, levels, args.max_tokens, args.set)
     print(f"{args.requests} streamed chat requests x {args.max_tokens} tokens, model {args.model}, "
-          f"{os.cpu_count()} CPUs, niceness {os.nice(0)}")
+          f"{os.cpu_count()} CPUs, niceness {os.nice(0)}, load average {load_before:.1f} before the mesh, "
+          f"{os.getloadavg()[0]:.1f} after it")
     for c in levels:
         report(c, mesh[c], run_engine(args.model, args.requests, c, args.max_tokens))
     return 0

@@ -41,18 +41,23 @@ for url in $(pip_setting extra-index-url); do
   case $url in http://*|https://*) extra="$extra $url" ;; esac  # file:// indexes are this host's only
 done
 
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-build() {  # docker build ARGS..., its output shown only when it fails
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+build() {  # LOG ARGS...: `docker build ARGS...`, its output (in LOG) shown only when it fails
+  local log=$1
+  shift
   docker build "$@" >"$log" 2>&1 || { tail -40 "$log" >&2; echo "images: docker build $* failed" >&2; return 1; }
 }
-echo "images: building kvmesh:local on $base"
-build -t kvmesh:local \
+# NOTE: side by side: the Prometheus image is mostly apt downloads, kvmesh's mostly pip's.
+echo "images: building kvmesh:local and kvmesh-prometheus:local on $base"
+build "$logs/prometheus" -t kvmesh-prometheus:local --build-arg BASE_IMAGE="$base" \
+  -f deploy/docker/prometheus.Dockerfile deploy/docker &
+prometheus=$!
+build "$logs/kvmesh" -t kvmesh:local \
   --build-arg BASE_IMAGE="$base" \
   --build-arg TORCH_INDEX_URL="$torch_index_url" \
   --build-arg PIP_INDEX_URL="$(pip_setting index-url | grep -E '^https?://' || true)" \
   --build-arg PIP_EXTRA_INDEX_URL="${extra# }" \
-  .
-echo "images: building kvmesh-prometheus:local"
-build -t kvmesh-prometheus:local --build-arg BASE_IMAGE="$base" -f deploy/docker/prometheus.Dockerfile deploy/docker
+  . || { wait "$prometheus"; exit 1; }
+wait "$prometheus"
 docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E '^kvmesh(-prometheus)?:local '

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from kvmesh.runtime.config import settings_from_argv
-from kvmesh.runtime.process import init_process
+from kvmesh.runtime.process import init_process, run_service
 from kvmesh.runtime.shutdown import GracefulShutdown
 from kvmesh.runtime.telemetry import Telemetry
 
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
         return rollout_main(argv[1:])
     settings = settings_from_argv(CanarySettings, argv, "kvmesh canary")
     init_process(settings)
-    asyncio.run(serve(settings))
+    run_service(serve(settings))
     return 0
 
 

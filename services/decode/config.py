@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from kvmesh.worker.worker import WorkerSettings
+from kvmesh.worker.settings import WorkerSettings
 
 
 class DecodeSettings(WorkerSettings):

@@ -15,12 +15,13 @@ from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import decode_pb2_grpc
 from kvmesh.runtime.telemetry import TracingServerInterceptor
 from kvmesh.worker.app import WorkerApp, announce, serve_worker, start_engine, worker_main
+from kvmesh.worker.storereader import StoreReader
 from kvmesh.worker.worker import EngineLoop
 
 from . import metrics
 from .config import DecodeSettings
 from .handback import Handback
-from .prewarm import Prewarm
+from .prewarm import PREWARM_TIMEOUT_S, Prewarm
 from .server import DecodeServicer
 from .worker import DecodeWorker
 
@@ -50,7 +51,8 @@ async def start(settings: DecodeSettings, bus: Bus | None = None) -> WorkerApp:
         tls=tls,
     )
     worker.endpoint = settings.endpoint(server.port)
-    prewarm = Prewarm(loop, spec, settings.kvstore, channels)
+    reader = None if shards is None else StoreReader(ShardedStore(shards, channels, spec, PREWARM_TIMEOUT_S), spec, worker.codec)
+    prewarm = Prewarm(loop, reader)
     await prewarm.start(bus, worker_id)  # NOTE: before the first heartbeat, which may trigger it
     events, heartbeater = await announce("decode", settings, parts, worker.endpoint, bus, worker.live_request_ids)
     gauges = asyncio.create_task(_refresh_gauges(loop, settings.heartbeat_interval_s), name="decode-gauges")

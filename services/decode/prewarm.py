@@ -15,19 +15,18 @@ import logging
 import time
 from typing import Any
 
-import grpc
 import torch
 from nats.aio.msg import Msg
 from prometheus_client import Counter
 
-from kvmesh.runtime import kvwire
 from kvmesh.runtime.bus import KV_PREWARM_SUBJECT, Bus
-from kvmesh.runtime.grpcutil import ChannelPool
-from kvmesh.runtime.pb import common_pb2, events_pb2, kvstore_pb2, kvstore_pb2_grpc
-from kvmesh.worker import kvtensor
+from kvmesh.runtime.pb import events_pb2
+from kvmesh.worker.storereader import READ_ERRORS, StoreReader, read_error_detail
 from kvmesh.worker.worker import EngineLoop
 
 log = logging.getLogger(__name__)
+
+PREWARM_TIMEOUT_S = 10.0  # deadline of each store call a pre-warm makes (it runs in the background)
 
 PREWARM_BLOCKS = Counter("kvmesh_decode_prewarm_blocks_total", "KV blocks fetched from the store to pre-warm the prefix cache")
 
@@ -49,15 +48,11 @@ def import_by_hash(engine: Any, hashes: list[bytes], blocks: list[torch.Tensor],
 
 
 class Prewarm:
-    """Answers pre-warm requests for `worker_id` with blocks from the KV store at `kvstore`."""
+    """Answers pre-warm requests for `worker_id` with blocks read by `store` (None: no KV store)."""
 
-    def __init__(self, loop: EngineLoop, spec: common_pb2.ModelSpec, kvstore: str, channels: ChannelPool,
-                 timeout_s: float = 10.0) -> None:
+    def __init__(self, loop: EngineLoop, store: StoreReader | None) -> None:
         self._loop = loop
-        self._spec = spec
-        self._kvstore = kvstore
-        self._channels = channels
-        self._timeout_s = timeout_s
+        self._store = store
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self, bus: Bus | None, worker_id: str) -> None:
@@ -86,40 +81,23 @@ class Prewarm:
         reply = events_pb2.PrewarmReply(blocks_requested=len(requested))
         done: set[bytes] = set()
         try:
-            if not self._kvstore:
+            if self._store is None:
                 raise ValueError("this worker has no KV store to fetch from")
             for prefix in request.prefixes:
                 hashes = list(prefix.block_hashes)
                 skip = next((i for i, h in enumerate(hashes) if h not in done), len(hashes))
-                blocks = await self._fetch(hashes, skip)
+                blocks = await self._store.read(hashes, skip)
                 reply.blocks_fetched += len(blocks)
                 cached = await self._loop.call(lambda engine, h=hashes, b=blocks, s=skip: import_by_hash(engine, h, b, s))
                 done.update(hashes[skip : skip + cached])
                 if cached < len(blocks):
                     raise ValueError(f"the prefix cache is full after {len(done)} blocks")
-        except (grpc.aio.AioRpcError, ValueError) as exc:
-            reply.error = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+        except READ_ERRORS as exc:
+            reply.error = read_error_detail(exc)
         reply.blocks_cached = len(done)
         reply.seconds = time.perf_counter() - start
         PREWARM_BLOCKS.inc(reply.blocks_fetched)
         return reply
-
-    async def _fetch(self, hashes: list[bytes], skip: int) -> list[torch.Tensor]:
-        """Blocks `skip..k` of a prefix whose first `k` blocks the store holds (Lookup, then Get)."""
-        stub = kvstore_pb2_grpc.KvStoreStub(self._channels.get(self._kvstore))
-        found = await stub.Lookup(kvstore_pb2.LookupRequest(spec=self._spec, block_hashes=hashes), timeout=self._timeout_s)
-        wanted = hashes[skip : found.num_blocks]
-        if not wanted:
-            return []
-        call = stub.Get(kvstore_pb2.GetRequest(spec=self._spec, block_hashes=wanted, lease_id=found.lease_id,
-                                               encoding=kvwire.RAW), timeout=self._timeout_s)
-        blocks: list[torch.Tensor] = []
-        async for block in call:
-            if (len(blocks) >= len(wanted) or block.header.block_hash != wanted[len(blocks)]
-                    or block.header.num_tokens != self._spec.block_size):
-                raise ValueError(f"the store sent an unexpected block at position {skip + len(blocks)}")
-            blocks.append(kvtensor.decode_block(block, self._spec))  # validates every header field first
-        return blocks
 
     async def close(self) -> None:
         for task in list(self._tasks):

@@ -12,7 +12,8 @@ from kvmesh.runtime.pb import common_pb2, decode_pb2, decode_pb2_grpc
 
 from . import metrics
 from .stream import StreamSession, logprobs_pb
-from .worker import Delta, DecodeWorker, GenerateJob
+from .generate import Delta, generate
+from .worker import DecodeWorker, GenerateJob
 
 
 def sampling_from_pb(p: common_pb2.SamplingParams) -> SamplingParams:
@@ -82,7 +83,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeWorkerServicer):
     ) -> AsyncIterator[decode_pb2.GenerateResponse]:
         status = "ok"
         try:
-            async for delta in self.worker.generate(job_from_pb(request)):
+            async for delta in generate(self.worker, job_from_pb(request)):
                 yield delta_to_pb(delta)
         except BaseException as exc:
             status = "cancelled" if not isinstance(exc, Exception) else status_for(exc).name.lower()

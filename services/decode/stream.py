@@ -30,24 +30,54 @@ log = logging.getLogger(__name__)
 
 
 class _Run:
-    """One request on the stream: its pending delta, span and timings."""
+    """One request on the stream: what it has pending for the next message, its span and timings.
 
-    __slots__ = ("job", "span", "t0", "delta", "unsent", "sent_any", "done", "abort_asked")
+    NOTE: pending output is kept in plain lists and turned into a `RequestDelta` only by the
+    writer, in place inside the outgoing `StepOutput` (no message per request per step, no copy).
+    """
+
+    __slots__ = ("job", "span", "t0", "tokens", "logprobs", "prompt_logprobs", "cached_tokens", "finish_reason",
+                 "usage", "error", "sent_any", "done", "abort_asked")
 
     def __init__(self, job: GenerateJob, span: trace.Span) -> None:
         self.job = job
         self.span = span
         self.t0 = time.monotonic()
-        self.delta: decode_pb2.RequestDelta | None = None
-        self.unsent = 0  # tokens in `delta`
+        self.tokens: list[int] = []  # pending token ids
+        self.logprobs: list = []  # pending engine TokenLogprobs (one per pending token, when asked for)
+        self.prompt_logprobs: list | None = None
+        self.cached_tokens = 0
+        self.finish_reason = ""
+        self.usage: tuple[int, int, int] | None = None  # prompt, completion, cached: with the finish
+        self.error: tuple[int, str, float] | None = None  # code, message, retry_after_s: instead of a finish
         self.sent_any = False
         self.done = False
         self.abort_asked = False  # an abort came before the request reached the worker
 
-    def pending(self) -> decode_pb2.RequestDelta:
-        if self.delta is None:
-            self.delta = decode_pb2.RequestDelta(request_id=self.job.request_id)
-        return self.delta
+    def write(self, delta: decode_pb2.RequestDelta) -> None:
+        """Fill `delta` (fresh, inside the outgoing message) with what is pending; clear it."""
+        delta.request_id = self.job.request_id
+        if self.tokens:
+            delta.token_ids.extend(self.tokens)
+            if not self.sent_any:
+                delta.cached_tokens = self.cached_tokens
+            self.tokens = []
+        if self.logprobs:
+            delta.logprobs.extend(logprobs_pb(self.logprobs))
+            self.logprobs = []
+        if self.prompt_logprobs is not None:
+            delta.prompt_logprobs.extend(logprobs_pb(self.prompt_logprobs))
+            self.prompt_logprobs = None
+        if self.error is not None:
+            delta.error_code, delta.error_message, retry = self.error
+            if retry:
+                delta.retry_after_s = retry
+        elif self.finish_reason:
+            delta.finish_reason = self.finish_reason
+            if self.usage is not None:
+                u = delta.usage
+                u.prompt_tokens, u.completion_tokens, u.cached_tokens = self.usage
+        self.sent_any = True
 
 
 class StreamSession:
@@ -61,6 +91,7 @@ class StreamSession:
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._reading = True
+        self._generated = 0  # tokens not yet counted in the metric (counted once per message)
 
     async def serve(self, requests: AsyncIterator[decode_pb2.StreamRequest]) -> AsyncIterator[decode_pb2.StepOutput]:
         reader = asyncio.create_task(self._read(requests), name="decode-stream-reader")
@@ -71,9 +102,12 @@ class StreamSession:
                 if self._ready:
                     ready, self._ready = self._ready, {}
                     out = decode_pb2.StepOutput()
+                    add = out.deltas.add
                     for run in ready.values():
-                        out.deltas.append(run.delta)
-                        run.delta, run.unsent, run.sent_any = None, 0, True
+                        run.write(add())
+                    if self._generated:
+                        metrics.GENERATED_TOKENS.inc(self._generated)
+                        self._generated = 0
                     yield out
                 if reader.done() and reader.exception() is not None:
                     raise reader.exception()
@@ -136,49 +170,39 @@ class StreamSession:
         new = out.new_token_ids
         if new:
             self.worker.record(run.job, new)
-            delta = run.pending()
-            delta.token_ids.extend(new)
-            if out.logprobs:
-                delta.logprobs.extend(logprobs_pb(out.logprobs))
-            if not run.sent_any and run.unsent == 0:
-                delta.cached_tokens = out.num_cached_tokens
+            if not run.sent_any and not run.tokens:
+                run.cached_tokens = out.num_cached_tokens
                 ttft = time.monotonic() - run.t0
                 metrics.TTFT.observe(ttft)
                 run.span.set_attribute("ttft_s", ttft)
-            run.unsent += len(new)
-            metrics.GENERATED_TOKENS.inc(len(new))
+            run.tokens += new
+            if out.logprobs:
+                run.logprobs += out.logprobs
+            self._generated += len(new)
         if out.prompt_logprobs is not None:  # on the request's first output (with a token or its end)
-            run.pending().prompt_logprobs.extend(logprobs_pb(out.prompt_logprobs))
+            run.prompt_logprobs = list(out.prompt_logprobs)
         if out.finished:
             self._finish(run, out, out.finish_reason or "stop")
-        elif run.unsent and (run.unsent >= self.stream_interval or not run.sent_any):
+        elif run.tokens and (len(run.tokens) >= self.stream_interval or not run.sent_any):
             self._mark_ready(run)
 
     def _finish(self, run: _Run, out: RequestOutput | None, reason: str) -> None:
-        delta = run.pending()
-        delta.finish_reason = reason
-        prompt = len(run.job.prompt)
+        run.finish_reason = reason
         if out is not None:
-            delta.usage.CopyFrom(common_pb2.Usage(
-                prompt_tokens=out.num_prompt_tokens, completion_tokens=out.num_output_tokens,
-                cached_tokens=out.num_cached_tokens,
-            ))
+            run.usage = (out.num_prompt_tokens, out.num_output_tokens, out.num_cached_tokens)
         else:
-            delta.usage.CopyFrom(common_pb2.Usage(prompt_tokens=prompt))
+            run.usage = (len(run.job.prompt), 0, 0)
         run.span.set_attribute("finish_reason", reason)
-        run.span.set_attribute("tokens", delta.usage.completion_tokens)
+        run.span.set_attribute("tokens", run.usage[1])
         self._mark_ready(run)
         self._end(run, out, "ok")
 
     def _fail(self, run: _Run, exc: BaseException) -> None:
         code = status_for(exc) if isinstance(exc, Exception) else None
-        delta = run.pending()
-        delta.error_code = code.value[0] if code is not None else grpc.StatusCode.INTERNAL.value[0]
-        delta.error_message = str(exc) or type(exc).__name__
-        retry = getattr(exc, "retry_after_s", None)
-        if retry:
-            delta.retry_after_s = retry
-        run.span.set_status(trace.Status(trace.StatusCode.ERROR, delta.error_message))
+        message = str(exc) or type(exc).__name__
+        number = code.value[0] if code is not None else grpc.StatusCode.INTERNAL.value[0]
+        run.error = (number, message, getattr(exc, "retry_after_s", None) or 0.0)
+        run.span.set_status(trace.Status(trace.StatusCode.ERROR, message))
         self._mark_ready(run)
         self._end(run, None, code.name.lower() if code is not None else "internal")
 

@@ -3,8 +3,7 @@
 `start(job, deliver)` asks the named prefill worker to push the prompt's KV here (falling back to
 a local prefill if it fails) and adds the sequence to the engine with that KV; the engine thread
 then hands each step's outputs to `deliver` on the event loop. The multiplexed token stream
-(`stream.py`) is built on it; `generate(job)` yields one `Delta` per engine step for the
-one-request-per-call `Generate` RPC (coalesced when the consumer is slower than the engine).
+(`stream.py`) and the one-request-per-call `Generate` RPC (`generate.py`) are built on it.
 """
 
 from __future__ import annotations
@@ -21,16 +20,16 @@ from typing import Any
 import grpc
 from opentelemetry import trace
 
-from kvmesh.engine.outputs import ContextLengthError, RequestOutput, TokenLogprob
+from kvmesh.engine.outputs import ContextLengthError, RequestOutput
 from kvmesh.engine.sampling import SamplingParams
 from kvmesh.runtime import kvwire
 from kvmesh.runtime.errors import InvalidArgument, MeshError, ResourceExhausted, Unavailable
 from kvmesh.runtime.grpcutil import ChannelPool
+from kvmesh.runtime.offload import Offload
 from kvmesh.runtime.pb import common_pb2, prefill_pb2, prefill_pb2_grpc
-from kvmesh.runtime.telemetry import inject_metadata, tracer
+from kvmesh.runtime.telemetry import inject_metadata
 from kvmesh.worker import kvtensor
-from kvmesh.worker.offload import CodecPool
-from kvmesh.worker.worker import EngineLoop, OutputStream
+from kvmesh.worker.worker import EngineLoop
 
 from . import metrics
 from .handback import Handback
@@ -47,18 +46,6 @@ class GenerateJob:
     prefill_endpoint: str = ""  # empty = prefill locally
     kv_encoding: int = 0  # KvEncoding; 0 = this worker's default
     detokenize: bool = True  # False on the token stream: token ids only, the client makes the text
-
-
-@dataclass(slots=True)
-class Delta:
-    token_ids: list[int]
-    text: str
-    logprobs: list[TokenLogprob]
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)
@@ -79,22 +66,6 @@ class _Inflight:
     in_engine: bool = False
 
 
-def _merge(outs: list[RequestOutput]) -> Delta:
-    delta = Delta([], "", [])
-    for out in outs:
-        delta.token_ids.extend(out.new_token_ids)
-        delta.text += out.new_text
-        delta.logprobs.extend(out.logprobs or [])
-        if out.prompt_logprobs is not None:
-            delta.prompt_logprobs = out.prompt_logprobs
-        if out.finished:
-            delta.finish_reason = out.finish_reason
-            delta.prompt_tokens = out.num_prompt_tokens
-            delta.completion_tokens = out.num_output_tokens
-            delta.cached_tokens = out.num_cached_tokens
-    return delta
-
-
 @dataclass(slots=True)
 class _Received:
     start_block: int
@@ -105,7 +76,7 @@ class DecodeWorker:
     def __init__(
         self, loop: EngineLoop, spec: common_pb2.ModelSpec, worker_id: str, endpoint: str,
         channels: ChannelPool, prefill_timeout_s: float = 30.0, handback: Handback | None = None,
-        kv_encoding: int = kvwire.RAW, codec: CodecPool | None = None,
+        kv_encoding: int = kvwire.RAW, codec: Offload | None = None,
     ) -> None:
         self.loop = loop
         self.spec = spec
@@ -116,7 +87,7 @@ class DecodeWorker:
         self.handback = handback
         self.kv_encoding = kv_encoding
         self.receiver = KvReceiver()
-        self.codec = codec or CodecPool()
+        self.codec = codec or kvtensor.codec_pool()
         self.counters = DecodeCounters()
         self.draining = False
         self.block_size = loop.engine.block_size
@@ -207,50 +178,6 @@ class DecodeWorker:
             state = self._inflight.get(job.request_id)
             if state is not None and state.job is job:
                 state.tokens.extend(token_ids)
-
-    async def generate(self, job: GenerateJob) -> AsyncIterator[Delta]:
-        """Validate, prefill (remote or local), then yield token deltas until the request finishes."""
-        t0 = time.monotonic()
-        # NOTE: spans are ended by hand, never made current across a `yield`: the consumer may
-        # close this generator from another context.
-        span = tracer.start_span("decode.generate", attributes={"request_id": job.request_id})
-        stream = OutputStream()
-        last: RequestOutput | None = None
-        try:
-            if not await self.start(job, stream.put, span):
-                yield Delta([], "", [], "abort", len(job.prompt))
-                return
-            queue_span = tracer.start_span("decode.queue_wait", context=trace.set_span_in_context(span))
-            first_step = first_token = True
-            try:
-                while last is None:
-                    outs = await stream.next_batch()
-                    if first_step:
-                        first_step = False
-                        queue_span.end()
-                        metrics.QUEUE_WAIT.observe(time.monotonic() - t0)
-                    for out in outs:
-                        self.record(job, out.new_token_ids)
-                    delta = _merge(outs)
-                    if outs[-1].finished:
-                        last = outs[-1]
-                    if delta.token_ids and first_token:
-                        first_token = False
-                        ttft = time.monotonic() - t0
-                        metrics.TTFT.observe(ttft)
-                        span.set_attribute("ttft_s", ttft)
-                    metrics.GENERATED_TOKENS.inc(len(delta.token_ids))
-                    if last is not None:
-                        span.set_attribute("tokens", delta.completion_tokens)
-                        span.set_attribute("finish_reason", delta.finish_reason)
-                    if delta.token_ids or last is not None or delta.prompt_logprobs is not None:
-                        yield delta
-            finally:
-                if first_step:
-                    queue_span.end()
-        finally:
-            span.end()
-            self.finished(job, last)
 
     async def _compile_grammar(self, kind: str, spec: str) -> None:
         """A bad grammar is refused before any prefill; a good one is cached for the engine."""

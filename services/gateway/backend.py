@@ -8,7 +8,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry import trace
 
 from kvmesh.runtime.blockhash import BlockHasher
@@ -19,7 +18,7 @@ from .config import GatewaySettings
 from .errors import ApiError
 from .failover import EndpointRing, parse_endpoints
 from .decodestream import DecodeStreams
-from .generation import SIDE_CALL_TIMEOUT_S, Generation, GenerationJob
+from .generation import Generation, GenerationJob
 
 log = logging.getLogger(__name__)
 
@@ -89,18 +88,6 @@ class Backend:
 
     def decode(self, endpoint: str) -> decode_pb2_grpc.DecodeWorkerStub:
         return decode_pb2_grpc.DecodeWorkerStub(self.channels.get(endpoint))
-
-    async def healthy(self) -> bool:
-        """True when a scheduler replica answers its health check with SERVING."""
-        for endpoint in self.schedulers.order():
-            stub = health_pb2_grpc.HealthStub(self.channels.get(endpoint))
-            try:
-                reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=SIDE_CALL_TIMEOUT_S)
-            except grpc.aio.AioRpcError:
-                continue
-            if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                return True
-        return False
 
     def start(self, job: GenerationJob, span: trace.Span | None = None) -> Generation:
         return Generation(self, job, span or trace.INVALID_SPAN)

@@ -2,35 +2,29 @@
 
 `/health` answers 503 until a scheduler replica lists at least one live, non-draining decode worker
 in the pool this gateway routes to (the production pool unless `pool` is set), and again when
-none is left, so a load balancer's probe never sends traffic that would get 503s.
+none is left, so a load balancer's probe never sends traffic that would get 503s. The list is
+the one the context length watch reads (`workerlist.py`), reused for up to `HEALTH_MAX_AGE_S`.
 """
 
 from __future__ import annotations
 
-import grpc
+from kvmesh.runtime.pb import common_pb2
 
-from kvmesh.runtime.pb import common_pb2, scheduler_pb2
+from .workerlist import WorkerList, served_pool
 
-from .backend import Backend
-from .generation import SIDE_CALL_TIMEOUT_S
+HEALTH_MAX_AGE_S = 1.0  # how stale a worker list /health may answer from
 
 
-async def decode_workers_ready(backend: Backend) -> tuple[bool, str]:
-    """(ready, why not) from the scheduler replicas' worker lists: ready when any replica that
-    answers lists one (so losing one replica does not fail the probe; docs/replicas.md)."""
-    why = ""
-    for endpoint in backend.schedulers.endpoints:
-        try:
-            reply = await backend.scheduler(endpoint).ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=SIDE_CALL_TIMEOUT_S)
-        except grpc.aio.AioRpcError as exc:
-            why = why or f"scheduler unreachable ({exc.code().name})"
-            continue
-        pool = backend.settings.pool or reply.production_pool
-        live = [
-            w for w in reply.workers
-            if w.role == common_pb2.WORKER_ROLE_DECODE and w.pool == pool and not w.draining
-        ]
-        if live:
-            return True, ""
-        why = f"no decode worker registered in pool {pool!r}"
-    return False, why
+async def decode_workers_ready(workers: WorkerList, pool: str) -> tuple[bool, str]:
+    """(ready, why not) from the scheduler's worker list (`pool`: this gateway's setting)."""
+    reply = await workers.read(max_age_s=HEALTH_MAX_AGE_S)
+    if reply is None:
+        return False, f"scheduler unreachable ({workers.error})"
+    pool = served_pool(reply, pool)
+    live = [
+        w for w in reply.workers
+        if w.role == common_pb2.WORKER_ROLE_DECODE and w.pool == pool and not w.draining
+    ]
+    if not live:
+        return False, f"no decode worker registered in pool {pool!r}"
+    return True, ""

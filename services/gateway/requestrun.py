@@ -139,6 +139,43 @@ class RequestRun:
             role = c.shaper.role_chunk()
             if role is not None:
                 yield sse(role)
+        items = self._single(first) if len(self.choices) == 1 else self._merged(first)
+        try:
+            async for i, item in items:
+                if isinstance(item, BaseException):
+                    yield self._error_event(item) + SSE_DONE
+                    return
+                self.observe(item)
+                events = self.choices[i].shaper.events(item)
+                if events:
+                    yield events[0] if len(events) == 1 else b"".join(events)  # NOTE: one send per delta
+        finally:
+            await items.aclose()
+        usages = [c.generation.usage for c in self.choices]
+        if self.request.include_usage and all(u is not None for u in usages):
+            yield sse(self.choices[0].shaper.builder.usage_chunk(merge_usage(usages)))  # type: ignore[arg-type]
+        yield SSE_DONE
+
+    def _error_event(self, error: BaseException) -> bytes:
+        self.error = error
+        if not isinstance(error, ApiError):
+            log.error("request %s (client id %s) failed mid-stream", self.request_id, self.client_request_id, exc_info=error)
+            error = ApiError(500, f"Internal error: {type(error).__name__}", code="internal_error")
+        return sse_error(error)
+
+    async def _single(self, first: Delta | None) -> AsyncIterator[tuple[int, Delta | BaseException]]:
+        """One choice's deltas, read in place (no task and queue per delta); a failure ends it."""
+        generation = self.choices[0].generation
+        try:
+            delta = first if first is not None else await generation.next()
+            while delta is not None:
+                yield 0, delta
+                delta = await generation.next()
+        except Exception as exc:  # noqa: BLE001 - handed to the stream, which ends with an error event
+            yield 0, exc
+
+    async def _merged(self, first: Delta | None) -> AsyncIterator[tuple[int, Delta | BaseException]]:
+        """Every choice's deltas as they come (one pump task per choice); a failure ends it."""
         queue: asyncio.Queue[tuple[int, Delta | BaseException | None]] = asyncio.Queue()
         pumps = [asyncio.ensure_future(self._pump(i, c, first if i == 0 else None, queue)) for i, c in enumerate(self.choices)]
         try:
@@ -148,26 +185,13 @@ class RequestRun:
                 if item is None:
                     left -= 1
                     continue
+                yield i, item
                 if isinstance(item, BaseException):
-                    self.error = item
-                    if not isinstance(item, ApiError):
-                        log.error("request %s (client id %s) failed mid-stream", self.request_id, self.client_request_id,
-                                  exc_info=item)
-                        item = ApiError(500, f"Internal error: {type(item).__name__}", code="internal_error")
-                    yield sse_error(item)
-                    yield SSE_DONE
                     return
-                self.observe(item)
-                for event in self.choices[i].shaper.events(item):
-                    yield event
         finally:
             for p in pumps:
                 p.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
-        usages = [c.generation.usage for c in self.choices]
-        if self.request.include_usage and all(u is not None for u in usages):
-            yield sse(self.choices[0].shaper.builder.usage_chunk(merge_usage(usages)))  # type: ignore[arg-type]
-        yield SSE_DONE
 
     @staticmethod
     async def _pump(i: int, choice: ChoiceRun, first: Delta | None, queue: asyncio.Queue) -> None:

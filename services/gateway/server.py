@@ -29,6 +29,7 @@ from .protocol import ChatBody, CompletionBody, Endpoint, MirrorUpdate
 from .readiness import decode_workers_ready
 from .tokenize import DetokenizeBody, TokenizeBody, detokenize, tokenize
 from .validate import parse_json, validate_body
+from .workerlist import WorkerList
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,8 @@ def create_app(
     mirror = mirror or MirrorTap(settings.mirror_sample, settings.mirror_buffer, metrics, settings.nats_url)
     service = CompletionService(settings, backend, model, metrics, mirror)
     keys = ApiKeys(settings.api_key_set())
-    context_watch = ContextLengthWatch(backend, model, settings.pool, settings.context_refresh_s)
+    workers = WorkerList(backend)  # one ListWorkers read shared by the context length and /health
+    context_watch = ContextLengthWatch(workers, model, settings.pool, settings.context_refresh_s)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -201,7 +203,7 @@ def create_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        ready, why = await decode_workers_ready(backend)
+        ready, why = await decode_workers_ready(workers, settings.pool)
         if ready:
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "unavailable", "reason": why, "scheduler": settings.scheduler}, status_code=503)

@@ -43,6 +43,27 @@ async def race_disconnect(receive: Receive, work: Awaitable[T]) -> T:
     return task.result()
 
 
+RAW_SEND = "kvmesh.raw_send"  # scope key: the ASGI server's own `send` (see `RawSend`)
+
+
+class RawSend:
+    """Outermost ASGI wrapper (around the whole app): keeps the server's own `send` in the scope.
+
+    An event stream sends its `http.response.start` through the middleware chain as usual, then
+    its body chunks straight to the server: Starlette's error and exception middleware and
+    `ObserveRequests` only look at the start message, and their three wrapper coroutines per SSE
+    chunk were a large part of the gateway's cost per token.
+    """
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope[RAW_SEND] = send
+        await self.app(scope, receive, send)
+
+
 class EventStreamResponse(Response):
     """`text/event-stream` from an async iterator of encoded events.
 
@@ -68,7 +89,7 @@ class EventStreamResponse(Response):
         disconnected = True
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            pump = asyncio.ensure_future(self._pump(send))
+            pump = asyncio.ensure_future(self._pump(scope.get(RAW_SEND) or send))
             watch = asyncio.ensure_future(wait_disconnect(receive))
             try:
                 await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)

@@ -15,18 +15,19 @@ from dataclasses import dataclass, field
 from kvmesh.runtime.bus import HEARTBEAT_SUBJECT, Bus
 from kvmesh.runtime.config import settings_from_argv
 from kvmesh.runtime.grpcutil import GrpcServer, TlsConfig, advertised_endpoint, start_server
+from kvmesh.runtime.heap import trim_heap
 from kvmesh.runtime.heartbeats import beat_on_request
 from kvmesh.runtime.kvevents import KvEventPublisher
 from kvmesh.runtime.metrics import serve_metrics
+from kvmesh.runtime.offload import Offload
 from kvmesh.runtime.pb import common_pb2, events_pb2, kvstore_pb2_grpc
-from kvmesh.runtime.process import init_process
+from kvmesh.runtime.process import init_process, run_service
 from kvmesh.runtime.shutdown import GracefulShutdown
 from kvmesh.runtime.telemetry import Telemetry, TracingServerInterceptor
 
 from .config import KvStoreSettings
 from .disk import DiskDir
 from .metrics import StoreMetrics
-from .offload import StoreThread
 from .server import EventFeed, KvStoreServicer
 from .store import BlockStore
 
@@ -112,7 +113,7 @@ async def start(settings: KvStoreSettings, metrics: StoreMetrics | None = None) 
     store = BlockStore(settings.store_config(), time.monotonic, disk)
     if disk is not None:
         log.info("disk tier %s: %d blocks rebuilt", settings.disk_dir, len(store.held_hashes()))
-    thread = StoreThread()
+    thread = Offload("kvstore-io")
     bus = publisher = None
     if settings.nats:
         try:
@@ -128,7 +129,8 @@ async def start(settings: KvStoreSettings, metrics: StoreMetrics | None = None) 
     )
     running = RunningStore(settings, store_id, server, servicer, bus, publisher)
     await servicer.after_change()  # AllCleared (+ what the disk tier holds) as the first batch
-    running.tasks = [asyncio.create_task(running._ticks(), name="kvstore-tick")]
+    running.tasks = [asyncio.create_task(running._ticks(), name="kvstore-tick"),
+                     asyncio.create_task(trim_heap(settings.heap_trim_s), name="kvstore-heap-trim")]
     if bus is not None:
         bus.on_reconnect(running._send_heartbeat)
         await beat_on_request(bus, running._send_heartbeat)  # a scheduler replica that starts asks
@@ -157,5 +159,5 @@ async def serve(settings: KvStoreSettings, ready: asyncio.Event | None = None) -
 def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_argv(KvStoreSettings, argv, "kvmesh kvstore")
     init_process(settings)
-    asyncio.run(serve(settings))
+    run_service(serve(settings))
     return 0

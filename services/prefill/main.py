@@ -14,14 +14,14 @@ from kvmesh.runtime.kvshards import ShardDirectory
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import prefill_pb2_grpc
 from kvmesh.runtime.telemetry import TracingServerInterceptor
-from kvmesh.worker.offload import CodecPool
+from kvmesh.worker.kvtensor import codec_pool
 from kvmesh.worker.app import WorkerApp, announce, serve_worker, start_engine, worker_main
+from kvmesh.worker.storereader import StoreReader
 from kvmesh.worker.worker import EngineLoop
 
 from . import metrics
 from .config import PrefillSettings
 from .server import PrefillServicer
-from .store import StoreReader
 from .worker import PrefillWorker
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ async def start(settings: PrefillSettings, bus: Bus | None = None) -> WorkerApp:
     """Build the engine (off the event loop), start the gRPC server and the heartbeat."""
     parts = await start_engine("prefill", settings)
     loop, worker_id, spec, tls, channels = parts.loop, parts.worker_id, parts.spec, parts.tls, parts.channels
-    codec = CodecPool()  # KV block encode/decode off the event loop, bounded
+    codec = codec_pool()  # KV block encode/decode off the event loop, bounded
     shards = ShardDirectory.from_setting(settings.kvstore)
     store = None
     if shards is not None:

@@ -21,13 +21,13 @@ from kvmesh.runtime import kvwire
 from kvmesh.worker import kvtensor
 from kvmesh.runtime.errors import InvalidArgument, Unavailable
 from kvmesh.runtime.grpcutil import ChannelPool
+from kvmesh.runtime.offload import Offload
 from kvmesh.runtime.pb import common_pb2, decode_pb2, decode_pb2_grpc
 from kvmesh.runtime.telemetry import inject_metadata, tracer
-from kvmesh.worker.offload import CodecPool
+from kvmesh.worker.storereader import StoreReader
 from kvmesh.worker.worker import EngineLoop
 
 from . import metrics
-from .store import StoreReader
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class PrefillWorker:
     def __init__(
         self, loop: EngineLoop, spec: common_pb2.ModelSpec, channels: ChannelPool,
         store: StoreReader | None = None, push_timeout_s: float = 30.0, kv_encoding: int = kvwire.RAW,
-        codec: CodecPool | None = None, outbox_blocks: int = 8,
+        codec: Offload | None = None, outbox_blocks: int = 8,
     ) -> None:
         self.loop = loop
         self.spec = spec
@@ -84,7 +84,7 @@ class PrefillWorker:
         self.max_model_len = loop.engine.max_model_len
         self.draining = False
         self.inflight = 0
-        self.codec = codec or CodecPool()
+        self.codec = codec or kvtensor.codec_pool()
         self.outbox_blocks = outbox_blocks
 
     def validate(self, job: PrefillJob) -> None:

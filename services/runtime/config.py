@@ -43,6 +43,9 @@ class MeshSettings(BaseSettings):
     cpu_priority: CpuPriority = mesh_field(
         "normal", "CPU_PRIORITY", "OS CPU priority: normal | low (nice 10) | idle (runs only on otherwise idle CPU)"
     )
+    heap_trim_s: float = mesh_field(
+        30.0, "HEAP_TRIM_S", "workers and the KV store hand freed C heap pages back to the OS this often (0 = never)"
+    )
 
     def served_model_name(self) -> str:
         if self.model_name:

@@ -14,7 +14,7 @@ from kvmesh.runtime.config import settings_from_argv
 from kvmesh.runtime.grpcutil import GrpcServer, TlsConfig, advertised_endpoint, start_server
 from kvmesh.runtime.metrics import serve_metrics
 from kvmesh.runtime.pb import scheduler_pb2_grpc
-from kvmesh.runtime.process import init_process
+from kvmesh.runtime.process import init_process, run_service
 from kvmesh.runtime.shutdown import GracefulShutdown
 from kvmesh.runtime.telemetry import Telemetry, TracingServerInterceptor
 
@@ -143,5 +143,5 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         log.error("%s", exc)
         return 2
-    asyncio.run(serve(settings))
+    run_service(serve(settings))
     return 0

@@ -15,12 +15,14 @@ from kvmesh.runtime.bus import Bus
 from kvmesh.runtime.cacheevents import CacheEvents
 from kvmesh.runtime.config import settings_from_argv
 from kvmesh.runtime.grpcutil import ChannelPool, GrpcServer, TlsConfig
-from kvmesh.runtime.process import init_process
+from kvmesh.runtime.heap import trim_heap
+from kvmesh.runtime.process import init_process, run_service
 from kvmesh.runtime.shutdown import GracefulShutdown
 from kvmesh.runtime.telemetry import Telemetry
 from .heartbeat import HeartbeatInfo, Heartbeater
 from .watchdog import watch_engine
-from .worker import EngineLoop, WorkerSettings, engine_config
+from .settings import WorkerSettings, engine_config
+from .worker import EngineLoop
 
 log = logging.getLogger(__name__)
 S = TypeVar("S", bound=WorkerSettings)
@@ -39,6 +41,7 @@ async def serve_worker(
         watch_engine(app.loop, settings.engine_stall_s, app.deregister, min(1.0, settings.engine_stall_s / 4)),
         name=f"{role}-watchdog",
     )
+    trimmer = asyncio.create_task(trim_heap(settings.heap_trim_s), name=f"{role}-heap-trim")
 
     async def flush_telemetry() -> None:
         if telemetry is not None:
@@ -55,6 +58,7 @@ async def serve_worker(
         ready.set()
     await shutdown.wait()
     watchdog.cancel()
+    trimmer.cancel()
     log.info("%s worker shutting down", role)
     await shutdown.run()
 
@@ -64,7 +68,7 @@ def worker_main(
 ) -> int:
     settings = settings_from_argv(settings_cls, argv, f"kvmesh {role}")
     init_process(settings)
-    asyncio.run(serve(settings))
+    run_service(serve(settings))
     return 0
 
 

@@ -1,14 +1,21 @@
 """KV blocks as torch tensors on the workers' side of the one codec (`kvmesh.runtime.kvwire`):
-a tensor becomes model-dtype bytes (`torch.frombuffer` on the way back); the codec does the rest."""
+a tensor becomes model-dtype bytes (`torch.frombuffer` on the way back); the codec does the rest.
+The workers run `encode_block`/`decode_block` on a `codec_pool()`, never on their event loop."""
 
 from __future__ import annotations
 
 import torch
 
 from kvmesh.runtime import kvwire
+from kvmesh.runtime.offload import Offload
 from kvmesh.runtime.pb import common_pb2
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def codec_pool(threads: int = 2, max_pending: int = 8) -> Offload:
+    """Threads for KV block encode/decode (crc, copies, (de)quantization), `max_pending` at once."""
+    return Offload("kv-codec", threads=threads, max_pending=max_pending)
 
 
 def to_bytes(t: torch.Tensor) -> bytes:

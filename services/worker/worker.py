@@ -1,11 +1,12 @@
-"""Plumbing shared by the prefill and decode workers: settings and the engine thread.
+"""Plumbing shared by the prefill and decode workers: the engine thread (settings: settings.py).
 
 The engine is not thread-safe, so one `EngineLoop` thread owns it: it runs queued commands
 between steps and calls `engine.step()` while there is work. The asyncio side submits commands
 with `await loop.call(fn)` (bounded by `call_timeout_s`) and receives each request's outputs
 through an `OutputStream` or a `deliver` callback, all of one step's outputs in one hand-over to
 the event loop. `progress` counts the steps that advanced a request and `progress_at` says when
-the last one did (the watchdog and the heartbeat read them); a step that advanced nothing (e.g.
+the last one did (the watchdog and the heartbeat read them); `stats` reads the engine's counts at
+the moment it is read, from any thread (see `EngineLoop.stats`); a step that advanced nothing (e.g.
 a prefill worker whose blocks are all held by requests waiting for release) makes the thread
 wait for the next command instead of spinning with the GIL held.
 """
@@ -14,88 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pydantic import Field
-
-from kvmesh.runtime.blockhash import resolve_dtype
-from kvmesh.runtime.config import MeshSettings
 from kvmesh.runtime.errors import Unavailable
-from kvmesh.runtime.grpcutil import advertised_endpoint
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class WorkerSettings(MeshSettings):
-    """Fields both workers share; each worker subclasses it with its own env prefix and ports."""
-
-    host: str = Field("127.0.0.1", description="bind address")
-    port: int = Field(0, description="gRPC port (0 = any free port)")
-    advertise_host: str = Field("", description="host others reach this worker at (default: host)")
-    metrics_port: int = Field(0, description="Prometheus /metrics port (0 = any free port, -1 = off)")
-    worker_id: str = Field("", description="worker id (default: <role>-<hostname>-<pid>)")
-    pool: str = Field("production", description="worker pool (production | candidate | ...)")
-    kvstore: str = Field("", description="KV store endpoint(s) host:port[,...] (shards), 'nats' = shards from their NATS heartbeats, empty = none")
-    kvstore_timeout_s: float = Field(0.5, description="deadline for KV store lookups")
-    kv_encoding: str = Field("raw", description="KV wire encoding: raw | int8 | int4")
-    device: str = Field("auto", description="torch device: auto | cpu | cuda[:n]")
-    num_kv_blocks: int = Field(0, description="KV cache blocks (0 = from free GPU memory on CUDA, kv_cache_memory_bytes on CPU)")
-    kv_cache_memory_bytes: int = Field(256 * 1024 * 1024, description="KV cache budget in bytes on CPU")
-    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="share of GPU memory for weights, activations and the KV cache (CUDA)")
-    attention_backend: str = Field("auto", description="attention kernels: auto (triton on CUDA, torch on CPU) | torch | triton")
-    enforce_eager: bool = Field(False, description="no CUDA graphs for decode steps")
-    max_num_seqs: int = Field(64, description="most sequences in one batch")
-    max_num_batched_tokens: int = Field(2048, description="token budget of one engine step")
-    max_model_len: int = Field(0, description="context length cap (0 = the model's)")
-    heartbeat_interval_s: float = Field(0.5, description="heartbeat period on NATS")
-    drain_grace_s: float = Field(10.0, description="how long in-flight requests may finish on shutdown")
-    torch_threads: int = Field(0, description="torch intra-op threads (0 = torch's default: one per core)")
-    step_delay_s: float = Field(0.0, description="testing aid: sleep after every engine step (e.g. a deliberately slow canary candidate)")
-    engine_call_timeout_s: float = Field(60.0, gt=0.0, description="how long a request waits for the engine thread to answer a command before UNAVAILABLE")
-    engine_stall_s: float = Field(30.0, gt=0.0, description="watchdog: no engine step progress for this long while work is pending = stalled (NOT_SERVING, deregistered)")
-    step_slowdown: float = Field(1.0, ge=1.0, description="testing aid: every engine step takes this many times as long (sleeps the difference)")
-
-    def resolved_worker_id(self, role: str) -> str:
-        return self.worker_id or f"{role}-{socket.gethostname()}-{os.getpid()}"
-
-    def endpoint(self, bound_port: int) -> str:
-        return advertised_endpoint(self.host, self.advertise_host, bound_port)
-
-
-def engine_config(settings: WorkerSettings) -> Any:
-    """EngineConfig from worker settings; the dtype is resolved the mesh-wide way."""
-    from kvmesh.engine.config import ModelArgs  # noqa: PLC0415
-    from kvmesh.engine.llm import EngineConfig  # noqa: PLC0415
-    from kvmesh.engine.tiny import resolve_model  # noqa: PLC0415
-
-    args = ModelArgs.from_dir(resolve_model(settings.model))
-    if settings.torch_threads > 0:
-        import torch  # noqa: PLC0415
-
-        torch.set_num_threads(settings.torch_threads)
-    return EngineConfig(
-        model=settings.model,
-        model_id=settings.served_model_name(),  # NOTE: the block-hash model id the gateway uses too
-        dtype=resolve_dtype(settings.dtype, args.torch_dtype),
-        device=settings.device,
-        block_size=settings.block_size,
-        num_kv_blocks=settings.num_kv_blocks or None,
-        kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
-        gpu_memory_utilization=settings.gpu_memory_utilization,
-        attention_backend=settings.attention_backend,
-        enforce_eager=settings.enforce_eager,
-        max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
-        max_model_len=settings.max_model_len or None,
-    )
 
 
 class OutputStream:
@@ -158,7 +88,6 @@ class EngineLoop:
         self.step_slowdown = step_slowdown
         self._clock = clock
         self._sleep = sleep
-        self.stats = engine.stats()
         self.step_hooks: list[Callable[[Any, list[Any]], None]] = []  # run on the engine thread after each step
         self._loop: asyncio.AbstractEventLoop | None = None
         self._commands: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
@@ -169,6 +98,19 @@ class EngineLoop:
         self.has_work = False  # as of the engine thread's last look
         self._stalled_step = False  # the last step advanced nothing
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    @property
+    def stats(self) -> Any:
+        """The engine's stats (queue depth, running, free blocks, counters) as they are now.
+
+        NOTE: read from the event loop while the engine thread may be mid-step, without a lock or
+        a round trip through the engine thread (which a stuck step would block): `engine.stats()`
+        is only `len()`s of the scheduler's queues and the free-block map plus int counters, each
+        one atomic under the GIL. The counts may straddle a request moving between queues in the
+        step under way, never torn values. A copy cached after each step (as before) showed a
+        stuck step's requests as never started and a burst of adds only after the next step.
+        """
+        return self.engine.stats()
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -319,4 +261,3 @@ class EngineLoop:
                 hook(self.engine, outputs)
             except Exception:  # noqa: BLE001
                 log.exception("engine step hook failed")
-        self.stats = self.engine.stats()

@@ -19,7 +19,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ("compose.yaml", "compose.test.yaml")
 # Every port compose.yaml publishes: empty = a free host port (read back with `port`).
-PUBLISHED = ("NATS", "NATS_1", "NATS_2", "KVSTORE", "CANARY", "GATEWAY", "OTLP", "TEMPO", "PROMETHEUS", "GRAFANA")
+PUBLISHED = ("NATS", "NATS1", "NATS2", "KVSTORE", "CANARY", "GATEWAY", "OTLP", "TEMPO", "PROMETHEUS", "GRAFANA")
 
 
 def compose_tool() -> list[str]:
@@ -123,3 +123,11 @@ class Stack:
             body = json.load(reply)
         assert body["status"] == "success", body
         return body["data"]["result"]
+
+    def scraped_since(self, job: str, since: float, targets: int, timeout_s: float = 30) -> bool:
+        """Waits until Prometheus has scraped all `targets` of `job` after time `since` (so that
+        a query then sees every replica's counters as of `since` or later)."""
+        def fresh() -> bool:
+            stamps = self.promql(f'timestamp(up{{job="{job}"}})')
+            return len(stamps) == targets and all(float(r["value"][1]) > since for r in stamps)
+        return bool(eventually(fresh, timeout_s, every_s=0.5))

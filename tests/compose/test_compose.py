@@ -76,15 +76,24 @@ def test_streamed_chat_completion_with_the_openai_client(stack) -> None:
 
 
 def decode_requests_by_instance(stack) -> dict[str, float]:
+    """Each decode replica's finished requests (every status), as Prometheus last scraped them."""
     return {r["metric"]["instance"]: float(r["value"][1])
             for r in stack.promql('sum by (instance) (kvmesh_decode_requests_total{job="decode"})')}
+
+
+def decode_statuses(stack) -> dict[str, float]:
+    return {r["metric"]["status"]: float(r["value"][1])
+            for r in stack.promql('sum by (status) (kvmesh_decode_requests_total{job="decode"})')}
 
 
 def test_three_decode_replicas_register_and_all_serve(stack) -> None:
     registered = lambda: sum(float(r["value"][1]) for r in stack.promql(  # noqa: E731
         'kvmesh_scheduler_workers{role="decode"}')) == DECODE_REPLICAS
     assert eventually(registered, 120), stack.promql("kvmesh_scheduler_workers")
-    before = decode_requests_by_instance(stack)  # NOTE: a replica's counter appears with its first request
+    # NOTE: the counters as of now, not as of the last scrape: the earlier tests' requests ended
+    # moments ago, and a replica scraped before they did would count them as this test's.
+    assert stack.scraped_since("decode", time.time(), DECODE_REPLICAS), stack.promql('timestamp(up{job="decode"})')
+    before, statuses = decode_requests_by_instance(stack), decode_statuses(stack)  # a counter appears with its first request
     api, name = client(stack), model(stack)
     prompts = [f"Request {i}: tell me about container number {i * 7 + 3}" for i in range(24)]
 
@@ -95,14 +104,11 @@ def test_three_decode_replicas_register_and_all_serve(stack) -> None:
 
     with ThreadPoolExecutor(max_workers=24) as pool:
         assert list(pool.map(ask, prompts)) == [24] * 24
-
-    def served() -> dict[str, float] | None:
-        after = decode_requests_by_instance(stack)
-        delta = {i: after.get(i, 0.0) - before.get(i, 0.0) for i in after}
-        return delta if sum(delta.values()) >= 24 else None
-
-    delta = eventually(served, 30)
-    assert delta and sum(delta.values()) == 24, delta
+    assert stack.scraped_since("decode", time.time(), DECODE_REPLICAS), stack.promql('timestamp(up{job="decode"})')
+    after = decode_requests_by_instance(stack)
+    delta = {i: after[i] - before.get(i, 0.0) for i in after}
+    by_status = {s: n - statuses.get(s, 0.0) for s, n in decode_statuses(stack).items() if n != statuses.get(s, 0.0)}
+    assert sum(delta.values()) == 24, f"decode requests per replica: {delta}; by status: {by_status}"
     assert len(delta) == DECODE_REPLICAS and all(n > 0 for n in delta.values()), f"requests per replica: {delta}"
 
 
@@ -125,49 +131,58 @@ def test_prometheus_scrapes_every_replica(stack) -> None:
 
 
 def test_decode_container_killed_mid_stream(stack) -> None:
-    """Streams run while one decode container serving some of them gets `docker kill`: every
-    stream completes with the text an undisturbed run gave (greedy)."""
+    """Each prompt streams again and again, so every decode replica has streams in flight, until a
+    replica Prometheus saw running requests gets `docker kill`. Every stream, the cut ones too,
+    completes with the text an undisturbed run gave (greedy), and the gateway moved the cut ones."""
     api, name = client(stack), model(stack)
     prompts = [f"Stream {i}: a long story about ship {i * 11 + 5}" for i in range(12)]
-    # NOTE: 12 long streams keep every replica busy for many seconds, so a 5 s scrape sees them.
-    max_tokens = 1800
+    stop = threading.Event()
 
-    def stream(prompt: str, first: threading.Event | None = None) -> tuple[str, float]:
+    def stream(prompt: str) -> str:
         text = ""
-        for chunk in api.completions.create(model=name, prompt=prompt, max_tokens=max_tokens, temperature=0,
+        for chunk in api.completions.create(model=name, prompt=prompt, max_tokens=1000, temperature=0,
                                             stream=True, extra_body={"ignore_eos": True}):
             text += chunk.choices[0].text if chunk.choices else ""
-            if first is not None:
-                first.set()
-        return text, time.time()
+        return text
+
+    def keep_streaming(prompt: str) -> list[tuple[str, float, float]]:  # (text, began, ended) of each
+        runs = []
+        while not stop.is_set():
+            began = time.time()
+            runs.append((stream(prompt), began, time.time()))
+        return runs
 
     with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-        undisturbed = [text for text, _ in pool.map(stream, prompts)]
-    assert all(undisturbed)
+        undisturbed = dict(zip(prompts, pool.map(stream, prompts), strict=True))
+    assert all(undisturbed.values())
 
-    started = [threading.Event() for _ in prompts]
     with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-        futures = [pool.submit(stream, p, e) for p, e in zip(prompts, started, strict=True)]
-        assert all(e.wait(120) for e in started)
-        streaming_since = time.time()
+        futures = {p: pool.submit(keep_streaming, p) for p in prompts}
+        loaded_since = time.time()
 
         def busy_replica() -> str | None:  # a decode container running requests at a scrape since then
             series = 'kvmesh_decode_running_requests{job="decode"}'
-            running = stack.promql(f"{series} > 0 and timestamp({series}) > {streaming_since:.3f}")
+            running = stack.promql(f"{series} > 0 and timestamp({series}) > {loaded_since:.3f}")
             by_address = {stack.address(c): c for c in stack.containers("decode")}
             hosts = [by_address.get(r["metric"]["instance"].rsplit(":", 1)[0]) for r in running]
             return next((h for h in hosts if h), None)
 
-        victim = eventually(busy_replica, 30, every_s=0.5)
-        assert victim, "no decode replica showed running requests while the streams ran"
-        stack.docker("kill", victim)
-        killed_at = time.time()
-        results = [f.result(timeout=300) for f in futures]
-    assert any(done > killed_at for _, done in results), "every stream ended before the kill"
-    assert [text for text, _ in results] == undisturbed
+        try:
+            victim = eventually(busy_replica, 30, every_s=0.5)
+            assert victim, "no decode replica showed running requests while the streams ran"
+            stack.docker("kill", victim)
+            killed_at = time.time()
+        finally:
+            stop.set()
+        runs = {p: f.result(timeout=300) for p, f in futures.items()}
+    assert any(began < killed_at < ended for rs in runs.values() for _, began, ended in rs), "no stream ran at the kill"
+    changed = [(p, text) for p, rs in runs.items() for text, _, _ in rs if text != undisturbed[p]]
+    assert not changed, f"{len(changed)} streams differ from the undisturbed run, e.g. {changed[0]}"
+    # NOTE: a worker's id is decode-<hostname>-<pid>, and a container's hostname its short id.
+    cut = f"decode worker decode-{victim[:12]}-"
     moved = [line for line in stack.compose("logs", "--no-color", "gateway").splitlines()
-             if "decode worker" in line and " failed (" in line]
-    assert moved, "no stream was cut by the kill (the gateway moved none to another worker)"
+             if cut in line and " failed (" in line]
+    assert moved, f"no stream was cut by the kill (the gateway moved none off {cut})"
 
 
 def test_down_removes_every_container_network_and_volume(stack) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvmesh.decode.config import DecodeSettings
 from kvmesh.runtime.pb import common_pb2, decode_pb2
-from kvmesh.worker.worker import engine_config
+from kvmesh.worker.settings import engine_config
 
 BLOCK_SIZE = 4
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33]  # 13 tokens: 3 blocks of KV

@@ -16,7 +16,10 @@ from kvmesh.kvstore.main import start as start_store
 from kvmesh.kvstore.metrics import StoreMetrics
 from kvmesh.runtime import kvwire
 from kvmesh.runtime.bus import KV_PREWARM_SUBJECT, Bus
+from kvmesh.runtime.kvshardclient import ShardedStore
+from kvmesh.runtime.kvshards import ShardDirectory
 from kvmesh.runtime.pb import decode_pb2_grpc, events_pb2
+from kvmesh.worker.storereader import StoreReader
 
 from .helpers import BLOCK_SIZE, PROMPT, collect, decode_settings, generate_request, greedy
 
@@ -78,14 +81,15 @@ async def test_what_the_store_lacks_is_skipped_and_without_a_store_nothing_is_fe
                                  new.loop.engine.hasher.dtype, BLOCK_SIZE)
         hashes = new.loop.engine.hasher.hashes(PROMPT)
         other = new.loop.engine.hasher.hashes([7] * 8)  # never stored
-        warm = Prewarm(new.loop, spec, store_with_a_turn.endpoint, new.channels)
+        shards = ShardDirectory.from_setting(store_with_a_turn.endpoint)
+        warm = Prewarm(new.loop, StoreReader(ShardedStore(shards, new.channels, spec, 10.0), spec))
         both = events_pb2.PrewarmRequest(prefixes=[events_pb2.PrewarmPrefix(block_hashes=other),
                                                    events_pb2.PrewarmPrefix(block_hashes=hashes[:2]),
                                                    events_pb2.PrewarmPrefix(block_hashes=hashes)])
         reply = await warm.warm(both)
         # The second prefix's two blocks are not fetched again for the third.
         assert (reply.blocks_requested, reply.blocks_fetched, reply.blocks_cached, reply.error) == (5, 3, 3, "")
-        no_store = await Prewarm(new.loop, spec, "", new.channels).warm(request_for(hashes))
+        no_store = await Prewarm(new.loop, None).warm(request_for(hashes))
         assert (no_store.blocks_fetched, no_store.error) == (0, "this worker has no KV store to fetch from")
     finally:
         await new.stop()

@@ -82,11 +82,12 @@ def test_ports_healthcheck_and_scrape_target_match_settings(name: str, settings_
     service = SPEC["services"][name]
     assert settings.host == "0.0.0.0", f"{name} must bind all interfaces inside its container"
     health = service["healthcheck"]["test"]
-    assert health[:3] == ["CMD", "kvmesh", "health"]
-    if health[3].startswith("http"):
-        assert health[3] == f"http://127.0.0.1:{getattr(settings, 'http_port', settings.port)}/health"
+    assert health[:5] == ["CMD", "timeout", "9", "kvmesh", "health"], "ended before compose's own timeout"
+    assert float(health[2]) < float(service["healthcheck"]["timeout"].rstrip("s"))
+    if health[5].startswith("http"):
+        assert health[5] == f"http://127.0.0.1:{getattr(settings, 'http_port', settings.port)}/health"
     else:
-        assert health[3] == f"127.0.0.1:{settings.port}"
+        assert health[5] == f"127.0.0.1:{settings.port}"
     served = {settings.port, metrics_port(settings)}
     for mapping in service.get("ports", []):
         assert int(str(mapping).rsplit(":", 1)[-1]) in served, f"{name} publishes {mapping}, not one of its ports"
@@ -157,6 +158,8 @@ def test_worker_host_file_runs_the_same_workers_against_the_main_host(monkeypatc
         df.kvmesh_services(workers)
     services = df.kvmesh_services(workers, env)
     assert {c for c, _ in services.values()} == {"prefill", "decode"}
+    nats_nodes = {n: published_port(n) for n in SPEC["services"] if n.startswith("nats")}  # host ports
+    assert list(nats_nodes) == ["nats", "nats-1", "nats-2"] and len(set(nats_nodes.values())) == 3
     for name, (command, argv) in services.items():
         service = workers["services"][name]
         assert service["network_mode"] == "host" and service["build"]["context"] == ".."
@@ -167,16 +170,15 @@ def test_worker_host_file_runs_the_same_workers_against_the_main_host(monkeypatc
             monkeypatch.setenv(var, value)
         settings = settings_from_argv(settings_class(command), argv, f"kvmesh {command}")
         assert settings.advertise_host == "10.0.0.12" and settings.kvstore == "10.0.0.10:50081"
-        nodes = ",".join(f"nats://10.0.0.10:{port}" for port in (4222, 4223, 4224))  # every cluster node
-        assert settings.nats_url == nodes and settings.otlp_endpoint == "http://10.0.0.10:4317"
+        assert settings.nats_url == ",".join(f"nats://10.0.0.10:{p}" for p in nats_nodes.values()), "every NATS node"
+        assert settings.otlp_endpoint == "http://10.0.0.10:4317"
         assert set(df.environment(service, env)) == set(main_env) - {f"KVMESH_{command.upper()}_ADVERTISE_HOST"}
-        assert service["healthcheck"]["test"][3] == f"127.0.0.1:{settings.port}"
+        assert service["healthcheck"]["test"][5] == f"127.0.0.1:{settings.port}"
         main_argv = KVMESH[command][1]
         assert argv[: argv.index("--kvstore")] == main_argv[: main_argv.index("--kvstore")], "same ports as compose.yaml"
     published = {name: [str(p).rsplit(":", 1)[-1] for p in SPEC["services"][name].get("ports", [])]
-                 for name in ("nats", "nats-1", "nats-2", "kvstore", "otel-collector")}
-    assert published == {"nats": ["4222"], "nats-1": ["4222"], "nats-2": ["4222"], "kvstore": ["50081"],
-                         "otel-collector": ["4317"]}
+                 for name in (*nats_nodes, "kvstore", "otel-collector")}
+    assert published == {**{n: ["4222"] for n in nats_nodes}, "kvstore": ["50081"], "otel-collector": ["4317"]}
 
 
 # -- Grafana provisioning and dashboards ----------------------------------------------------------
@@ -262,15 +264,25 @@ def test_compose_files_suit_docker_compose_1_29() -> None:
         assert "name" not in spec and "version" not in spec, f"{name}: docker-compose 1.29 rejects a top-level name"
 
 
+def published_port(service: str) -> int:
+    """The host port compose.yaml publishes `service`'s one port on by default."""
+    [mapping] = SPEC["services"][service]["ports"]
+    return int(df.interpolate(mapping).split(":")[1])
+
+
 def test_every_port_is_published_on_the_publish_host() -> None:
-    moved = {"nats-1": "4223", "nats-2": "4224"}  # the cluster's other nodes: the next host ports
+    """Each on KVMESH_PUBLISH_HOST, on a host port of its own: the container's, but for the
+    second and third NATS nodes (4223, 4224: all three listen on 4222)."""
+    host_ports = []
     for name, service in SPEC["services"].items():
         for mapping in service.get("ports", []):
             port = mapping.rsplit(":", 1)[-1]
-            host_port = moved.get(name, port)
+            host_port = {"nats-1": "4223", "nats-2": "4224"}.get(name, port)
             assert df.interpolate(mapping) == f"127.0.0.1:{host_port}:{port}", f"{name}: {mapping}"
             free = df.interpolate(mapping, {"KVMESH_PUBLISH_HOST": "0.0.0.0"})
             assert free == f"0.0.0.0:{host_port}:{port}", f"{name}: {mapping} must follow KVMESH_PUBLISH_HOST"
+            host_ports.append(host_port)
+    assert len(host_ports) == len(set(host_ports)), host_ports
 
 
 def test_test_override_replaces_only_what_cannot_be_pulled() -> None:

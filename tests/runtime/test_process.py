@@ -60,3 +60,17 @@ def test_the_setting_accepts_only_the_named_priorities(monkeypatch):
     assert settings_from_argv(MeshSettings, ["--cpu-priority", "low"], "t").cpu_priority == "low"
     with pytest.raises(SystemExit):
         settings_from_argv(MeshSettings, ["--cpu-priority", "realtime"], "t")
+
+
+def test_run_service_runs_the_coroutine_on_uvloop():
+    import asyncio
+
+    import uvloop
+
+    from kvmesh.runtime.process import run_service
+
+    async def main() -> str:
+        await asyncio.sleep(0)
+        return type(asyncio.get_running_loop()).__module__
+
+    assert run_service(main()) == uvloop.Loop.__module__

@@ -1,6 +1,8 @@
 """End-to-end calibration (meshcal.py): the fit gives back the parameters that made the timings,
 both from the model's formulas and from timings the simulator itself produced."""
 
+import dataclasses
+
 import pytest
 
 from kvmesh.scheduler.policy import CostModel
@@ -15,30 +17,45 @@ from kvmesh.scheduler.sim.trace import TraceRequest
 
 TRUE = MeshCalibration(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4,
                        request_overhead_s=0.031, request_busy_s=0.004, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5,
-                       prefill_stall=0.8, prefill_share=0.05, admission_limit=None)
+                       prefill_stall=0.8, prefill_share=0.05, admission_limit=None, attention_s_per_pair=1.1e-7)
+SHARED = dataclasses.replace(TRUE, host_parallelism=1.5)  # 2 workers on a host that runs 1.5 at full speed
 
 
-def formula_samples(cal: MeshCalibration) -> Samples:
-    ttft = lambda uncached, cached=0: (  # noqa: E731
-        cal.request_overhead_s + cal.request_busy_s + uncached * cal.prefill_s_per_token + cached * cal.hit_s_per_token
-        + step_s(cal, 1))
-    samples = Samples()
+def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
+    """What the probes would measure on a mesh of `workers` that the model describes exactly."""
+    def work(n, cached=0):
+        return n * cal.prefill_s_per_token + cal.attention_s_per_pair * n * (cached + n / 2)
+
+    def slowdown(busy):
+        return max(1.0, busy / cal.host_parallelism) if cal.host_parallelism else 1.0
+
+    def ttft(uncached, cached=0):
+        return cal.request_overhead_s + cal.request_busy_s + work(uncached, cached) + cached * cal.hit_s_per_token + step_s(cal, 1)
+
+    samples = Samples(workers=workers)
     samples.ttft = [(n, ttft(n)) for n in (64, 256, 1024, 1536)]
     samples.hit = [(1520, 16, ttft(16, 1520))]
-    samples.itl = [(k, step_s(cal, k)) for k in (1, 4, 8, 16)]
+    samples.itl = [(k, slowdown(min(k, workers)) * step_s(cal, k / min(k, workers))) for k in (1, 4, 8, 16)]
     samples.burst = [(24, 32, ttft(32) + 23 * cal.request_busy_s)]
-    prefill = 1536 * cal.prefill_s_per_token * (1 + 4 * cal.prefill_share) + step_s(cal, 5)  # beside 4 streams
+    if workers > 1:
+        lone = ttft(1536)
+        samples.pair = [(workers, 1536, lone + (workers - 1) * cal.request_busy_s
+                         + (slowdown(workers) - 1) * (work(1536) + step_s(cal, 1)))]
+    beside = 4 / min(4, workers)  # 4 streams over the workers
+    prefill = slowdown(min(4, workers)) * (work(1536) * (1 + beside * cal.prefill_share) + step_s(cal, beside + 1))
     loaded_ttft = cal.request_overhead_s + cal.request_busy_s + prefill
     samples.stall = [(1536, 4, step_s(cal, 4) + cal.prefill_stall * prefill, step_s(cal, 4), loaded_ttft)]
     return samples
 
 
-def test_fit_gives_back_the_parameters_of_timings_made_by_the_model():
-    got = fit(formula_samples(TRUE), engine_decode_s_per_seq=TRUE.decode_s_per_seq)
+@pytest.mark.parametrize(("cal", "workers"), [(TRUE, 1), (SHARED, 2)])
+def test_fit_gives_back_the_parameters_of_timings_made_by_the_model(cal, workers):
+    got = fit(formula_samples(cal, workers), engine_decode_s_per_seq=cal.decode_s_per_seq)
     assert got.admission_limit is None and got.noise == ()
-    for name in ("prefill_s_per_token", "decode_s_per_step", "decode_s_per_seq", "request_overhead_s", "request_busy_s",
-                 "token_overhead_s", "hit_s_per_token", "prefill_stall", "prefill_share"):
-        assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-9, abs=1e-15), name
+    for name in ("prefill_s_per_token", "attention_s_per_pair", "decode_s_per_step", "decode_s_per_seq",
+                 "request_overhead_s", "request_busy_s", "token_overhead_s", "hit_s_per_token", "prefill_stall",
+                 "prefill_share", "host_parallelism"):
+        assert getattr(got, name) == pytest.approx(getattr(cal, name), rel=1e-9, abs=1e-15), name
 
 
 def test_without_a_lower_bound_the_whole_per_stream_slope_is_decode_s_per_seq():
@@ -53,7 +70,8 @@ def sim_outcomes(config: SimConfig, requests: list[TraceRequest]):
 
 def test_fit_gives_back_the_parameters_the_simulator_ran_with():
     cost = CostModel(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4)
-    mesh = MeshCost(request_overhead_s=0.031, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5, prefill_share=0.05)
+    mesh = MeshCost(request_overhead_s=0.031, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5, prefill_share=0.05,
+                    attention_s_per_pair=1.1e-7)
     config = SimConfig(num_workers=1, cost=cost, mesh=mesh)
     samples = Samples()
     lone = [TraceRequest(10.0 * i, f"l{i}", "", n, 2, tuple(range(1000 * i, 1000 * i + n // 16)))
@@ -76,6 +94,7 @@ def test_fit_gives_back_the_parameters_the_simulator_ran_with():
     assert (got.decode_s_per_step, got.decode_s_per_seq) == pytest.approx((cost.decode_s_per_step, cost.decode_s_per_seq), rel=1e-9)
     assert (got.request_overhead_s, got.token_overhead_s) == pytest.approx((0.031, 4.0e-4), rel=1e-9)
     assert got.hit_s_per_token == pytest.approx(1.5e-5, rel=1e-6)
+    assert got.attention_s_per_pair == pytest.approx(1.1e-7, rel=1e-6)
 
 
 def test_the_admission_probe_counts_the_streams_admitted_before_the_first_finish():
@@ -94,6 +113,7 @@ def test_steady_itl_counts_only_the_gaps_while_every_stream_decodes():
     a = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]        # starts first, 0.1 s gaps
     b = [0.25, 0.35, 0.45, 0.55, 0.65, 2.0]        # all decoding in [0.25, 0.6]
     assert steady_itl([a, b]) == pytest.approx(0.1)
+    assert steady_itl([a, b], [14, 12]) == pytest.approx(0.05)  # two tokens per chunk: coalesced by the gateway
 
 
 def test_largest_gap_looks_only_at_gaps_overlapping_the_window():
@@ -110,13 +130,20 @@ def test_the_sim_takes_the_printed_mesh_flags(tmp_path, capsys):
     assert "round_robin" in out and "goodput" in out
 
 
-def test_on_a_shared_host_every_worker_steps_for_the_streams_of_all():
-    cost = CostModel(decode_s_per_step=1e-3, decode_s_per_seq=1e-3)
-    burst = [TraceRequest(0.0, f"r{j}", "", 16, 11, (j,)) for j in range(4)]
-    for shared, running in ((False, 2), (True, 4)):
-        config = SimConfig(num_workers=2, cost=cost, mesh=MeshCost(shared_host=shared))
-        itls = {round(o.itl_s, 9) for o in sim_outcomes(config, burst)}
-        assert itls == {round(cost.step_s(running), 9)}, shared
+def test_fit_gives_back_how_the_simulated_shared_host_slows_busy_workers():
+    cost = CostModel(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4)
+    config = SimConfig(num_workers=2, cost=cost, mesh=MeshCost(host_parallelism=1.5, attention_s_per_pair=1.1e-7))
+    cal = dataclasses.replace(TRUE, request_overhead_s=0.0, request_busy_s=0.0, token_overhead_s=0.0, host_parallelism=1.5)
+    samples = formula_samples(cal, workers=2)  # lone requests, hits, stalls: as the model says; now from the sim:
+    pair = [TraceRequest(0.0, f"p{j}", "", 1536, 1, tuple(range(100 * j, 100 * j + 96))) for j in range(2)]
+    samples.pair = [(2, 1536, max(o.ttft_s for o in sim_outcomes(config, pair)))]  # round robin: one per worker
+    samples.itl = []
+    for k in (1, 4, 8):
+        burst = [TraceRequest(0.0, f"k{k}-{j}", "", 32, 20, (10_000 + 10 * j, 10_001 + 10 * j)) for j in range(k)]
+        samples.itl.append(itl_point(k, [o.itl_s for o in sim_outcomes(config, burst)]))
+    got = fit(samples, engine_decode_s_per_seq=cost.decode_s_per_seq)
+    assert got.host_parallelism == pytest.approx(1.5, rel=1e-9)
+    assert (got.decode_s_per_step, got.decode_s_per_seq) == pytest.approx((cost.decode_s_per_step, cost.decode_s_per_seq), rel=1e-9)
 
 
 def test_the_noise_is_the_spread_of_lone_ttfts_around_their_fit_and_the_sim_applies_it():

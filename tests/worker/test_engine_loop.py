@@ -138,3 +138,60 @@ async def test_an_engine_with_nothing_it_can_schedule_does_not_spin() -> None:
     finally:
         engine.release.set()
         await loop.stop()
+
+
+class HoldingEngine:
+    """`add` queues a request; `step` starts every waiting one (taking a block each) and then
+    hangs until `release` is set, the way a long prefill or a hung kernel holds the thread."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.waiting: list[str] = []
+        self.running: list[str] = []
+        self.free_blocks = 8
+        self.in_step = threading.Event()
+        self.release = threading.Event()
+
+    def add(self, request_id: str) -> None:
+        self.waiting.append(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running) and not self.release.is_set()
+
+    def step(self) -> list:
+        self.running += self.waiting
+        self.free_blocks -= len(self.waiting)
+        self.waiting = []
+        self.in_step.set()
+        self.release.wait(10)
+        return []
+
+    def abort_request(self, request_id: str) -> None:
+        pass
+
+    def stats(self):
+        from kvmesh.engine.outputs import EngineStats
+
+        return EngineStats(len(self.running), len(self.waiting), self.free_blocks, 8, 0, 0, 0, 0, 0)
+
+
+async def test_a_heartbeat_reports_the_engine_as_it_is_when_published_not_after_the_last_step() -> None:
+    """Issue 16 item 3 (heartbeats published cached stats): while a step holds the engine thread,
+    a beat shows the requests that step started and the blocks they took, and the progress."""
+    from kvmesh.worker.heartbeat import HeartbeatInfo, Heartbeater
+
+    engine = HoldingEngine()
+    loop = EngineLoop(engine)
+    info = HeartbeatInfo("d1", "decode", "127.0.0.1:1", "production", "tiny", 16, 64, 0.0)
+    beats = Heartbeater(None, info, lambda: loop.stats, 0.5, progress=lambda: loop.progress)
+    loop.start()
+    try:
+        await loop.call(lambda e: (e.add("r1"), e.add("r2")))  # the step right after starts both
+        assert await asyncio.to_thread(engine.in_step.wait, 5.0)
+        hb = beats.message()
+        assert (hb.num_running, hb.num_waiting, hb.kv_blocks_free) == (2, 0, 6)
+        assert hb.reports_progress and hb.engine_progress == 0
+    finally:
+        engine.release.set()
+        await loop.stop()

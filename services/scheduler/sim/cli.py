@@ -65,8 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mesh: a prefill takes (1 + this x other running streams) times as long")
     p.add_argument("--ttft-noise", default="", help="mesh: comma-separated factors on prefill time and overhead, "
                    "one per request by its id (the host's noise, from `kvmesh sim calibrate`)")
-    p.add_argument("--shared-host", action="store_true",
-                   help="mesh: all decode workers share one host's CPU (`kvmesh up` on one machine)")
+    p.add_argument("--host-parallelism", type=float, default=mesh.host_parallelism,
+                   help="mesh: all decode workers share one host (`kvmesh up` on one machine) that runs this many "
+                   "busy ones at full speed (0 = a host each)")
+    p.add_argument("--attention-s-per-pair", type=float, default=mesh.attention_s_per_pair,
+                   help="mesh: prefill's quadratic part, per (new prompt token, earlier token) pair")
     p.add_argument("--token-overhead-s", type=float, default=mesh.token_overhead_s,
                    help="mesh: added to a decode step per running sequence")
     p.add_argument("--hit-s-per-token", type=float, default=mesh.hit_s_per_token, help="mesh: cost of a cached prompt token")
@@ -107,7 +110,8 @@ def _sim_config(args: argparse.Namespace, n: int, routers: int = 1) -> SimConfig
         mesh=MeshCost(
             request_overhead_s=args.request_overhead_s, request_busy_s=args.request_busy_s,
             token_overhead_s=args.token_overhead_s, hit_s_per_token=args.hit_s_per_token,
-            prefill_stall=args.prefill_stall, prefill_share=args.prefill_share, shared_host=args.shared_host,
+            prefill_stall=args.prefill_stall, prefill_share=args.prefill_share,
+            host_parallelism=args.host_parallelism, attention_s_per_pair=args.attention_s_per_pair,
             noise=tuple(float(x) for x in args.ttft_noise.split(",") if x),
             admission_limit=args.admission_limit, admission_timeout_s=args.admission_timeout_s,
         ),

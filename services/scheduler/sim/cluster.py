@@ -171,8 +171,7 @@ class Cluster:
             elif kind == "finish":
                 self._finish(payload)  # type: ignore[arg-type]
             elif kind == "stall":
-                for w in self._host_of(payload[0]):  # type: ignore[index]
-                    w.stall_s += payload[1]  # type: ignore[index]
+                payload[0].stall_s += payload[1]  # type: ignore[index]
             elif kind == "deliver":
                 j, batch = payload  # type: ignore[misc]
                 self.routers[j].index.apply(batch)
@@ -243,15 +242,14 @@ class Cluster:
         self.results.append(RequestResult(r, "", status=status, first_token_s=self.now, finish_s=self.now))
         self._pending -= 1
 
-    def _host_of(self, d: SimWorker) -> list[SimWorker]:
-        """The decode workers that share d's CPU: all of them on a shared host, else d alone."""
-        if self.config.mesh.shared_host:
-            return [w for w in self.workers.values() if w.role is Role.DECODE]
-        return [d]
-
-    def _load(self, d: SimWorker) -> int:
-        """Running sequences that d's steps pay for (those of its whole host on a shared host)."""
-        return sum(w.running for w in self._host_of(d))
+    def _host_slowdown(self) -> float:
+        """How much slower a decode worker runs now: max(1, busy workers / host_parallelism) on a
+        shared host (MeshCost), else 1."""
+        parallel = self.config.mesh.host_parallelism
+        if not parallel:
+            return 1.0
+        busy = sum(1 for w in self.workers.values() if w.role is Role.DECODE and w.running)
+        return max(1.0, busy / parallel)
 
     def _noise(self, request_id: str) -> float:
         """This request's factor on its latency to first token: one of MeshCost.noise, by request id."""
@@ -277,12 +275,14 @@ class Cluster:
         else:
             d.slot_queue.append((result, decision))
 
-    def _prefill_s(self, tokens: int, running: int) -> float:
-        cost = self.config.cost
+    def _prefill_s(self, tokens: int, cached: int, running: int) -> float:
+        """A prefill of `tokens` new prompt tokens after `cached` ones, beside `running` sequences."""
+        cost, mesh = self.config.cost, self.config.mesh
         # NOTE: a fully cached prompt still takes one step: the engine computes its last token for the logits.
         chunks = max(1, -(-tokens // self.config.max_num_batched_tokens))
-        slowdown = 1.0 + self.config.mesh.prefill_share * max(0, running - 1)
-        return cost.prefill_s(tokens) * slowdown + chunks * self._step_s(running)
+        slowdown = 1.0 + mesh.prefill_share * max(0, running - 1)
+        attention = mesh.attention_s_per_pair * tokens * (cached + tokens / 2)
+        return (cost.prefill_s(tokens) + attention) * slowdown + chunks * self._step_s(running)
 
     def _start(self, d: SimWorker, result: RequestResult, decision: RouteDecision) -> None:
         d.running += 1
@@ -292,12 +292,10 @@ class Cluster:
         noise = self._noise(r.request_id)
         if decision.prefill is None:
             result.cached_tokens = d_cached * bs
-            host = self._host_of(d)
-            start = max(self.now, *(w.busy_until for w in host))
-            work = self._prefill_s(r.prompt_tokens - d_cached * bs, self._load(d))
-            end = start + work + d_cached * bs * self.config.mesh.hit_s_per_token
-            for w in host:
-                w.busy_until = end
+            start = max(self.now, d.busy_until)
+            work = self._prefill_s(r.prompt_tokens - d_cached * bs, d_cached * bs, d.running)
+            end = start + (work + d_cached * bs * self.config.mesh.hit_s_per_token) * self._host_slowdown()
+            d.busy_until = end
             if self.config.mesh.prefill_stall:
                 self._at(start, "stall", (d, self.config.mesh.prefill_stall * (end - start)))
         else:
@@ -305,11 +303,11 @@ class Cluster:
             cached = max(d_cached, p.cached_prefix(hashes))
             result.cached_tokens = cached * bs
             start = max(self.now, p.busy_until)
-            p_end = start + self._prefill_s(r.prompt_tokens - cached * bs, 0)
+            p_end = start + self._prefill_s(r.prompt_tokens - cached * bs, cached * bs, 0)
             p.busy_until = p_end
             self._publish(p, *p.insert(hashes))  # NOTE: published early; the scheduler sees it after the delay anyway
             end = p_end + (r.prompt_tokens - d_cached * bs) * self.config.kv_transfer_s_per_token
-            end += self._step_s(self._load(d))
+            end += self._step_s(d.running) * self._host_slowdown()
         # NOTE: the noise stretches this request's latency only, not the worker's busy time: the
         # probes measured it on lone requests, and a stretched prefill queued behind would count it twice.
         self._at(start + (end - start + self.config.mesh.request_overhead_s) * noise, "first_token", (d, result))
@@ -317,7 +315,7 @@ class Cluster:
     def _first_token(self, d: SimWorker, result: RequestResult) -> None:
         result.first_token_s = self.now
         self._publish(d, *d.insert(result.hashes))
-        decode_s = (result.request.output_tokens - 1) * self._step_s(self._load(d))
+        decode_s = (result.request.output_tokens - 1) * self._step_s(d.running) * self._host_slowdown()
         result.stall_mark = d.stall_s
         self._at(self.now + decode_s, "finish", (d, result))
 

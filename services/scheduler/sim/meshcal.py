@@ -1,16 +1,20 @@
 """End-to-end calibration of the simulator's cost model: fits to what a client of the running mesh
 measures through its gateway (`kvmesh sim calibrate --url GATEWAY`, shell in meshprobe.py).
 
-The model (cluster.py, `CostModel` + `MeshCost`), as a client sees it:
+The model (cluster.py, `CostModel` + `MeshCost`), as a client sees it, with W decode workers on
+one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy workers; W = 1: s = 1):
 - TTFT of a lone request with n uncached and c cached prompt tokens
-      = request_overhead + request_busy + n · prefill_s_per_token + c · hit_s_per_token + step(1)
-- ITL (a request's mean gap between tokens) with k streams decoding = step(k)
-      step(k) = decode_s_per_step + (decode_s_per_seq + token_overhead_s) · k
+      = request_overhead + request_busy + n · prefill_s_per_token + attention_s_per_pair · n · (c + n/2)
+        + c · hit_s_per_token + step(1)
+- ITL (a request's mean gap between tokens) with k streams decoding, spread over b = min(k, W)
+  workers = s(b) · step(k / b),  step(k) = decode_s_per_step + (decode_s_per_seq + token_overhead_s) · k
+- W long prompts (n tokens) sent at once, one per worker: the last first token comes
+  (W - 1) · request_busy + (s(W) - 1) · (lone prefill work + step(1)) after a lone request's;
 - a burst of M short requests (n tokens, one output token) sent at once: the last first token
   comes (M - 1) · request_busy after a lone request's TTFT (the mesh-wide request server);
-- a prefill of n tokens arriving while k streams decode takes n · prefill_s_per_token · (1 +
-  prefill_share · k) + step(k + 1), and the streams stop for prefill_stall of that time (their
-  largest gap grows by that much over their ITL);
+- a prefill of n tokens arriving while k streams decode over b workers (k / b beside it) takes
+  s(b) · (work(n) · (1 + prefill_share · k / b) + step(k / b + 1)), and the streams beside it stop
+  for prefill_stall of that time (their largest gap grows by that much over their ITL);
 - admission: the number of streams that got a first token before any of a burst finished.
 `fit` inverts these formulas, so timings made by them give the parameters back exactly.
 """
@@ -20,6 +24,8 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .calibrate import fit_line
 
@@ -33,8 +39,10 @@ class Samples:
     hit: list[tuple[float, float, float]] = field(default_factory=list)  # (cached, uncached tokens, TTFT s)
     itl: list[tuple[float, float]] = field(default_factory=list)         # (streams, ITL s)
     burst: list[tuple[float, float, float]] = field(default_factory=list)  # (requests, prompt tokens, last TTFT)
+    pair: list[tuple[float, float, float]] = field(default_factory=list)   # (long prompts at once, tokens, last TTFT)
+    workers: int = 1                                                     # decode workers behind the gateway
     stall: list[tuple[float, float, float, float, float]] = field(default_factory=list)
-    # (prefill tokens, streams decoding meanwhile, their largest gap, their ITL, the prefill's TTFT)
+    # (prefill tokens, streams decoding meanwhile, the largest gap of any, their ITL, the prefill's TTFT)
     admitted: int | None = None                                          # streams admitted at once (None: not probed)
     probe_streams: int = 0                                               # the burst size of that probe
 
@@ -52,6 +60,8 @@ class MeshCalibration:
     prefill_share: float
     admission_limit: int | None      # None: not probed, or more than the probe sent
     noise: tuple[float, ...] = ()    # deciles of lone TTFT / the median at its length: the host's noise
+    attention_s_per_pair: float = 0.0
+    host_parallelism: float = 0.0    # busy workers the shared host runs at full speed (0: one worker, not measured)
 
     def sim_flags(self) -> list[str]:
         """`kvmesh sim` flags that reproduce this mesh."""
@@ -60,8 +70,10 @@ class MeshCalibration:
             f"--decode-s-per-seq {self.decode_s_per_seq:.3g}", f"--request-overhead-s {self.request_overhead_s:.3g}",
             f"--request-busy-s {self.request_busy_s:.3g}", f"--token-overhead-s {self.token_overhead_s:.3g}",
             f"--hit-s-per-token {self.hit_s_per_token:.3g}", f"--prefill-stall {self.prefill_stall:.3g}",
-            f"--prefill-share {self.prefill_share:.3g}",
+            f"--prefill-share {self.prefill_share:.3g}", f"--attention-s-per-pair {self.attention_s_per_pair:.3g}",
         ]
+        if self.host_parallelism:
+            flags.append(f"--host-parallelism {self.host_parallelism:.3g}")
         if self.admission_limit:
             flags.append(f"--admission-limit {self.admission_limit}")
         if self.noise:
@@ -73,39 +85,95 @@ def step_s(cal: MeshCalibration, running: int) -> float:
     return cal.decode_s_per_step + (cal.decode_s_per_seq + cal.token_overhead_s) * running
 
 
+def fit_prefill(points: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """Least squares TTFT(n) = intercept + linear · n + attention · n² / 2 over (n, TTFT) points,
+    with linear, attention >= 0 (the best of the fits with either set to 0 when the free fit gives
+    a negative one; a straight line with fewer than three lengths); returns (intercept, linear, attention)."""
+    n = np.array([p[0] for p in points], dtype=float)
+    t = np.array([p[1] for p in points], dtype=float)
+    columns = {"linear": n, "attention": n * n / 2}
+    best: tuple[float, tuple[float, float, float]] | None = None
+    for used in (("linear", "attention"), ("linear",), ("attention",)):
+        if len(set(n.tolist())) <= len(used):
+            continue
+        a = np.column_stack([np.ones_like(n), *(columns[u] for u in used)])
+        coef = np.linalg.lstsq(a, t, rcond=None)[0]
+        if (coef[1:] < 0).any():
+            continue
+        got = dict(zip(used, coef[1:].tolist(), strict=True))
+        residual = float(np.sum((a @ coef - t) ** 2))
+        if best is None or residual < best[0]:
+            best = (residual, (float(coef[0]), got.get("linear", 0.0), got.get("attention", 0.0)))
+        if len(used) == 2:
+            break  # the free fit is feasible: it is the least-squares one
+    if best is None:
+        intercept, slope = fit_line(points)
+        return intercept, max(0.0, slope), 0.0
+    return best[1]
+
+
 def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshCalibration:
     """Inverts the model above. `engine_decode_s_per_seq` (the in-process lower bound) splits the
     per-stream ITL slope into the engine's part and the mesh's per-token overhead."""
     if len({n for n, _ in samples.ttft}) < 2 or len({k for k, _ in samples.itl}) < 2:
         raise ValueError("need TTFT at two prompt lengths and ITL at two stream counts at least")
-    base, per_stream = fit_line(samples.itl)
-    intercept, per_token = fit_line(samples.ttft)
+    intercept, per_token, attention = fit_prefill(samples.ttft)
+    workers = max(1, samples.workers)
+
+    def work(n: float) -> float:
+        return n * per_token + attention * n * n / 2
+
+    busy = max(0.0, _median([(last - intercept - work(n)) / (m - 1) for m, n, last in samples.burst if m > 1]))
+    lone_itl = [itl for k, itl in samples.itl if k == 1]
+    step_one = lone_itl[0] if lone_itl else fit_line(samples.itl)[0] + fit_line(samples.itl)[1]
+    parallel = 0.0
+    if workers > 1:
+        slowdowns = [1.0 + (last - intercept - work(n) - (m - 1) * busy) / (work(n) + step_one)
+                     for m, n, last in samples.pair if m > 1]
+        parallel = min(float(workers), max(1.0, workers / max(1.0, _median(slowdowns)))) if slowdowns else float(workers)
+
+    def slowdown(b: float) -> float:
+        return max(1.0, b / parallel) if parallel else 1.0
+
+    def spread(k: float) -> float:  # busy workers when k streams run at once
+        return min(k, workers)
+
+    points = [(k / spread(k), itl / slowdown(spread(k))) for k, itl in samples.itl]
+    base, per_stream = fit_line(points)
+    if per_stream < 0:  # NOTE: a flat, noisy ITL: a step cannot get cheaper with more streams
+        base, per_stream = statistics.fmean(y for _, y in points), 0.0
 
     def step(k: float) -> float:
         return base + per_stream * k
 
     engine = per_stream if engine_decode_s_per_seq is None else min(per_stream, engine_decode_s_per_seq)
-    hits = [(ttft - intercept - uncached * per_token) / cached for cached, uncached, ttft in samples.hit if cached > 0]
-    busy = _median([(last - intercept - n * per_token) / (m - 1) for m, n, last in samples.burst if m > 1])
+    hits = [(ttft - intercept - work(uncached) - attention * uncached * cached) / cached
+            for cached, uncached, ttft in samples.hit if cached > 0]
+    overhead = max(0.0, intercept - step(1) - busy)
     shares, stalls = [], []
     for tokens, k, gap, itl, ttft in samples.stall:
-        work = tokens * per_token
-        share = (ttft - intercept - work - (step(k + 1) - step(1))) / (work * k) if work > 0 and k > 0 else 0.0
+        b = spread(k)
+        beside = k / b if k > 0 else 0.0
+        w = work(tokens)
+        share = (((ttft - overhead - busy) / slowdown(b) - step(beside + 1) - w) / (w * beside)
+                 if w > 0 and beside > 0 else 0.0)
         shares.append(share)
-        stalls.append((gap - itl) / (work * (1.0 + share * k) + step(k + 1)))
+        stalls.append((gap - itl) / (slowdown(b) * (w * (1.0 + share * beside) + step(beside + 1))))
     admitted = samples.admitted if samples.admitted is not None and samples.admitted < samples.probe_streams else None
     return MeshCalibration(
         prefill_s_per_token=per_token,
         decode_s_per_step=base,
         decode_s_per_seq=engine,
-        request_overhead_s=max(0.0, intercept - step(1) - max(0.0, busy)),
-        request_busy_s=max(0.0, busy),
+        request_overhead_s=overhead,
+        request_busy_s=busy,
         token_overhead_s=per_stream - engine,
         hit_s_per_token=max(0.0, _median(hits)),
         prefill_stall=min(1.0, max(0.0, _median(stalls))),
         prefill_share=max(0.0, _median(shares)),
         admission_limit=admitted,
         noise=noise_quantiles(_spread(samples.ttft_raw)),
+        attention_s_per_pair=attention,
+        host_parallelism=parallel,
     )
 
 
@@ -147,15 +215,19 @@ def itl_point(streams: int, itls: list[float]) -> tuple[float, float]:
     return float(streams), statistics.median(values)
 
 
-def steady_itl(token_times: list[list[float]]) -> float:
+def steady_itl(token_times: list[list[float]], tokens: list[int] | None = None) -> float:
     """Mean gap between tokens while every stream of a run was decoding (after the last first
-    token, before the first last token), the median over streams; NaN if that window is empty."""
+    token, before the first last token), the median over streams; NaN if that window is empty.
+    `token_times` are chunk arrival times; the gateway coalesces a slow reader's tokens into one
+    chunk, so with `tokens` (each stream's token count) a stream's chunk gap is scaled by its
+    chunks per token."""
     start, end = max(t[0] for t in token_times), min(t[-1] for t in token_times)
     means = []
-    for times in token_times:
+    for i, times in enumerate(token_times):
         inside = [t for t in times if start <= t <= end]
+        per_chunk = tokens[i] / len(times) if tokens and times and tokens[i] >= len(times) else 1.0
         if len(inside) >= 3:
-            means.append((inside[-1] - inside[0]) / (len(inside) - 1))
+            means.append((inside[-1] - inside[0]) / (len(inside) - 1) / per_chunk)
     return statistics.median(means) if means else math.nan
 
 
@@ -176,13 +248,16 @@ def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list
     """Human-readable lines: the end-to-end terms, and the in-process figures labelled as a lower bound."""
     lines = [
         "# end to end, through the gateway (what `kvmesh sim` should use for this mesh):",
-        f"#   prefill {cal.prefill_s_per_token:.3g} s per uncached token, {cal.hit_s_per_token:.3g} s per cached token",
+        f"#   prefill {cal.prefill_s_per_token:.3g} s per uncached token + {cal.attention_s_per_pair:.3g} s per "
+        f"(new token, earlier token) pair (attention), {cal.hit_s_per_token:.3g} s per cached token",
         f"#   decode step {cal.decode_s_per_step:.3g} s + {cal.decode_s_per_seq + cal.token_overhead_s:.3g} s per stream "
         f"(of which mesh per-token overhead {cal.token_overhead_s:.3g} s)",
         f"#   per-request overhead {cal.request_overhead_s:.3g} s of latency, plus {cal.request_busy_s:.3g} s of work "
         "requests queue for mesh-wide (HTTP, tokenizing, routing, gRPC set-up, hand-back)",
         f"#   a prefill takes {cal.prefill_share:.3g}x longer per stream decoding beside it, and stalls those "
         f"streams for {cal.prefill_stall:.0%} of its time (engine and RPC loop share the worker's CPU)",
+        "#   shared host: " + (f"runs {cal.host_parallelism:.3g} busy decode workers at full speed, more slow down"
+                               if cal.host_parallelism else "not measured (one decode worker)"),
         "#   admission limit: " + (f"{cal.admission_limit} requests in flight" if cal.admission_limit
                                    else "not reached by the probe (or not probed)"),
     ]

@@ -1,6 +1,9 @@
 """Costs of the mesh around the engine, for the simulator (cluster.py); measured end to end by
 `kvmesh sim calibrate` (meshcal.py). All are off by default: zeros model the engine alone.
 
+- attention_s_per_pair: the quadratic part of a prefill: each new prompt token attends to every
+  token before it, so n new tokens after c cached ones cost attention_s_per_pair × n × (c + n/2)
+  on top of the linear n × prefill_s_per_token (on a small model this term dominates long prompts);
 - request_overhead_s is added to every TTFT (HTTP, tokenizing, routing, gRPC set-up);
 - request_busy_s: the CPU work of a request outside the engine that requests queue for, mesh-wide
   (gateway, scheduler, RPC set-up, hand-back): every request passes one FIFO server of this
@@ -15,9 +18,10 @@
   the worker's busy time), one per request drawn uniformly by its id (deterministic): deciles of
   the calibration's lone TTFTs over their length's median, i.e. the host's own noise (other work on a shared
   machine), which a deterministic model has no tail for;
-- shared_host: every decode worker runs on one host and shares its CPU (as `kvmesh up` does):
-  one local prefill at a time mesh-wide, a prefill stalls every worker's streams, and steps and
-  prefill slowdown count the streams of all workers (what the calibration probes measure there);
+- host_parallelism: every decode worker runs on one host (as `kvmesh up` does) that runs this many
+  busy workers at full speed (its cores left over by the gateway, scheduler and client): with b
+  busy workers (any running sequence) a worker's prefill and decode steps take max(1, b / this)
+  times as long, taken when the work is scheduled; 0 = each worker has a host of its own;
 - admission_limit: at most this many requests in flight mesh-wide, the rest wait (FIFO) before
   routing; one that waits longer than admission_timeout_s fails with 504, one that finds
   admission_limit × admission_queue_factor already waiting fails with 429 (the scheduler's
@@ -33,13 +37,14 @@ from dataclasses import dataclass
 class MeshCost:
     """Costs of the mesh around the engine (see the module docstring); zeros = the engine alone."""
 
+    attention_s_per_pair: float = 0.0
     request_overhead_s: float = 0.0
     request_busy_s: float = 0.0
     token_overhead_s: float = 0.0
     hit_s_per_token: float = 0.0
     prefill_stall: float = 0.0
     prefill_share: float = 0.0
-    shared_host: bool = False
+    host_parallelism: float = 0.0
     noise: tuple[float, ...] = ()
     admission_limit: int = 0
     admission_timeout_s: float = 30.0

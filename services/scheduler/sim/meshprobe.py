@@ -11,7 +11,10 @@ a probe means it to be):
    against a lone one's, and the streams' largest gap during its prefill against their ITL;
 5. request work: `burst` short requests (one output token) at once; how much later than a lone
    request's the last first token comes;
-6. admission (`--admission-probe N`): N streams at once; those with a first token before the
+6. with `workers` > 1 (the decode workers behind the gateway, on one host): that many long
+   uncached prompts at once, one per worker; how much later than a lone one's the last first
+   token comes is how the host shares its CPU between busy workers;
+7. admission (`--admission-probe N`): N streams at once; those with a first token before the
    first finish were admitted together.
 With `--engine-model`, the in-process engine (`calibrate.py`) is measured too, after the
 probes, and printed as a lower bound.
@@ -43,6 +46,7 @@ class ProbeConfig:
     stream_tokens: int = 64
     stall_streams: int = 4
     burst: int = 24
+    workers: int = 1                  # decode workers behind the gateway (> 1: probe how they share the host)
     admission_probe: int = 0          # burst size; 0 = skip the probe
 
 
@@ -68,6 +72,9 @@ async def probe(target: Target, config: ProbeConfig) -> Samples:
         for _ in range(config.repeats):
             prober.samples.stall.append(await prober.stall())
             prober.samples.burst.append(await prober.burst())
+            if config.workers > 1:
+                prober.samples.pair.append(await prober.pair())
+        prober.samples.workers = config.workers
         if config.admission_probe:
             await prober.admission()
         return prober.samples
@@ -88,9 +95,13 @@ class _Prober:
         return outcome
 
     async def ttft(self) -> None:
-        for n in self.config.lengths:
-            points = [(n - o.cached_tokens, o.ttft_s)
-                      for o in [await self.one(self.prompt(n), 2) for _ in range(self.config.repeats)]]
+        # NOTE: the lengths take turns, so a burst of the host's noise hits them alike, not one length
+        by_length: dict[int, list[tuple[float, float]]] = {n: [] for n in self.config.lengths}
+        for _ in range(self.config.repeats):
+            for n in self.config.lengths:
+                o = await self.one(self.prompt(n), 2)
+                by_length[n].append((n - o.cached_tokens, o.ttft_s))
+        for points in by_length.values():
             self.samples.ttft_raw += points
             self.samples.ttft.append((statistics.median(p[0] for p in points), statistics.median(p[1] for p in points)))
 
@@ -102,17 +113,17 @@ class _Prober:
             self.samples.hit.append((again.cached_tokens, self.longest - again.cached_tokens, again.ttft_s))
 
     async def itl(self) -> None:
-        for k in self.config.streams:
-            itls = []
-            for _ in range(self.config.repeats):
+        itls: dict[int, list[float]] = {k: [] for k in self.config.streams}
+        for _ in range(self.config.repeats):
+            for k in self.config.streams:  # taking turns, as in ttft()
                 times: list[list[float]] = [[] for _ in range(k)]
                 run = await asyncio.gather(*(self.one(self.prompt(32), self.config.stream_tokens, t) for t in times))
-                steady = steady_itl(times)
-                itls.append(steady if not math.isnan(steady) else itl_point(k, [o.itl_s for o in run])[1])
-            self.samples.itl.append((k, statistics.median(itls)))
+                steady = steady_itl(times, [o.output_tokens for o in run])
+                itls[k].append(steady if not math.isnan(steady) else itl_point(k, [o.itl_s for o in run])[1])
+        self.samples.itl += [(k, statistics.median(values)) for k, values in itls.items()]
 
     async def stall(self) -> tuple[float, float, float, float, float]:
-        """(prefill tokens, streams, their median largest gap during the prefill, their median ITL, its TTFT)."""
+        """(prefill tokens, streams, the largest gap of any during the prefill, their median ITL, its TTFT)."""
         streams = self.config.stall_streams
         times: list[list[float]] = [[] for _ in range(streams)]
         tasks = [asyncio.create_task(self.one(self.prompt(16), 4 * self.config.stream_tokens, t)) for t in times]
@@ -123,14 +134,21 @@ class _Prober:
         start = time.perf_counter()
         long = await self.one(self.prompt(self.longest), 1)
         outcomes = await asyncio.gather(*tasks)
-        gaps = [largest_gap(t, start, long.first_token_s) for t in times]
+        # NOTE: the largest gap of any stream: with several workers only those beside the prefill stall
+        gap = max(largest_gap(t, start, long.first_token_s) for t in times)
         itl = statistics.median(o.itl_s for o in outcomes)
-        return float(self.longest), float(streams), statistics.median(gaps), itl, long.ttft_s
+        return float(self.longest), float(streams), gap, itl, long.ttft_s
 
     async def burst(self) -> tuple[float, float, float]:
         """(requests, prompt tokens, the last one's TTFT) for one-token requests sent at once."""
         outcomes = await asyncio.gather(*(self.one(self.prompt(32), 1) for _ in range(self.config.burst)))
         return float(self.config.burst), 32.0, max(o.ttft_s for o in outcomes)
+
+    async def pair(self) -> tuple[float, float, float]:
+        """(prompts, tokens, the last one's TTFT) for one long uncached prompt per worker, sent at once."""
+        m = self.config.workers
+        outcomes = await asyncio.gather(*(self.one(self.prompt(self.longest), 1) for _ in range(m)))
+        return float(m), float(self.longest), max(o.ttft_s for o in outcomes)
 
     async def admission(self) -> None:
         # NOTE: beyond slots + queue a request gets 429; only the served ones count
@@ -151,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--streams", default="1,4,8,16", help="concurrent stream counts for the ITL probe")
     p.add_argument("--stream-tokens", type=int, default=64, help="output tokens per stream in the ITL probe")
+    p.add_argument("--workers", type=int, default=1,
+                   help="decode workers behind the gateway; > 1 also probes how they share one host's CPU")
     p.add_argument("--admission-probe", type=int, default=0,
                    help="send this many streams at once to find the admission limit (0 = skip; use > the expected limit)")
     p.add_argument("--engine-model", default="",
@@ -164,7 +184,7 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     config = ProbeConfig(
         lengths=tuple(int(x) for x in args.lengths.split(",")), repeats=args.repeats,
         streams=tuple(int(x) for x in args.streams.split(",")), stream_tokens=args.stream_tokens,
-        admission_probe=args.admission_probe,
+        admission_probe=args.admission_probe, workers=args.workers,
     )
     target = Target(args.url.rstrip("/"), args.model, args.api_key)
     t0 = time.perf_counter()

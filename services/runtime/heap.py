@@ -1,0 +1,70 @@
+"""The C heap (glibc malloc) of a service process: what it holds, and handing freed pages back.
+
+NOTE (issue 16, the soak): a worker allocates and frees many mid-sized buffers (KV blocks of
+128 KiB to 2 MiB as bytes, tensors, protobuf frames) on several threads: the event loop, the
+codec pool, the engine thread, gRPC's. glibc gives each thread its own arena and returns an
+arena's free memory to the OS only from the top of its heap, so the pages behind a freed buffer
+in the middle stay resident: a prefill worker's arenas held 300 MiB for 129 MiB in use, and the
+workers' RSS kept creeping up under steady traffic while what they held did not. `trim_heap`
+runs `malloc_trim(0)` every `interval_s` (on a thread: it takes each arena's lock briefly),
+which hands every free page of every arena back (madvise). `heap_bytes` reads mallinfo2 for the
+`kvmesh_process_heap_bytes` gauge (workers and the KV store, which import this module), so
+"RSS grows, in-use does not" is visible on /metrics.
+Elsewhere than glibc both do nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import logging
+
+from prometheus_client import Gauge
+
+log = logging.getLogger(__name__)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+        libc.mallinfo2.restype = _MallInfo2
+    except (OSError, AttributeError):  # not glibc (musl, macOS) or glibc < 2.33
+        return None
+    return libc
+
+
+_LIBC = _libc()
+
+
+def heap_bytes() -> dict[str, int]:
+    """{"in_use": bytes allocated (incl. mmapped chunks), "free": bytes held free in the arenas}."""
+    if _LIBC is None:
+        return {"in_use": 0, "free": 0}
+    info = _LIBC.mallinfo2()
+    return {"in_use": info.uordblks + info.hblkhd, "free": info.fordblks}
+
+
+HEAP_BYTES = Gauge("kvmesh_process_heap_bytes", "C heap (glibc malloc) bytes in use and held free", ["state"])
+for _state in ("in_use", "free"):
+    HEAP_BYTES.labels(_state).set_function(lambda s=_state: heap_bytes()[s])  # read at scrape time
+
+
+def release_free_pages() -> bool:
+    """malloc_trim(0): every free page of every arena back to the OS; True when some were."""
+    return bool(_LIBC is not None and _LIBC.malloc_trim(0))
+
+
+async def trim_heap(interval_s: float) -> None:
+    """Runs until cancelled: `release_free_pages()` every `interval_s` (0 = never), off the event loop."""
+    if _LIBC is None or interval_s <= 0:
+        return
+    while True:
+        await asyncio.sleep(interval_s)
+        await asyncio.to_thread(release_free_pages)
