@@ -24,6 +24,7 @@ P = hashes("prompt", 6)
 
 @contextlib.asynccontextmanager
 async def scheduler(nats_url: str, **overrides):
+    overrides.setdefault("sync_alone_s", 0.0)  # NOTE: these tests add their workers after the start
     settings = SchedulerSettings(
         nats_url=nats_url, host="127.0.0.1", port=0, metrics_port=0, heartbeat_timeout_s=1.0, **overrides
     )
