@@ -21,7 +21,7 @@ from kvmesh.runtime.shutdown import GracefulShutdown
 from kvmesh.runtime.telemetry import Telemetry
 from .heartbeat import HeartbeatInfo, Heartbeater
 from .watchdog import watch_engine
-from .settings import WorkerSettings, engine_config
+from .settings import WorkerSettings, bound_cpu_kernel_caches, engine_config
 from .worker import EngineLoop
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,7 @@ async def start_engine(role: str, settings: WorkerSettings) -> EngineParts:
     """Builds the engine off the event loop and starts its thread."""
     from kvmesh.engine.llm import LLMEngine  # noqa: PLC0415 - torch, only in worker processes
 
+    bound_cpu_kernel_caches(settings.cpu_kernel_cache_entries)
     engine = await asyncio.to_thread(LLMEngine, engine_config(settings))
     loop = EngineLoop(engine, name=f"{role}-engine", step_delay_s=settings.step_delay_s,
                       step_slowdown=settings.step_slowdown, call_timeout_s=settings.engine_call_timeout_s)

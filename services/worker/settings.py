@@ -41,12 +41,27 @@ class WorkerSettings(MeshSettings):
     engine_call_timeout_s: float = Field(60.0, gt=0.0, description="how long a request waits for the engine thread to answer a command before UNAVAILABLE")
     engine_stall_s: float = Field(30.0, gt=0.0, description="watchdog: no engine step progress for this long while work is pending = stalled (NOT_SERVING, deregistered)")
     step_slowdown: float = Field(1.0, ge=1.0, description="testing aid: every engine step takes this many times as long (sleeps the difference)")
+    cpu_kernel_cache_entries: int = Field(256, ge=1, description="CPU: oneDNN/ideep kernels cached per input shape (each cache; unless LRU_CACHE_CAPACITY / ONEDNN_PRIMITIVE_CACHE_CAPACITY are set)")
 
     def resolved_worker_id(self, role: str) -> str:
         return self.worker_id or f"{role}-{socket.gethostname()}-{os.getpid()}"
 
     def endpoint(self, bound_port: int) -> str:
         return advertised_endpoint(self.host, self.advertise_host, bound_port)
+
+
+def bound_cpu_kernel_caches(entries: int) -> None:
+    """Caps the per-shape kernel caches behind the engine's oneDNN packed linears on CPU; call
+    before the engine's first step (an operator's own environment setting wins).
+
+    NOTE (issue 16, the soak): ideep (`LRU_CACHE_CAPACITY`) and oneDNN
+    (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`) each keep 1024 kernels by default, one per input shape
+    and weight: a prefill worker sees a new token count almost every step, so its live heap grew
+    ~1 MiB per new prompt length, 445 → 754 MiB in 25 minutes, and would have kept growing for
+    hours. With every prompt the same length, or both caches off, it stays flat.
+    """
+    for var in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"):
+        os.environ.setdefault(var, str(entries))
 
 
 def engine_config(settings: WorkerSettings) -> Any:
