@@ -17,7 +17,10 @@ registry, admission and decode running back to 0 once idle; fds flat (growth und
 
 The store's memory tier is sized for the soak (`--store-mib`, 128 by default, not the 1 GiB
 default): the warm-up fills it within the first minutes and from then on it evicts, so its RSS
-can level off inside a 20-minute run instead of filling for the whole of it.
+can level off inside a 20-minute run instead of filling for the whole of it. Likewise the
+scheduler's pre-warm hit counts (`--hot-blocks`, 4,096, not the 65,536 default: ~170 B per
+prompt block, bounded, but at the soak's ~2,000 new prompt blocks a minute the default bound is
+reached only after half an hour, so the scheduler's RSS would climb for the whole window).
 """
 
 from __future__ import annotations
@@ -155,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--series", default="", help="also write every sampled series to this JSON file")
     p.add_argument("--store-mib", type=int, default=128,
                    help="KV store memory tier (MiB): small enough that warm-up fills it and it then evicts")
+    p.add_argument("--hot-blocks", type=int, default=4096,
+                   help="scheduler pre-warm hit counts kept (prefix blocks): reached during warm-up")
     args = p.parse_args(argv)
     from kvmesh.runtime.launcher import MeshOptions, free_port  # noqa: PLC0415
     from kvmesh.runtime.supervisor import Mesh  # noqa: PLC0415
@@ -163,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         model = str(build_llama(Path(tmp), **SMALL_LLAMA_BYTES)[1]) if args.model == "small" else args.model
         served = "tiny" if model == "tiny" else Path(model).name
         mesh = Mesh(MeshOptions(model=model, port=free_port(), run_dir=str(Path(tmp) / "run"), prefill=1, decode=2,
-                                kvstore=True, settings=[f"kvstore.memory_bytes={args.store_mib * 1024 * 1024}"]))
+                                kvstore=True, settings=[f"kvstore.memory_bytes={args.store_mib * 1024 * 1024}",
+                                          f"scheduler.prewarm_max_tracked_blocks={args.hot_blocks}"]))
         mesh.start(timeout_s=300)
         try:
             return soak(mesh, served, args)
