@@ -8,9 +8,7 @@ the one the context length watch reads (`workerlist.py`), reused for up to `HEAL
 
 from __future__ import annotations
 
-from kvmesh.runtime.pb import common_pb2
-
-from .workerlist import WorkerList, served_pool
+from .workerlist import WorkerList, live_decode_workers, served_pool
 
 HEALTH_MAX_AGE_S = 1.0  # how stale a worker list /health may answer from
 
@@ -21,10 +19,6 @@ async def decode_workers_ready(workers: WorkerList, pool: str) -> tuple[bool, st
     if reply is None:
         return False, f"scheduler unreachable ({workers.error})"
     pool = served_pool(reply, pool)
-    live = [
-        w for w in reply.workers
-        if w.role == common_pb2.WORKER_ROLE_DECODE and w.pool == pool and not w.draining
-    ]
-    if not live:
+    if not live_decode_workers(reply, pool):
         return False, f"no decode worker registered in pool {pool!r}"
     return True, ""

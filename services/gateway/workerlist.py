@@ -29,6 +29,12 @@ def served_pool(reply: scheduler_pb2.ListWorkersResponse, pool: str) -> str:
     return pool or reply.production_pool or "production"
 
 
+def live_decode_workers(reply: scheduler_pb2.ListWorkersResponse, pool: str | None = None) -> list[Any]:
+    """The registered, non-draining decode workers of `reply` (of `pool` only, when given)."""
+    return [w for w in reply.workers
+            if w.role == common_pb2.WORKER_ROLE_DECODE and not w.draining and (pool is None or w.pool == pool)]
+
+
 class WorkerList:
     """The latest ListWorkers reply of `backend`'s scheduler replicas; see the module docstring."""
 
@@ -61,7 +67,7 @@ class WorkerList:
                     log.debug("worker list not read from %s: %s", endpoint, exc.code())
                     error = error or exc.code().name
                     continue
-                if any(w.role == common_pb2.WORKER_ROLE_DECODE and not w.draining for w in reply.workers):
+                if live_decode_workers(reply):
                     break
             self.reply, self.error = reply, "" if reply is not None else error
         finally:
