@@ -36,6 +36,45 @@ for dir in $(pip_setting find-links); do
     torch_index_url=""  # NOTE: the wheel at hand; no torch index needed
   done
 done
+# Every wheel the image installs, fetched here first through this host's own pip setup (its
+# local indexes, find-links and cache), so the build's pip runs offline (--no-index) and a
+# brand-new machine downloads each wheel once, not once for the host and again in the build.
+# The same three steps as the Dockerfile: torch, the requirements but xgrammar, xgrammar without
+# its dependencies, then those but triton. When any step fails, the build uses the index instead.
+stage_wheels() {
+  local req dest=deploy/pip/wheels
+  req=$(mktemp -d)
+  python3 -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
+    > "$req/all.txt" || return 1
+  grep -v '^xgrammar' "$req/all.txt" > "$req/others.txt"
+  echo "$torch_spec" > "$req/torch.txt"  # NOTE: else `torch>=2.4` resolves to the newest (a CUDA build)
+  download() { python3 -m pip download --quiet --only-binary=:all: --dest "$dest" --find-links "$dest" \
+    --python-version 3.11 --implementation cp --abi cp311 --abi abi3 --abi none -c "$req/torch.txt" "$@"; }  # the image's CPython
+  download "$torch_spec" ${torch_index_url:+--index-url "$torch_index_url"} \
+    && download pip -r "$req/others.txt" \
+    && download --no-deps "$(grep '^xgrammar' "$req/all.txt")" \
+    && python3 - "$dest" > "$req/xgrammar.txt" <<'PY' \
+    && download -r "$req/xgrammar.txt"
+import email.parser, pathlib, sys, zipfile
+wheel = sorted(pathlib.Path(sys.argv[1]).glob("xgrammar-*.whl"))[-1]
+with zipfile.ZipFile(wheel) as z:
+    meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+    reqs = email.parser.Parser().parsestr(z.read(meta).decode()).get_all("Requires-Dist") or []
+print(*(r for r in reqs if "extra ==" not in r and not r.startswith("triton")), sep="\n")
+PY
+  local rc=$?
+  rm -rf "$req"
+  return $rc
+}
+t_wheels=$SECONDS
+if stage_wheels; then
+  touch deploy/pip/wheels/COMPLETE
+  echo "images: $(ls deploy/pip/wheels/*.whl | wc -l) wheels staged in deploy/pip/wheels in $((SECONDS - t_wheels)) s; the build runs pip offline"
+else
+  rm -f deploy/pip/wheels/COMPLETE
+  echo "images: staging wheels failed; the build's pip uses the index"
+fi
+
 extra=""
 for url in $(pip_setting extra-index-url); do
   case $url in http://*|https://*) extra="$extra $url" ;; esac  # file:// indexes are this host's only

@@ -11,3 +11,7 @@ fi
 if ls /tmp/pip/wheels/*.whl >/dev/null 2>&1; then
   export PIP_FIND_LINKS="/tmp/pip/wheels${PIP_FIND_LINKS:+ $PIP_FIND_LINKS}"
 fi
+# images.sh staged every wheel the image needs (deploy/pip/wheels/COMPLETE): no index at all.
+if [ -f /tmp/pip/wheels/COMPLETE ]; then
+  export PIP_NO_INDEX=1
+fi

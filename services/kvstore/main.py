@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from kvmesh.runtime.bus import HEARTBEAT_SUBJECT, Bus
 from kvmesh.runtime.config import settings_from_argv
 from kvmesh.runtime.grpcutil import GrpcServer, TlsConfig, advertised_endpoint, start_server
-from kvmesh.runtime.heap import trim_heap
+from kvmesh.runtime.heap import fix_mmap_threshold, trim_heap
 from kvmesh.runtime.heartbeats import beat_on_request
 from kvmesh.runtime.kvevents import KvEventPublisher
 from kvmesh.runtime.metrics import serve_metrics
@@ -139,6 +139,7 @@ async def start(settings: KvStoreSettings, metrics: StoreMetrics | None = None) 
 
 
 async def serve(settings: KvStoreSettings, ready: asyncio.Event | None = None) -> None:
+    fix_mmap_threshold(settings.malloc_mmap_threshold_kib * 1024)
     telemetry = Telemetry("kvstore", settings.otlp_endpoint, settings.trace_dir) if settings.tracing else None
     if settings.metrics_port >= 0:
         serve_metrics(settings.host, settings.metrics_port)

@@ -35,6 +35,7 @@ def _libc() -> ctypes.CDLL | None:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
         libc.mallinfo2.restype = _MallInfo2
+        libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     except (OSError, AttributeError):  # not glibc (musl, macOS) or glibc < 2.33
         return None
     return libc
@@ -54,6 +55,24 @@ def heap_bytes() -> dict[str, int]:
 HEAP_BYTES = Gauge("kvmesh_process_heap_bytes", "C heap (glibc malloc) bytes in use and held free", ["state"])
 for _state in ("in_use", "free"):
     HEAP_BYTES.labels(_state).set_function(lambda s=_state: heap_bytes()[s])  # read at scrape time
+
+
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+
+
+def fix_mmap_threshold(nbytes: int) -> bool:
+    """mallopt(M_MMAP_THRESHOLD, nbytes): every allocation of `nbytes` or more gets its own mapping,
+    unmapped when freed; 0 leaves glibc's dynamic threshold. True when set.
+
+    NOTE (issue 16, the soak): glibc starts the threshold at 128 KiB and raises it (up to 32 MiB) to
+    the size of each mapped chunk freed, so after a prefill worker's first long prompt its
+    activations (1-32 MiB, a new size for almost every prompt length) come from the arenas. Freed,
+    they stay resident until the next `malloc_trim`: the worker's RSS swung ±60 MiB from sample to
+    sample around what it held, and the soak's fitted line read the swings as growth. A fixed
+    threshold also switches the dynamic one off (glibc's documented behaviour)."""
+    if _LIBC is None or nbytes <= 0:
+        return False
+    return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, nbytes))
 
 
 def release_free_pages() -> bool:

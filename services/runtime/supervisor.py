@@ -102,10 +102,10 @@ class Mesh:
             conf.chmod(0o600)
             argv = [sys.executable, "-m", "kvmesh", "exec-child", nats_server_binary(), "-c", str(conf)]
             self._spawn(ProcessSpec(name, "nats", (), {}), argv)
-        for port in self.nats_ports:
-            _wait_tcp(self.opts.host, port, timeout_s=10)
         deadline = time.monotonic() + timeout_s
         try:
+            for port in self.nats_ports:  # NOTE: within the start's own deadline: a loaded host is slow to exec
+                _wait_tcp(self.opts.host, port, timeout_s=deadline - time.monotonic())
             for role in ("kvstore", "scheduler"):
                 for endpoint in self.external.get(role, []):
                     self._wait_healthy(ProcessSpec(f"external {role}", role, (), {}, grpc_endpoint=endpoint), deadline)

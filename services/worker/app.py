@@ -15,7 +15,7 @@ from kvmesh.runtime.bus import Bus
 from kvmesh.runtime.cacheevents import CacheEvents
 from kvmesh.runtime.config import settings_from_argv
 from kvmesh.runtime.grpcutil import ChannelPool, GrpcServer, TlsConfig
-from kvmesh.runtime.heap import trim_heap
+from kvmesh.runtime.heap import fix_mmap_threshold, trim_heap
 from kvmesh.runtime.process import init_process, run_service
 from kvmesh.runtime.shutdown import GracefulShutdown
 from kvmesh.runtime.telemetry import Telemetry
@@ -34,6 +34,7 @@ async def serve_worker(
     """Runs one worker until SIGTERM/SIGINT: deregister, drain in-flight work for `drain_grace_s`,
     close the app and NATS, flush telemetry. `start(settings, bus)` returns the app, which has
     `deregister()`, `close()` and `worker.drain(grace_s)`."""
+    fix_mmap_threshold(settings.malloc_mmap_threshold_kib * 1024)  # NOTE: before the engine's buffers
     telemetry = Telemetry(role, settings.otlp_endpoint, settings.trace_dir) if settings.tracing else None
     bus = await Bus.connect(settings.nats_url, f"{role}-{settings.worker_id or 'worker'}") if settings.nats_url else None
     app = await start(settings, bus)

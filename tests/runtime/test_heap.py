@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,3 +25,31 @@ def test_freed_pages_below_live_blocks_are_returned_only_by_a_trim() -> None:
     assert heap.heap_bytes()["free"] >= 48 * 1024 * 1024
     assert heap.release_free_pages()
     assert rss_mib() < held - 40
+
+
+MAPPED_GROWTH = """
+import ctypes, sys
+from kvmesh.runtime.heap import _LIBC as libc, fix_mmap_threshold
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.free(libc.malloc(8 << 20))  # a freed mapped chunk: glibc raises its dynamic threshold to 8 MiB
+if sys.argv[1] == "fixed":
+    assert fix_mmap_threshold(1 << 20)
+before = libc.mallinfo2().hblkhd
+buffer = libc.malloc(2 << 20)  # like a prefill activation: 1-32 MiB, a new size per prompt length
+print(libc.mallinfo2().hblkhd - before)
+libc.free(buffer)
+"""
+
+
+def _mapped_growth(mode: str) -> int:
+    out = subprocess.run([sys.executable, "-c", MAPPED_GROWTH, mode], check=True, capture_output=True, text=True)
+    return int(out.stdout)
+
+
+def test_a_fixed_mmap_threshold_maps_large_buffers_so_a_free_returns_them() -> None:
+    """Issue 16 (soak): after one large free glibc serves 2 MiB buffers from its arenas, where they
+    stay resident once freed (the prefill worker's RSS swings); with the workers' fixed threshold
+    each gets its own mapping, unmapped by its free."""
+    assert _mapped_growth("dynamic") == 0
+    assert _mapped_growth("fixed") >= 2 << 20
