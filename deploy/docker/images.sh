@@ -39,17 +39,20 @@ done
 # Every wheel the image installs, fetched here first through this host's own pip setup (its
 # local indexes, find-links and cache), so the build's pip runs offline (--no-index) and a
 # brand-new machine downloads each wheel once, not once for the host and again in the build.
-# The same three steps as the Dockerfile: torch, the requirements but xgrammar, xgrammar without
-# its dependencies, then those but triton. When any step fails, the build uses the index instead.
+# The same steps as the Dockerfile: torch; the requirements but xgrammar, and the build backend;
+# xgrammar without its dependencies, then those but triton. When any step fails, the build uses
+# the index instead.
 stage_wheels() {
   local req dest=deploy/pip/wheels
   req=$(mktemp -d)
   python3 -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
     > "$req/all.txt" || return 1
   grep -v '^xgrammar' "$req/all.txt" > "$req/others.txt"
+  python3 -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], sep='\n')" \
+    >> "$req/others.txt" || return 1  # NOTE: the project's own build (`pip install .`) runs offline too
   echo "$torch_spec" > "$req/torch.txt"  # NOTE: else `torch>=2.4` resolves to the newest (a CUDA build)
-  download() { python3 -m pip download --quiet --only-binary=:all: --dest "$dest" --find-links "$dest" \
-    --python-version 3.11 --implementation cp --abi cp311 --abi abi3 --abi none -c "$req/torch.txt" "$@"; }  # the image's CPython
+  download() { python3 -m pip download --quiet --log "$req/pip.log" --only-binary=:all: --dest "$dest" --find-links "$dest" \
+    --python-version 3.11 --implementation cp --abi cp311 --abi abi3 --abi none -c "$req/torch.txt" "$@" 2>/dev/null; }  # the image's CPython
   download "$torch_spec" ${torch_index_url:+--index-url "$torch_index_url"} \
     && download pip -r "$req/others.txt" \
     && download --no-deps "$(grep '^xgrammar' "$req/all.txt")" \
@@ -63,15 +66,19 @@ with zipfile.ZipFile(wheel) as z:
 print(*(r for r in reqs if "extra ==" not in r and not r.startswith("triton")), sep="\n")
 PY
   local rc=$?
+  [ $rc = 0 ] || grep -E '^(ERROR|  ERROR)|No matching distribution' "$req/pip.log" | tail -5 >&2
   rm -rf "$req"
   return $rc
 }
+# NOTE: staged once per requirements, torch pin and torch index (kept in COMPLETE): a warm run skips it.
+stamp=$({ cat pyproject.toml; echo "$torch_spec $torch_index_url"; } | sha256sum | cut -c1-16)
 t_wheels=$SECONDS
-if stage_wheels; then
-  touch deploy/pip/wheels/COMPLETE
+if [ "$(cat deploy/pip/wheels/COMPLETE 2>/dev/null)" = "$stamp" ]; then
+  echo "images: the wheels in deploy/pip/wheels are staged for these requirements; the build runs pip offline"
+elif rm -f deploy/pip/wheels/COMPLETE && stage_wheels; then
+  echo "$stamp" > deploy/pip/wheels/COMPLETE
   echo "images: $(ls deploy/pip/wheels/*.whl | wc -l) wheels staged in deploy/pip/wheels in $((SECONDS - t_wheels)) s; the build runs pip offline"
 else
-  rm -f deploy/pip/wheels/COMPLETE
   echo "images: staging wheels failed; the build's pip uses the index"
 fi
 
