@@ -1,6 +1,6 @@
 """What the workers' fixed malloc mmap threshold costs the engine, measured side by side in one run.
 
-    .venv/bin/python bench/malloc.py [--rounds 3] [--threshold-kib 1024]
+    .venv/bin/python bench/malloc.py [--rounds 3] [--threshold-kib 4096]
 
 Two child processes run the same engine workload on the soak's ~22M model (bench/checkpoints.py):
 one with glibc's default (dynamic) mmap threshold, one with the threshold fixed the way workers fix
@@ -55,7 +55,7 @@ def child(model: str, threshold_kib: int, rounds: int) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threshold-kib", type=int, default=1024)
+    ap.add_argument("--threshold-kib", type=int, default=4096, help="the fixed threshold to compare (workers: 4096)")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "THRESHOLD_KIB"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

@@ -47,7 +47,7 @@ class MeshSettings(BaseSettings):
         30.0, "HEAP_TRIM_S", "workers and the KV store hand freed C heap pages back to the OS this often (0 = never)"
     )
     malloc_mmap_threshold_kib: int = mesh_field(
-        1024, "MALLOC_MMAP_THRESHOLD_KIB",
+        4096, "MALLOC_MMAP_THRESHOLD_KIB",
         "workers and the KV store: C allocations of this size or more get their own mapping, returned when freed "
         "(glibc; 0 = glibc's dynamic threshold)",
     )

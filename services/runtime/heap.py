@@ -69,7 +69,9 @@ def fix_mmap_threshold(nbytes: int) -> bool:
     activations (1-32 MiB, a new size for almost every prompt length) come from the arenas. Freed,
     they stay resident until the next `malloc_trim`: the worker's RSS swung ±60 MiB from sample to
     sample around what it held, and the soak's fitted line read the swings as growth. A fixed
-    threshold also switches the dynamic one off (glibc's documented behaviour)."""
+    threshold also switches the dynamic one off (glibc's documented behaviour). Its cost is a
+    fresh mapping's page faults per buffer (bench/malloc.py): 1.4x the engine's CPU time at 1 MiB
+    (a decode batch's KV gathers are 1-4 MiB), within noise at 4 MiB, the workers' default."""
     if _LIBC is None or nbytes <= 0:
         return False
     return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, nbytes))
