@@ -203,7 +203,8 @@ def sim_main(argv: list[str] | None = None) -> int:
         for name in ("kv_aware", "dualmap"):
             if caps.get(name):
                 ratios = [f"{caps[name] / caps[o]:.2f}x {o}" for o in ("round_robin", "prefix_affinity") if caps.get(o)]
-                print(f"# {n} workers: {name} capacity = {', '.join(ratios)}", flush=True)
+                if ratios:
+                    print(f"# {n} workers: {name} capacity = {', '.join(ratios)}", flush=True)
     print(f"# at the same rates: TTFT p90, ITL, goodput (requests/s with TTFT <= {args.slo_ttft_s} s), errors")
     print(DETAIL_HEADER)
     for summary in details:
