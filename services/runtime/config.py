@@ -44,7 +44,7 @@ class MeshSettings(BaseSettings):
         "normal", "CPU_PRIORITY", "OS CPU priority: normal | low (nice 10) | idle (runs only on otherwise idle CPU)"
     )
     heap_trim_s: float = mesh_field(
-        30.0, "HEAP_TRIM_S", "workers and the KV store hand freed C heap pages back to the OS this often (0 = never)"
+        5.0, "HEAP_TRIM_S", "workers and the KV store hand freed C heap pages back to the OS this often (0 = never)"
     )
     malloc_mmap_threshold_kib: int = mesh_field(
         4096, "MALLOC_MMAP_THRESHOLD_KIB",

@@ -71,7 +71,9 @@ def fix_mmap_threshold(nbytes: int) -> bool:
     sample around what it held, and the soak's fitted line read the swings as growth. A fixed
     threshold also switches the dynamic one off (glibc's documented behaviour). Its cost is a
     fresh mapping's page faults per buffer (bench/malloc.py): 1.4x the engine's CPU time at 1 MiB
-    (a decode batch's KV gathers are 1-4 MiB), within noise at 4 MiB, the workers' default."""
+    (a decode batch's KV gathers are 1-4 MiB), within noise at 4 MiB, the workers' default. The
+    buffers below it that still swing are handed back by `trim_heap` every 5 s (`heap_trim_s`; a
+    trim of ~350 MiB free takes ~30 ms, on a thread)."""
     if _LIBC is None or nbytes <= 0:
         return False
     return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, nbytes))
