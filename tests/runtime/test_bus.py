@@ -50,10 +50,21 @@ async def test_a_publisher_beats_when_a_scheduler_asks_at_most_once_per_gap(nats
     async def beat():
         beats.append(True)
 
-    await beat_on_request(worker, beat, min_gap_s=1.0)
+    await beat_on_request(worker, beat, min_gap_s=5.0)
     await worker.client.flush()
-    await request_heartbeats(scheduler, "scheduler-0")
-    assert await _until(lambda: len(beats) == 1)
+
+    async def asked_and_beaten() -> bool:
+        # NOTE: fire-and-forget, as in the mesh (the periodic heartbeats cover a lost one): in two
+        # full-suite runs the first request of this test never arrived (not reproduced alone), so
+        # it asks again until a beat comes; every ask here falls within the gap.
+        await request_heartbeats(scheduler, "scheduler-0")
+        await scheduler.client.flush()
+        return await _until(lambda: len(beats) >= 1, timeout_s=0.5)
+
+    for _ in range(10):
+        if await asked_and_beaten():
+            break
+    assert len(beats) == 1
     await request_heartbeats(scheduler, "scheduler-1")  # within the gap: no second beat
     await scheduler.client.flush()
     await worker.client.flush()
