@@ -6,8 +6,8 @@ Starts `kvmesh up --prefill 0 --decode 1` (gateway, scheduler, one decode worker
 drives it with streamed chat requests from a client in its own process, and reads each mesh
 process's CPU time (user + system, all threads, via psutil) before and after the load. Then runs
 the in-process engine (its own process too) on the same prompt token ids and reads its CPU time
-the same way. Prints CPU µs per output token per process, the mesh total over the engine's, and
-the throughput ratio. CPU time per token is much less sensitive to a loaded machine than wall
+the same way. Prints CPU µs per output token per process (and, inside the decode worker, its engine thread's
+share), the mesh total over the engine's, and the throughput ratio. CPU time per token is much less sensitive to a loaded machine than wall
 time; the throughput ratio is not, so compare it only within one run.
 """
 
@@ -114,6 +114,18 @@ def run_engine(model: str, requests: int, concurrency: int, max_tokens: int) -> 
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _engine_thread_cpu(proc) -> float | None:
+    """CPU time of a worker's engine thread (the OS thread named `*-engine`); None when it has none."""
+    for t in proc.threads():
+        try:
+            comm = Path(f"/proc/{proc.pid}/task/{t.id}/comm").read_text().strip()
+        except OSError:
+            continue
+        if comm.endswith("-engine"):
+            return t.user_time + t.system_time
+    return None
+
+
 def _cpu(proc) -> float:
     t = proc.cpu_times()
     return t.user + t.system
@@ -136,9 +148,12 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
             run_client(mesh.gateway_url, served, 8, 8, 8)  # warm up
             for c in concurrencies:
                 before = {name: _cpu(p) for name, p in procs.items()}
+                engines_before = {name: _engine_thread_cpu(p) for name, p in procs.items()}
                 load = run_client(mesh.gateway_url, served, requests, c, max_tokens)
                 cpu = {name: _cpu(p) - before[name] for name, p in procs.items()}
-                results[c] = {**load, "cpu_s": cpu}
+                engine_cpu = {name: _engine_thread_cpu(p) - engines_before[name] for name, p in procs.items()
+                              if engines_before[name] is not None}
+                results[c] = {**load, "cpu_s": cpu, "engine_thread_cpu_s": engine_cpu}
         finally:
             mesh.stop()
     return results
@@ -156,6 +171,8 @@ def report(c: int, mesh: dict, engine: dict) -> None:
     for name, us in per.items():
         print(f"| {name} | {us:.0f} |")
     print(f"| **mesh total** | **{total:.0f}** |")
+    for name, cpu in sorted(mesh.get("engine_thread_cpu_s", {}).items()):
+        print(f"| {name}: its engine thread | {cpu / tokens * 1e6:.0f} |")
     print(f"| in-process engine, same prompts | {eng:.0f} |")
     decode = sum(us for name, us in per.items() if name.startswith("decode"))
     print(f"mesh total / engine: {total / eng:.2f}x; decode worker above engine: {decode - eng:+.0f} µs; "

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kvmesh.runtime.errors import Unavailable
+from kvmesh.runtime.process import name_os_thread
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -62,6 +63,14 @@ def _dispatch(items: list[tuple[Callable[[Any], None], Any]]) -> None:
             log.exception("delivering an engine output failed")
 
 
+def _run_all(fns: list[Callable[[], Any]]) -> None:
+    for fn in fns:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - one caller's callback must not starve the others
+            log.exception("delivering an engine result failed")
+
+
 class EngineLoop:
     """One thread that owns the engine; see the module docstring.
 
@@ -92,6 +101,7 @@ class EngineLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._commands: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._subs: dict[str, _Subscription] = {}
+        self._held: list[Callable[[], Any]] | None = None  # deliveries held while a batch of commands runs
         self.num_steps = 0
         self.progress = 0  # steps that advanced a request
         self.progress_at = time.monotonic()  # when one last did (or the engine last had nothing to do)
@@ -189,12 +199,30 @@ class EngineLoop:
         self._deliver(fn)
 
     def _deliver(self, fn: Callable[[], Any]) -> None:
+        if self._held is not None:
+            self._held.append(fn)
+            return
         try:
             self._loop.call_soon_threadsafe(fn)
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             pass
 
+    def _run_commands(self, commands: list[Callable[[], None]]) -> None:
+        """Run a batch of commands; their results cross to the event loop in ONE
+        `call_soon_threadsafe` (a burst of arriving requests is one wake-up of the loop, not one each)."""
+        self._held = held = []
+        try:
+            for command in commands:
+                command()
+        finally:
+            self._held = None
+            if len(held) == 1:
+                self._deliver(held[0])
+            elif held:
+                self._deliver(lambda: _run_all(held))
+
     def _run(self) -> None:
+        name_os_thread(self._thread.name)
         while True:
             busy = self.has_work = self.engine.has_unfinished_requests()
             if not busy:
@@ -211,10 +239,12 @@ class EngineLoop:
                     commands.append(self._commands.get_nowait())
             except queue.Empty:
                 pass
-            for command in commands:
-                if command is None:
-                    return
-                command()
+            stop = None in commands
+            if stop:
+                commands = commands[: commands.index(None)]
+            self._run_commands(commands)
+            if stop:
+                return
             if busy or commands:
                 self._step()
 

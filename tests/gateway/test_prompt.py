@@ -103,3 +103,30 @@ def test_tools_and_tool_round_trip_render_through_the_template() -> None:
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in text
     assert "<tool_response>\n4C\n</tool_response>" in text and text.endswith("<|im_start|>assistant")
     assert isinstance(parser_for("auto", QWEN_TOOLS_TEMPLATE), HermesParser)
+
+
+def test_a_small_body_is_tokenized_on_the_event_loop_and_a_large_one_on_a_thread(model: ServedModel) -> None:
+    """A short chat turn costs less to tokenize in place than the hop to a thread; a long prompt
+    must not hold up the loop that serves every other stream."""
+    import asyncio
+    import threading
+
+    from kvmesh.gateway.handlers import INLINE_PREPARE_BYTES, prepare
+
+    threads: list[str] = []
+
+    class Recording:
+        def prepare(self, req, default_max_tokens):
+            threads.append(threading.current_thread().name)
+            return model.prepare(req, default_max_tokens)
+
+    req = parse_chat({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}, Limits(4, 64))
+
+    async def main() -> None:
+        small = await prepare(Recording(), req, 8, INLINE_PREPARE_BYTES)
+        large = await prepare(Recording(), req, 8, INLINE_PREPARE_BYTES + 1)
+        assert small == large == model.prepare(req, 8)
+        assert threads[0] == threading.current_thread().name
+        assert threads[1] != threading.current_thread().name
+
+    asyncio.run(main())

@@ -195,3 +195,41 @@ async def test_a_heartbeat_reports_the_engine_as_it_is_when_published_not_after_
     finally:
         engine.release.set()
         await loop.stop()
+
+
+def test_a_burst_of_commands_wakes_the_event_loop_once_and_every_caller_gets_its_result() -> None:
+    """Commands that wait together on the engine thread (a burst of arriving requests) hand their
+    results to the event loop in one cross-thread call, in order; a failing one fails only its caller."""
+    import threading
+
+    engine = CountingEngine(FakeClock())
+    loop = EngineLoop(engine, sleep=lambda s: None)
+    gate = threading.Event()
+
+    async def main() -> tuple[list, int]:
+        loop.start()
+        crossings = 0
+        real = loop._loop.call_soon_threadsafe
+
+        def counting(fn, *args):
+            nonlocal crossings
+            crossings += 1
+            return real(fn, *args)
+
+        loop._loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        try:
+            loop.call_nowait(lambda e: gate.wait(5))  # holds the engine thread while the burst queues
+            calls = [asyncio.ensure_future(loop.call(lambda e, i=i: i * 10)) for i in range(5)]
+            calls.append(asyncio.ensure_future(loop.call(lambda e: 1 / 0)))
+            await asyncio.sleep(0.05)
+            before = crossings
+            gate.set()
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            return results, crossings - before
+        finally:
+            await loop.stop()
+
+    results, crossings = asyncio.run(main())
+    assert results[:5] == [0, 10, 20, 30, 40]
+    assert isinstance(results[5], ZeroDivisionError)
+    assert crossings == 1
