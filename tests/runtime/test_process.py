@@ -74,3 +74,22 @@ def test_run_service_runs_the_coroutine_on_uvloop():
         return type(asyncio.get_running_loop()).__module__
 
     assert run_service(main()) == uvloop.Loop.__module__
+
+
+def test_a_named_thread_shows_its_name_in_the_os() -> None:
+    """bench/tokcost.py finds a worker's engine thread by the name the OS has for it."""
+    import threading
+    from pathlib import Path
+
+    from kvmesh.runtime.process import name_os_thread
+
+    seen: list[str] = []
+
+    def run() -> None:
+        name_os_thread("decode-engine-and-more")
+        seen.append(Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip())
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert seen == ["decode-engine-a"]  # the kernel keeps 15 bytes
