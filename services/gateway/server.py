@@ -15,6 +15,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kvmesh.runtime.process import freeze_startup_objects
+
 from . import openapi
 from .auth import ApiKeys
 from .backend import Backend
@@ -99,6 +101,7 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         mirror.start()
         context_watch.start()
+        freeze_startup_objects()
         yield
         await context_watch.close()
         await mirror.close()

@@ -14,6 +14,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from .errors import InvalidArgument, ResourceExhausted, status_for
+from .process import freeze_startup_objects
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,8 @@ class GrpcServer:
 
     async def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        if serving:
+            freeze_startup_objects()
         for name in [""] + self.service_names:
             await self.health.set(name, status)
 

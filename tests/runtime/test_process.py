@@ -93,3 +93,26 @@ def test_a_named_thread_shows_its_name_in_the_os() -> None:
     t.start()
     t.join()
     assert seen == ["decode-engine-a"]  # the kernel keeps 15 bytes
+
+
+def test_objects_alive_at_startup_are_frozen_out_of_the_collector_once() -> None:
+    """A full collection must not walk the model and the modules again (a ~100 ms stop of every
+    thread in a decode worker); the freeze happens once, at the first call."""
+    import gc
+    import subprocess
+    import sys
+
+    code = (
+        "import gc\n"
+        "from kvmesh.runtime.process import freeze_startup_objects\n"
+        "startup = [[i] for i in range(50_000)]\n"
+        "assert gc.get_freeze_count() == 0\n"
+        "freeze_startup_objects()\n"
+        "frozen = gc.get_freeze_count()\n"
+        "assert frozen >= 50_000, frozen\n"
+        "later = [[i] for i in range(1000)]\n"
+        "freeze_startup_objects()\n"
+        "assert gc.get_freeze_count() == frozen\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert gc.isenabled()
