@@ -38,9 +38,10 @@ async def _client(url: str, model: str, requests: int, concurrency: int, max_tok
     sem = asyncio.Semaphore(concurrency)
     tokens = 0
     failures = 0
+    chunks = 0  # SSE chunks with content (a slow reader's tokens coalesce, so it can be < tokens)
 
     async def one(client: httpx.AsyncClient, i: int) -> None:
-        nonlocal tokens, failures
+        nonlocal tokens, failures, chunks
         body = {"model": model, "messages": messages(i), "max_tokens": max_tokens, "temperature": 0,
                 "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
         async with sem:
@@ -49,6 +50,8 @@ async def _client(url: str, model: str, requests: int, concurrency: int, max_tok
                 async for line in reply.aiter_lines():
                     if line.startswith("data: {") and '"usage":{' in line:
                         usage = json.loads(line[6:])["usage"]
+                    elif line.startswith('data: {') and '"content":"' in line:
+                        chunks += 1
                 if reply.status_code != 200 or usage is None:
                     failures += 1
                 else:
@@ -59,7 +62,7 @@ async def _client(url: str, model: str, requests: int, concurrency: int, max_tok
         t0 = time.perf_counter()
         await asyncio.gather(*(one(client, i) for i in range(requests)))
         wall = time.perf_counter() - t0
-    return {"tokens": tokens, "wall_s": wall, "failures": failures}
+    return {"tokens": tokens, "wall_s": wall, "failures": failures, "chunks": chunks}
 
 
 def run_client(url: str, model: str, requests: int, concurrency: int, max_tokens: int) -> dict:
@@ -175,6 +178,9 @@ def report(c: int, mesh: dict, engine: dict) -> None:
         print(f"| {name}: its engine thread | {cpu / tokens * 1e6:.0f} |")
     print(f"| in-process engine, same prompts | {eng:.0f} |")
     decode = sum(us for name, us in per.items() if name.startswith("decode"))
+    if mesh.get("chunks"):
+        print(f"SSE content chunks per token: {mesh['chunks'] / tokens:.2f} (below 1: a reader fell behind and its tokens "
+              f"coalesced); gateway CPU per chunk: {mesh['cpu_s']['gateway'] / mesh['chunks'] * 1e6:.0f} µs")
     print(f"mesh total / engine: {total / eng:.2f}x; decode worker above engine: {decode - eng:+.0f} µs; "
           f"throughput mesh {thr_mesh:.0f} tok/s / engine {thr_eng:.0f} tok/s = {thr_mesh / thr_eng:.2f}x")
 
