@@ -37,7 +37,7 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 class RequestFeed:
     """What one request has received and not yet read (merged); `read()` waits for more."""
 
-    __slots__ = ("token_ids", "logprobs", "prompt_logprobs", "finish_reason", "usage", "cached_tokens", "error", "_event")
+    __slots__ = ("token_ids", "logprobs", "prompt_logprobs", "finish_reason", "usage", "cached_tokens", "error", "_waiter")
 
     def __init__(self) -> None:
         self.token_ids: list[int] = []
@@ -47,7 +47,12 @@ class RequestFeed:
         self.usage = None  # common_pb2.Usage on the last delta
         self.cached_tokens: int | None = None
         self.error: StreamFailed | None = None
-        self._event = asyncio.Event()
+        self._waiter: asyncio.Future | None = None  # NOTE: a bare future, made only while a reader waits
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def push(self, delta: decode_pb2.RequestDelta) -> None:
         self.token_ids.extend(delta.token_ids)
@@ -63,19 +68,22 @@ class RequestFeed:
         elif delta.finish_reason:
             self.finish_reason = delta.finish_reason
             self.usage = delta.usage
-        self._event.set()
+        self._wake()
 
     def fail(self, error: StreamFailed) -> None:
         if self.error is None and not self.finish_reason:
             self.error = error
-            self._event.set()
+            self._wake()
 
     async def read(self) -> tuple[list[int], list, str]:
         """(new token ids, their logprobs, finish reason or ""); raises StreamFailed after the
         tokens that came before the failure were read."""
         while not self.token_ids and not self.finish_reason and self.error is None:
-            self._event.clear()
-            await self._event.wait()
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
         tokens, logprobs, self.token_ids, self.logprobs = self.token_ids, self.logprobs, [], []
         if not tokens and self.error is not None:
             raise self.error
