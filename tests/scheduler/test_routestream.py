@@ -203,3 +203,13 @@ async def test_each_route_is_its_own_trace_with_scheduler_route_parented_to_its_
     routes = {s["attributes"]["kvmesh.request_id"]: s for s in spans if s["name"] == "scheduler.route"}
     assert {rid: (s["trace_id"], s["parent_id"]) for rid, s in routes.items()} == parents
     assert not [s for s in spans if s["name"] != "scheduler.route"]  # no span of the stream parents them
+
+
+async def test_a_client_that_half_closes_gets_its_answers_then_the_stream_ends_ok(nats_server):
+    async with mesh(nats_server.url, workers=("d0",), max_num_seqs=1, admission_queue_factor=1.0) as (_app, stub, _stream):
+        call = stub.Routes(timeout=DEADLINE_S)
+        await call.write(scheduler_pb2.RouteStreamRequest(route=scheduler_pb2.StreamedRoute(request=route_request("r1"))))
+        await call.done_writing()
+        out = await call.read()
+        assert (out.request_id, out.route.decode.worker_id) == ("r1", "d0")
+        assert await call.read() is grpc.aio.EOF and await call.code() is grpc.StatusCode.OK
