@@ -289,3 +289,4 @@ async def reconcile(ctx: Session) -> None:
 
 
 from . import scheduleradmission  # noqa: E402, F401 - registers S17, S18 (admission) after S16
+from . import schedulerstream  # noqa: E402, F401 - registers S19 (the Routes stream)

@@ -22,7 +22,11 @@ class GatewaySettings(MeshSettings):
     )
     pool: str = Field("", description="worker pool to route to (empty = the production pool)")
     request_timeout_s: float = Field(600.0, description="deadline of one whole request (Generate stream)")
-    route_timeout_s: float = Field(30.0, description="deadline of one Scheduler.Route call (admission wait included)")
+    route_timeout_s: float = Field(30.0, description="deadline of one route (a Scheduler.Route call or a route on the Routes stream), admission wait included")
+    route_stream: bool = Field(
+        True, description="Route and Complete on one long-lived Scheduler.Routes stream per scheduler replica "
+        "(off: one unary call each, as for a replica that answers the stream UNIMPLEMENTED)"
+    )
     default_max_tokens: int = Field(256, description="max_tokens when the request names none (capped by the context)")
     max_model_len: int = Field(0, description="context length cap in tokens (0 = the model's max_position_embeddings); lowered to what the workers report")
     context_refresh_s: float = Field(2.0, gt=0.0, description="how often the workers' reported max_model_len is read from the scheduler")

@@ -276,14 +276,7 @@ class Generation:
             return
         self._routing = False
         with trace.use_span(self.span, end_on_exit=False):
-            try:
-                await self.backend.scheduler(self._schedulers[-1] if self._schedulers else "").Complete(
-                    scheduler_pb2.CompleteRequest(request_id=self.job.request_id, status=status),
-                    timeout=SIDE_CALL_TIMEOUT_S,
-                    metadata=self._metadata(),
-                )
-            except grpc.aio.AioRpcError as exc:
-                log.warning("Complete(%s) failed: %s", self.job.request_id, exc.code().name)
+            await self.backend.complete(self._schedulers[-1] if self._schedulers else "", self.job.request_id, status)
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         return (*inject_metadata(), ("x-request-id", self.job.request_id))

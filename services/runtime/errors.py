@@ -36,7 +36,8 @@ class ResourceExhausted(MeshError):
 
 
 def status_for(exc: BaseException) -> grpc.StatusCode:
-    """The status an exception maps to: MeshError by class, ValueError as INVALID_ARGUMENT."""
+    """The status an exception maps to: MeshError by class, ValueError as INVALID_ARGUMENT, ...,
+    NotImplementedError as UNIMPLEMENTED."""
     if isinstance(exc, MeshError):
         return exc.code
     if isinstance(exc, ValueError):
@@ -45,4 +46,6 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
         return grpc.StatusCode.NOT_FOUND
     if isinstance(exc, TimeoutError):
         return grpc.StatusCode.DEADLINE_EXCEEDED
+    if isinstance(exc, NotImplementedError):  # e.g. a generated servicer's method nobody overrode
+        return grpc.StatusCode.UNIMPLEMENTED
     return grpc.StatusCode.INTERNAL

@@ -1,10 +1,12 @@
-"""gRPC adapter: Scheduler.Route / Complete / ListWorkers / SetProductionPool."""
+"""gRPC adapter: Scheduler.Route / Complete / Routes / ListWorkers / SetProductionPool."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+
+from opentelemetry.context import Context
 
 from kvmesh.runtime.errors import InvalidArgument, ResourceExhausted, Unavailable
 from kvmesh.runtime.pb import common_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -14,6 +16,7 @@ from . import metrics
 from .admission import AdmissionQueue, QueueFull
 from .registry import Assignment, Role
 from .replicas import ReplicaSet
+from .routestream import RouteStreamSession
 from .router import NoWorkerAvailable, RouteDecision, RouteQuery, Router, validate
 from .split import PoolSplit
 
@@ -37,6 +40,8 @@ class AdmissionGate:
         try:
             await future
         except asyncio.CancelledError:
+            if self._waiters.get(request_id) is future:
+                del self._waiters[request_id]  # NOTE: else every cancelled wait left its future here
             self.release(request_id)
             raise
 
@@ -94,11 +99,27 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.until_synced: Callable[[], Awaitable[None]] | None = None  # start-up sync (sync.py)
 
     async def Route(self, request: scheduler_pb2.RouteRequest, context) -> scheduler_pb2.RouteResponse:  # noqa: ANN001, N802
+        return await self.route(request)
+
+    async def Complete(self, request: scheduler_pb2.CompleteRequest, context) -> scheduler_pb2.CompleteResponse:  # noqa: ANN001, N802
+        if not request.request_id:
+            raise InvalidArgument("request_id is required")
+        self.complete(request.request_id)
+        return scheduler_pb2.CompleteResponse()
+
+    async def Routes(self, request_iterator, context):  # noqa: ANN001, ANN201, N802
+        """Route and Complete multiplexed on one call (routestream.py)."""
+        async for out in RouteStreamSession(self).serve(request_iterator):
+            yield out
+
+    async def route(self, request: scheduler_pb2.RouteRequest, parent: Context | None = None) -> scheduler_pb2.RouteResponse:
+        """One Route, unary or on the stream: validation, start-up sync, admission (may wait),
+        the routing decision. `parent` is the request's trace context (None: the current one)."""
         query = query_from_pb(request)
         validate(query, self.router.block_size)
         if self.until_synced is not None:
             await self.until_synced()
-        with tracer.start_as_current_span("scheduler.route") as span:
+        with tracer.start_as_current_span("scheduler.route", context=parent) as span:
             span.set_attribute("kvmesh.request_id", query.request_id)
             span.set_attribute("kvmesh.policy", self.router.policy.name)
             span.set_attribute("kvmesh.priority", request.priority)
@@ -130,14 +151,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 self.on_routed(query, decision)
             return decision_to_pb(decision, loop.time() - started)
 
-    async def Complete(self, request: scheduler_pb2.CompleteRequest, context) -> scheduler_pb2.CompleteResponse:  # noqa: ANN001, N802
-        if not request.request_id:
-            raise InvalidArgument("request_id is required")
-        assignment = self.router.complete(request.request_id)
-        self.gate.release(request.request_id)
+    def complete(self, request_id: str) -> None:
+        """A routed request ended: its load and admission slot (or queue place) are released."""
+        assignment = self.router.complete(request_id)
+        self.gate.release(request_id)
         if assignment is not None and self.on_completed is not None:
             self.on_completed(assignment)
-        return scheduler_pb2.CompleteResponse()
 
     async def ListWorkers(self, request: scheduler_pb2.ListWorkersRequest, context) -> scheduler_pb2.ListWorkersResponse:  # noqa: ANN001, N802
         return workers_reply(self.router)

@@ -32,8 +32,10 @@ BROKEN = {
     "S17": {"requests": {"Scheduler/Complete": lambda r: changed(r, request_id=f"{r.request_id}-lost")}},
     # a scheduler that keeps a Route queued after its caller's deadline passed or the caller cancelled
     "S18": {"detached": frozenset({"Scheduler/Route"})},
+    # the proxy forwards no bidirectional call: a scheduler without the Routes stream
+    "S19": {},
 }
-ONLY = {"S17": ("S1", "S4", "S17"), "S18": ("S1", "S4", "S18")}
+ONLY = {"S17": ("S1", "S4", "S17"), "S18": ("S1", "S4", "S18"), "S19": ("S1", "S4", "S19")}
 
 
 @pytest.mark.parametrize("clause_id", sorted(BROKEN))

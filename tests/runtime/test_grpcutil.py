@@ -53,6 +53,13 @@ async def test_exceptions_map_to_status_codes(server, request_id, code, message)
     assert info.value.details() == message
 
 
+async def test_a_method_the_servicer_does_not_implement_is_unimplemented_not_internal(server):
+    _, channel = server  # Failing implements Route only: the generated Complete raises NotImplementedError
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await scheduler_pb2_grpc.SchedulerStub(channel).Complete(scheduler_pb2.CompleteRequest(request_id="r"), timeout=5)
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
 async def test_resource_exhausted_carries_retry_after(server):
     _, channel = server
     call = scheduler_pb2_grpc.SchedulerStub(channel).Route(scheduler_pb2.RouteRequest(request_id="full"), timeout=5)

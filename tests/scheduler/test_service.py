@@ -25,8 +25,9 @@ P = hashes("prompt", 6)
 @contextlib.asynccontextmanager
 async def scheduler(nats_url: str, **overrides):
     overrides.setdefault("sync_alone_s", 0.0)  # NOTE: these tests add their workers after the start
+    overrides.setdefault("port", 0)
     settings = SchedulerSettings(
-        nats_url=nats_url, host="127.0.0.1", port=0, metrics_port=0, heartbeat_timeout_s=1.0, **overrides
+        nats_url=nats_url, host="127.0.0.1", metrics_port=0, heartbeat_timeout_s=1.0, **overrides
     )
     app = await SchedulerApp.start(settings)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.port}")

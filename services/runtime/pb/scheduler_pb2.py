@@ -25,13 +25,15 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as kvmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19kvmesh/v1/scheduler.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/common.proto\"\xc3\x01\n\x0cRouteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x19\n\x11num_prompt_tokens\x18\x04 \x01(\r\x12\x14\n\x0c\x62lock_hashes\x18\x05 \x03(\x0c\x12\x12\n\nmax_tokens\x18\x06 \x01(\r\x12\x0c\n\x04pool\x18\x07 \x01(\t\x12\x17\n\x0f\x65xclude_workers\x18\x08 \x03(\t\x12\x10\n\x08priority\x18\t \x01(\x05\"\xe4\x01\n\rRouteResponse\x12$\n\x06\x64\x65\x63ode\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.WorkerRef\x12%\n\x07prefill\x18\x02 \x01(\x0b\x32\x14.kvmesh.v1.WorkerRef\x12\x15\n\rlocal_prefill\x18\x03 \x01(\x08\x12\x1c\n\x14\x64\x65\x63ode_cached_blocks\x18\x04 \x01(\r\x12\x1d\n\x15prefill_cached_blocks\x18\x05 \x01(\r\x12\x0e\n\x06policy\x18\x06 \x01(\t\x12\x0c\n\x04pool\x18\x07 \x01(\t\x12\x14\n\x0cqueue_wait_s\x18\x08 \x01(\x01\"5\n\x0f\x43ompleteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\"\x12\n\x10\x43ompleteResponse\"\x14\n\x12ListWorkersRequest\"\xb5\x02\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12#\n\x04role\x18\x02 \x01(\x0e\x32\x15.kvmesh.v1.WorkerRole\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x0c\n\x04pool\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x13\n\x0bnum_running\x18\x06 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x07 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x08 \x01(\r\x12\x16\n\x0ekv_blocks_free\x18\t \x01(\r\x12\x17\n\x0flast_seen_age_s\x18\n \x01(\x01\x12\x10\n\x08\x64raining\x18\x0b \x01(\x08\x12\x10\n\x08inflight\x18\x0c \x01(\r\x12\x15\n\rmax_model_len\x18\r \x01(\r\x12\x0f\n\x07warming\x18\x0e \x01(\x08\"\x84\x01\n\x13ListWorkersResponse\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.kvmesh.v1.WorkerStatus\x12\x17\n\x0fproduction_pool\x18\x02 \x01(\t\x12\x13\n\x0b\x63\x61nary_pool\x18\x03 \x01(\t\x12\x15\n\rcanary_weight\x18\x04 \x01(\x01\"T\n\x18SetProductionPoolRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x13\n\x0b\x63\x61nary_pool\x18\x02 \x01(\t\x12\x15\n\rcanary_weight\x18\x03 \x01(\x01\"2\n\x19SetProductionPoolResponse\x12\x15\n\rprevious_pool\x18\x01 \x01(\t2\xba\x02\n\tScheduler\x12:\n\x05Route\x12\x17.kvmesh.v1.RouteRequest\x1a\x18.kvmesh.v1.RouteResponse\x12\x43\n\x08\x43omplete\x12\x1a.kvmesh.v1.CompleteRequest\x1a\x1b.kvmesh.v1.CompleteResponse\x12L\n\x0bListWorkers\x12\x1d.kvmesh.v1.ListWorkersRequest\x1a\x1e.kvmesh.v1.ListWorkersResponse\x12^\n\x11SetProductionPool\x12#.kvmesh.v1.SetProductionPoolRequest\x1a$.kvmesh.v1.SetProductionPoolResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19kvmesh/v1/scheduler.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/common.proto\"\xc3\x01\n\x0cRouteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x19\n\x11num_prompt_tokens\x18\x04 \x01(\r\x12\x14\n\x0c\x62lock_hashes\x18\x05 \x03(\x0c\x12\x12\n\nmax_tokens\x18\x06 \x01(\r\x12\x0c\n\x04pool\x18\x07 \x01(\t\x12\x17\n\x0f\x65xclude_workers\x18\x08 \x03(\t\x12\x10\n\x08priority\x18\t \x01(\x05\"\xe4\x01\n\rRouteResponse\x12$\n\x06\x64\x65\x63ode\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.WorkerRef\x12%\n\x07prefill\x18\x02 \x01(\x0b\x32\x14.kvmesh.v1.WorkerRef\x12\x15\n\rlocal_prefill\x18\x03 \x01(\x08\x12\x1c\n\x14\x64\x65\x63ode_cached_blocks\x18\x04 \x01(\r\x12\x1d\n\x15prefill_cached_blocks\x18\x05 \x01(\r\x12\x0e\n\x06policy\x18\x06 \x01(\t\x12\x0c\n\x04pool\x18\x07 \x01(\t\x12\x14\n\x0cqueue_wait_s\x18\x08 \x01(\x01\"5\n\x0f\x43ompleteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\"\x12\n\x10\x43ompleteResponse\"\xc4\x01\n\rStreamedRoute\x12(\n\x07request\x18\x01 \x01(\x0b\x32\x17.kvmesh.v1.RouteRequest\x12\x41\n\rtrace_context\x18\x02 \x03(\x0b\x32*.kvmesh.v1.StreamedRoute.TraceContextEntry\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"v\n\x12RouteStreamRequest\x12)\n\x05route\x18\x01 \x01(\x0b\x32\x18.kvmesh.v1.StreamedRouteH\x00\x12.\n\x08\x63omplete\x18\x02 \x01(\x0b\x32\x1a.kvmesh.v1.CompleteRequestH\x00\x42\x05\n\x03msg\"\x94\x01\n\x13RouteStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x05route\x18\x02 \x01(\x0b\x32\x18.kvmesh.v1.RouteResponse\x12\x12\n\nerror_code\x18\x03 \x01(\x05\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x15\n\rretry_after_s\x18\x05 \x01(\x02\"\x14\n\x12ListWorkersRequest\"\xb5\x02\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12#\n\x04role\x18\x02 \x01(\x0e\x32\x15.kvmesh.v1.WorkerRole\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x0c\n\x04pool\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x13\n\x0bnum_running\x18\x06 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x07 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x08 \x01(\r\x12\x16\n\x0ekv_blocks_free\x18\t \x01(\r\x12\x17\n\x0flast_seen_age_s\x18\n \x01(\x01\x12\x10\n\x08\x64raining\x18\x0b \x01(\x08\x12\x10\n\x08inflight\x18\x0c \x01(\r\x12\x15\n\rmax_model_len\x18\r \x01(\r\x12\x0f\n\x07warming\x18\x0e \x01(\x08\"\x84\x01\n\x13ListWorkersResponse\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.kvmesh.v1.WorkerStatus\x12\x17\n\x0fproduction_pool\x18\x02 \x01(\t\x12\x13\n\x0b\x63\x61nary_pool\x18\x03 \x01(\t\x12\x15\n\rcanary_weight\x18\x04 \x01(\x01\"T\n\x18SetProductionPoolRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x13\n\x0b\x63\x61nary_pool\x18\x02 \x01(\t\x12\x15\n\rcanary_weight\x18\x03 \x01(\x01\"2\n\x19SetProductionPoolResponse\x12\x15\n\rprevious_pool\x18\x01 \x01(\t2\x87\x03\n\tScheduler\x12:\n\x05Route\x12\x17.kvmesh.v1.RouteRequest\x1a\x18.kvmesh.v1.RouteResponse\x12\x43\n\x08\x43omplete\x12\x1a.kvmesh.v1.CompleteRequest\x1a\x1b.kvmesh.v1.CompleteResponse\x12L\n\x0bListWorkers\x12\x1d.kvmesh.v1.ListWorkersRequest\x1a\x1e.kvmesh.v1.ListWorkersResponse\x12^\n\x11SetProductionPool\x12#.kvmesh.v1.SetProductionPoolRequest\x1a$.kvmesh.v1.SetProductionPoolResponse\x12K\n\x06Routes\x12\x1d.kvmesh.v1.RouteStreamRequest\x1a\x1e.kvmesh.v1.RouteStreamResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvmesh.v1.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_STREAMEDROUTE_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_STREAMEDROUTE_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_ROUTEREQUEST']._serialized_start=65
   _globals['_ROUTEREQUEST']._serialized_end=260
   _globals['_ROUTERESPONSE']._serialized_start=263
@@ -40,16 +42,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMPLETEREQUEST']._serialized_end=546
   _globals['_COMPLETERESPONSE']._serialized_start=548
   _globals['_COMPLETERESPONSE']._serialized_end=566
-  _globals['_LISTWORKERSREQUEST']._serialized_start=568
-  _globals['_LISTWORKERSREQUEST']._serialized_end=588
-  _globals['_WORKERSTATUS']._serialized_start=591
-  _globals['_WORKERSTATUS']._serialized_end=900
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=903
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=1035
-  _globals['_SETPRODUCTIONPOOLREQUEST']._serialized_start=1037
-  _globals['_SETPRODUCTIONPOOLREQUEST']._serialized_end=1121
-  _globals['_SETPRODUCTIONPOOLRESPONSE']._serialized_start=1123
-  _globals['_SETPRODUCTIONPOOLRESPONSE']._serialized_end=1173
-  _globals['_SCHEDULER']._serialized_start=1176
-  _globals['_SCHEDULER']._serialized_end=1490
+  _globals['_STREAMEDROUTE']._serialized_start=569
+  _globals['_STREAMEDROUTE']._serialized_end=765
+  _globals['_STREAMEDROUTE_TRACECONTEXTENTRY']._serialized_start=714
+  _globals['_STREAMEDROUTE_TRACECONTEXTENTRY']._serialized_end=765
+  _globals['_ROUTESTREAMREQUEST']._serialized_start=767
+  _globals['_ROUTESTREAMREQUEST']._serialized_end=885
+  _globals['_ROUTESTREAMRESPONSE']._serialized_start=888
+  _globals['_ROUTESTREAMRESPONSE']._serialized_end=1036
+  _globals['_LISTWORKERSREQUEST']._serialized_start=1038
+  _globals['_LISTWORKERSREQUEST']._serialized_end=1058
+  _globals['_WORKERSTATUS']._serialized_start=1061
+  _globals['_WORKERSTATUS']._serialized_end=1370
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=1373
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=1505
+  _globals['_SETPRODUCTIONPOOLREQUEST']._serialized_start=1507
+  _globals['_SETPRODUCTIONPOOLREQUEST']._serialized_end=1591
+  _globals['_SETPRODUCTIONPOOLRESPONSE']._serialized_start=1593
+  _globals['_SETPRODUCTIONPOOLRESPONSE']._serialized_end=1643
+  _globals['_SCHEDULER']._serialized_start=1646
+  _globals['_SCHEDULER']._serialized_end=2037
 # @@protoc_insertion_point(module_scope)

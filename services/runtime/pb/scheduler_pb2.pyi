@@ -60,6 +60,45 @@ class CompleteResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class StreamedRoute(_message.Message):
+    __slots__ = ("request", "trace_context", "timeout_s")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    request: RouteRequest
+    trace_context: _containers.ScalarMap[str, str]
+    timeout_s: float
+    def __init__(self, request: _Optional[_Union[RouteRequest, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class RouteStreamRequest(_message.Message):
+    __slots__ = ("route", "complete")
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    route: StreamedRoute
+    complete: CompleteRequest
+    def __init__(self, route: _Optional[_Union[StreamedRoute, _Mapping]] = ..., complete: _Optional[_Union[CompleteRequest, _Mapping]] = ...) -> None: ...
+
+class RouteStreamResponse(_message.Message):
+    __slots__ = ("request_id", "route", "error_code", "error_message", "retry_after_s")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    route: RouteResponse
+    error_code: int
+    error_message: str
+    retry_after_s: float
+    def __init__(self, request_id: _Optional[str] = ..., route: _Optional[_Union[RouteResponse, _Mapping]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
+
 class ListWorkersRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -55,6 +55,11 @@ class SchedulerStub(object):
                 request_serializer=kvmesh_dot_v1_dot_scheduler__pb2.SetProductionPoolRequest.SerializeToString,
                 response_deserializer=kvmesh_dot_v1_dot_scheduler__pb2.SetProductionPoolResponse.FromString,
                 _registered_method=True)
+        self.Routes = channel.stream_stream(
+                '/kvmesh.v1.Scheduler/Routes',
+                request_serializer=kvmesh_dot_v1_dot_scheduler__pb2.RouteStreamRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_scheduler__pb2.RouteStreamResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer(object):
@@ -90,6 +95,15 @@ class SchedulerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Routes(self, request_iterator, context):
+        """Route and Complete for many requests on one long-lived call (docs/contracts.md, "The Routes
+        stream"): each `route` is answered by one RouteStreamResponse with its request_id, in any
+        order; a `complete` is not answered. Route and Complete above stay served, unchanged.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -112,6 +126,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.SetProductionPool,
                     request_deserializer=kvmesh_dot_v1_dot_scheduler__pb2.SetProductionPoolRequest.FromString,
                     response_serializer=kvmesh_dot_v1_dot_scheduler__pb2.SetProductionPoolResponse.SerializeToString,
+            ),
+            'Routes': grpc.stream_stream_rpc_method_handler(
+                    servicer.Routes,
+                    request_deserializer=kvmesh_dot_v1_dot_scheduler__pb2.RouteStreamRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_scheduler__pb2.RouteStreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -223,6 +242,33 @@ class Scheduler(object):
             '/kvmesh.v1.Scheduler/SetProductionPool',
             kvmesh_dot_v1_dot_scheduler__pb2.SetProductionPoolRequest.SerializeToString,
             kvmesh_dot_v1_dot_scheduler__pb2.SetProductionPoolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Routes(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/kvmesh.v1.Scheduler/Routes',
+            kvmesh_dot_v1_dot_scheduler__pb2.RouteStreamRequest.SerializeToString,
+            kvmesh_dot_v1_dot_scheduler__pb2.RouteStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
