@@ -108,7 +108,7 @@ class Handback:
         turns = [turn for turn in turns if turn.held < len(turn.hashes)]
         if not turns:
             return
-        pinned = await self._loop.call(lambda engine: [engine.pin_cached_blocks(t.tokens, t.held) for t in turns])
+        pinned = await self._loop.call(lambda engine: _pin_all(engine, turns))
         try:
             chains = await asyncio.to_thread(self._encode, pinned, turns)
         finally:
@@ -134,3 +134,16 @@ class Handback:
                                                        block_index=start + i) for i, kv in enumerate(blocks)],
                                 turn.parent_hash))
         return chains
+
+
+def _pin_all(engine, turns: list[Turn]) -> list[list[int]]:  # noqa: ANN001 - the engine, on its thread
+    """Engine thread: pins each turn's cached blocks after its held ones; all or none."""
+    pinned: list[list[int]] = []
+    try:
+        for turn in turns:
+            pinned.append(engine.pin_cached_blocks(turn.tokens, turn.held))
+    except Exception:
+        for ids in pinned:
+            engine.unpin_blocks(ids)
+        raise
+    return pinned
