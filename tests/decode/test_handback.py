@@ -41,29 +41,42 @@ async def worker():
     await app.stop()
 
 
-async def handed_back(worker, store, turns: list[list[int]], pool: ChannelPool) -> Handback:
-    """A Handback of `worker` to `store` given `turns` before it starts (so they wait together)."""
+def handback_of(worker, store, pool: ChannelPool, window_s: float = 0.05) -> Handback:
     spec = worker.worker.spec
     client = ShardedStore(ShardDirectory([Shard("kvstore-test", store.endpoint)]), pool, spec, 5.0)
-    handback = Handback(client, spec, "d-test", worker.loop, worker.loop.engine.hasher)
-    for tokens in turns:
-        assert handback.offer(tokens)
-    handback.start()
+    return Handback(client, spec, "d-test", worker.loop, worker.loop.engine.hasher, window_s=window_s)
+
+
+async def finished(handback: Handback, store) -> None:
     for _ in range(250):
         if handback._queue.empty() and handback.blocks_stored + handback.blocks_skipped and store.store.open_puts == 0:
             break
         await asyncio.sleep(0.02)
     await asyncio.sleep(0.1)
     await handback.close()
+
+
+async def handed_back(worker, store, turns: list[list[int]], pool: ChannelPool) -> Handback:
+    """A Handback of `worker` to `store` given `turns` before it starts (so they wait together)."""
+    handback = handback_of(worker, store, pool)
+    for tokens in turns:
+        assert handback.offer(tokens)
+    handback.start()
+    await finished(handback, store)
     return handback
 
 
-async def test_turns_waiting_together_share_one_put_and_only_missing_blocks_leave(worker, store):
+async def run_turns(worker) -> list[list[int]]:
     turns = []
     async with grpc.aio.insecure_channel(worker.endpoint) as channel:
         for prompt in PROMPTS:
             tokens, _ = await collect(decode_pb2_grpc.DecodeWorkerStub(channel), generate_request(prompt=prompt, max_tokens=4))
             turns.append(prompt + tokens)
+    return turns
+
+
+async def test_turns_waiting_together_share_one_put_and_only_missing_blocks_leave(worker, store):
+    turns = await run_turns(worker)
     hasher = worker.loop.engine.hasher
     chains = [hasher.hashes(t) for t in turns]
     pool = ChannelPool()
@@ -81,3 +94,19 @@ async def test_turns_waiting_together_share_one_put_and_only_missing_blocks_leav
     assert parent[chains[0][1]] == chains[0][0]  # the first block sent follows the one the store held
     assert parent[chains[1][0]] is None and parent[chains[2][0]] is None
     assert all(parent[c[i]] == c[i - 1] for c in chains for i in range(1, len(c)) if c[i] in held)
+
+
+async def test_turns_that_end_within_the_window_join_the_first_ones_put(worker, store):
+    turns = await run_turns(worker)
+    pool = ChannelPool()
+    try:
+        handback = handback_of(worker, store, pool, window_s=0.5)
+        handback.start()
+        assert handback.offer(turns[0])
+        await asyncio.sleep(0.05)  # the hand-back task has taken turn 0 and waits for company
+        assert handback.offer(turns[1]) and handback.offer(turns[2])
+        await finished(handback, store)
+    finally:
+        await pool.close()
+    assert (store.store.counters.lookups, store.store.counters.puts) == (3, 1)
+    assert handback.blocks_stored == len(store.store.held_hashes()) > 0
