@@ -148,18 +148,41 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
         mesh.start(timeout_s=180)
         try:
             procs = {r.spec.name: psutil.Process(r.proc.pid) for r in mesh.procs}
+            store = _store_endpoint(procs)
             run_client(mesh.gateway_url, served, 8, 8, 8)  # warm up
             for c in concurrencies:
-                before = {name: _cpu(p) for name, p in procs.items()}
+                time.sleep(0.5)  # the warm-up's (or the last level's) hand-backs finish
+                before, counts = {name: _cpu(p) for name, p in procs.items()}, _store_counts(store)
                 engines_before = {name: _engine_thread_cpu(p) for name, p in procs.items()}
                 load = run_client(mesh.gateway_url, served, requests, c, max_tokens)
+                time.sleep(0.5)  # hand-backs of the last turns are part of the cost
                 cpu = {name: _cpu(p) - before[name] for name, p in procs.items()}
                 engine_cpu = {name: _engine_thread_cpu(p) - engines_before[name] for name, p in procs.items()
                               if engines_before[name] is not None}
-                results[c] = {**load, "cpu_s": cpu, "engine_thread_cpu_s": engine_cpu}
+                store_delta = {k: v - counts[k] for k, v in _store_counts(store).items()}
+                results[c] = {**load, "cpu_s": cpu, "engine_thread_cpu_s": engine_cpu, "store": store_delta}
         finally:
             mesh.stop()
     return results
+
+
+def _store_endpoint(procs: dict) -> str:
+    """host:port of the mesh's (single) KV store, from its command line; "" when there is none."""
+    argv = procs["kvstore"].cmdline() if "kvstore" in procs else []
+    return f"{argv[argv.index('--host') + 1]}:{argv[argv.index('--port') + 1]}" if "--port" in argv else ""
+
+
+def _store_counts(endpoint: str) -> dict:
+    """The KV store's Lookup and Put counts and blocks held (what the hand-back did)."""
+    if not endpoint:
+        return {}
+    import grpc
+
+    from kvmesh.runtime.pb import kvstore_pb2, kvstore_pb2_grpc
+
+    with grpc.insecure_channel(endpoint) as channel:
+        stats = kvstore_pb2_grpc.KvStoreStub(channel).Stats(kvstore_pb2.StatsRequest(), timeout=10)
+    return {"lookups": stats.lookups, "puts": stats.puts, "blocks": sum(t.blocks for t in stats.tiers)}
 
 
 def report(c: int, mesh: dict, engine: dict) -> None:
@@ -177,6 +200,9 @@ def report(c: int, mesh: dict, engine: dict) -> None:
     for name, cpu in sorted(mesh.get("engine_thread_cpu_s", {}).items()):
         print(f"| {name}: its engine thread | {cpu / tokens * 1e6:.0f} |")
     print(f"| in-process engine, same prompts | {eng:.0f} |")
+    if mesh.get("store"):
+        st = mesh["store"]
+        print(f"KV store: {st['lookups']} Lookups (turns handed back), {st['puts']} Puts, {st['blocks']:+d} blocks held")
     decode = sum(us for name, us in per.items() if name.startswith("decode"))
     if mesh.get("chunks"):
         print(f"SSE content chunks per token: {mesh['chunks'] / tokens:.2f} (below 1: a reader fell behind and its tokens "

@@ -256,7 +256,8 @@ class RecordingStore(kvstore_pb2_grpc.KvStoreServicer):
         frames = [msg async for msg in request_iterator]
         self.puts.append(frames)
         self.put_seen.set()
-        blocks = sum(1 for f in frames if f.WhichOneof("msg") == "block")
+        blocks = sum(1 if f.WhichOneof("msg") == "block" else len(f.blocks.blocks) for f in frames
+                     if f.WhichOneof("msg") in ("block", "blocks"))
         return kvstore_pb2.PutResponse(stored=blocks)
 
     async def Stats(self, request, context):  # noqa: ANN001, N802

@@ -236,6 +236,47 @@ async def lease_pins(ctx: Session) -> None:
     expect(reply.stored == 1, f"after the lease expired the Put stored {reply.stored}")
 
 
+@clause(18, "a `blocks` message stores its blocks as `block` messages would; `new_chain` starts another chain after its parent_hash")
+async def put_batches(ctx: Session) -> None:
+    a_hashes, a_values = ctx.chain(3, "k18a")
+    b_hashes, b_values = ctx.chain(3, "k18b")
+    a = [kvlayout.encode(v, kvlayout.RAW, h, i) for i, (h, v) in enumerate(zip(a_hashes, a_values))]
+    b = [kvlayout.encode(v, kvlayout.RAW, h, i) for i, (h, v) in enumerate(zip(b_hashes, b_values))][1:]  # b1.. after b0
+
+    def stream(*batches: kvstore_pb2.KvBlockBatch, commit: int = 5) -> list[kvstore_pb2.PutMessage]:
+        opened = kvstore_pb2.PutOpen(spec=ctx.spec, producer_id="conform")
+        return [kvstore_pb2.PutMessage(open=opened), *(kvstore_pb2.PutMessage(blocks=x) for x in batches),
+                kvstore_pb2.PutMessage(commit=kvstore_pb2.PutCommit(num_blocks=commit))]
+
+    batches = (kvstore_pb2.KvBlockBatch(blocks=a[:2]), kvstore_pb2.KvBlockBatch(blocks=a[2:]),
+               kvstore_pb2.KvBlockBatch(blocks=b, new_chain=True, parent_hash=b_hashes[0]))
+    await expect_status(ctx.stub.Put(iter(stream(*batches, commit=4)), timeout=10), INVALID, what="commit 4 of 5 batched blocks")
+    bad = kvstore_pb2.KvBlockBatch()
+    bad.CopyFrom(batches[1])
+    bad.blocks[0].header.checksum ^= 1
+    await expect_status(ctx.stub.Put(iter(stream(batches[0], bad, batches[2])), timeout=10), INVALID,
+                        what="a batched block with a wrong checksum")
+    expect((await ctx.lookup(a_hashes)).num_blocks == 0, "blocks of a refused batched Put became visible")
+    reply = await ctx.stub.Put(iter(stream(*batches)), timeout=10)
+    expect((reply.stored, reply.duplicates) == (5, 0), f"batched Put of 5 new blocks answered stored={reply.stored} duplicates={reply.duplicates}")
+    expect((await ctx.lookup(a_hashes)).num_blocks == 3, "the first chain of a batched Put is not found whole")
+    expect((await ctx.lookup(b_hashes[1:])).num_blocks == 2, "the chain a `new_chain` batch started is not found")
+    if ctx.watcher is None or not ctx.worker_id:  # the events part needs NATS and K14's worker id
+        return
+    worker_id = ctx.worker_id
+
+    def parent_of(first: bytes) -> bytes | None:
+        for batch in ctx.watcher.batches.get(worker_id, []):
+            for event in batch.events:
+                if event.WhichOneof("event") == "stored" and event.stored.block_hashes[:1] == [first]:
+                    return event.stored.parent_hash
+        return None
+
+    expect(await wait_for(lambda: parent_of(b_hashes[1]) is not None, 5.0), "the batched blocks never appeared as BlockStored")
+    expect(parent_of(b_hashes[1]) == b_hashes[0], "BlockStored of a `new_chain` batch does not name its parent_hash")
+    expect(parent_of(a_hashes[0]) == b"", "BlockStored of a Put's first chain names a parent it did not have")
+
+
 @clause(17, "drain: SIGTERM → a heartbeat with draining=true and health no longer SERVING")
 async def drain(ctx: Session) -> None:
     await natsclauses.check_drain(ctx, "kvstore")

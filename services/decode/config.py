@@ -17,6 +17,9 @@ class DecodeSettings(WorkerSettings):
     metrics_port: int = Field(9121, description="Prometheus /metrics port (0 = any free port, -1 = off)")
     prefill_timeout_s: float = Field(30.0, description="deadline for a remote Prefill call (then prefill locally)")
     handback_queue: int = Field(16, description="finished turns waiting to be handed to the KV store (more are dropped)")
+    handback_window_s: float = Field(
+        0.05, ge=0.0, description="a finished turn waits this long for others to share its hand-back Put (0 = none)"
+    )
     kvstore_put_timeout_s: float = Field(10.0, description="deadline for one KvStore.Put")
     stream_interval: int = Field(
         1, ge=1, description="token stream: send a request's tokens once this many are pending (its first token and its end at once)"

@@ -102,8 +102,7 @@ class RunningStore:
     async def _ticks(self) -> None:
         while True:
             await asyncio.sleep(self.settings.tick_s)
-            await self.servicer.thread.run(self.store.tick)
-            await self.servicer.after_change()
+            await self.servicer.tick()
 
 
 async def start(settings: KvStoreSettings, metrics: StoreMetrics | None = None) -> RunningStore:

@@ -1,4 +1,7 @@
-"""Two-phase put sessions: blocks are staged, invisible, until commit; abandoned sessions expire."""
+"""Two-phase put sessions: blocks are staged, invisible, until commit; abandoned sessions expire.
+
+A put holds one chain of blocks (consecutive `block_index`, the first after the open's parent),
+or several: `start_chain(parent)` makes the next block start another one after `parent`."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ class PutSession:
     parent: bytes | None
     last_activity: float
     blocks: list[Block] = field(default_factory=list)
+    chains: dict[int, bytes | None] = field(default_factory=dict)  # position in `blocks` -> parent of the chain it starts
 
     @property
     def staged_bytes(self) -> int:
@@ -55,12 +59,21 @@ class PutSessions:
         check_block(session.spec, block)
         if len(session.blocks) >= self.max_blocks:
             raise InvalidArgument(f"put {put_id}: more than {self.max_blocks} blocks in one put")
-        if session.blocks and block.header.block_index != session.blocks[-1].header.block_index + 1:
+        starts_chain = len(session.blocks) in session.chains
+        if session.blocks and not starts_chain and block.header.block_index != session.blocks[-1].header.block_index + 1:
             raise InvalidArgument(
                 f"put {put_id}: block_index {block.header.block_index} does not follow "
                 f"{session.blocks[-1].header.block_index} (blocks must come in sequence order)"
             )
         session.blocks.append(block)
+
+    def start_chain(self, put_id: str, parent: bytes | None, now: float) -> None:
+        """The next block staged starts another chain, after `parent` (None: a first block)."""
+        session = self.get(put_id, now)
+        if len(session.blocks) == 0:
+            session.parent = parent
+        else:
+            session.chains[len(session.blocks)] = parent
 
     def close(self, put_id: str) -> PutSession | None:
         return self._open.pop(put_id, None)

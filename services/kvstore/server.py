@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
+from opentelemetry import trace
 
 from kvmesh.runtime import kvevents
 from kvmesh.runtime.errors import FailedPrecondition, InvalidArgument, MeshError, ResourceExhausted
@@ -17,13 +23,26 @@ from . import codec
 from .blocks import Block, BlockHeader, Encoding, ModelSpec
 from .events import Cleared, Removed, StoreEvent, Stored
 from .metrics import StoreMetrics
+from .results import PutResult
 from .store import BlockStore
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 GET_CHUNK_BLOCKS = 16  # blocks read (from disk) at a time while a Get streams
-STAGE_BATCH = 8  # Put blocks staged per store-thread call (8 x 2 MiB at 8B sizes)
+STAGE_BYTES = 16 * 1024 * 1024  # Put blocks received before the store thread stages them (8 x 2 MiB at 8B sizes)
 EVENTS_PER_BATCH = 512  # keeps a KV event batch far below NATS's 1 MiB payload limit
+
+
+def traced(name: str, **attributes: object) -> AbstractContextManager[trace.Span]:
+    """A span `name` under the caller's trace, or none for a call that carries no trace.
+
+    NOTE: a decode worker's hand-back looks every finished turn up untraced; a root span per such
+    Lookup was ~10% of the store's CPU for the call and belonged to no request's trace."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return nullcontext(trace.INVALID_SPAN)
+    return tracer.start_as_current_span(name, attributes=attributes)
 
 
 def spec_from_pb(pb: common_pb2.ModelSpec) -> ModelSpec:
@@ -68,22 +87,40 @@ def event_to_pb(event: StoreEvent) -> events_pb2.KvEvent:
     return kvevents.cleared()
 
 
+@dataclass(frozen=True, slots=True)
+class ChainStart:
+    """In a Put's staged blocks: the next block starts another chain after `parent_hash`."""
+
+    parent_hash: bytes
+
+
 class EventFeed:
-    """Publishes what the store changed as KV event batches (nowhere when there is no bus)."""
+    """Publishes what the store changed as KV event batches (nowhere when there is no bus).
+
+    The store thread `take`s events as it drains them, in the store's order; `publish` sends them
+    from the event loop, one caller at a time, so batches keep that order."""
 
     def __init__(self, publisher: kvevents.KvEventPublisher | None) -> None:
         self.publisher = publisher
+        self._pending: deque[StoreEvent] = deque()  # NOTE: deque appends and pops are thread-safe
+        self._publishing = asyncio.Lock()
 
     @property
     def seq(self) -> int:
         return self.publisher.seq if self.publisher else 0
 
-    async def flush(self, store: BlockStore, thread: Offload) -> None:
-        events = await thread.run(store.drain_events)
-        if self.publisher is None or not events:
+    def take(self, events: list[StoreEvent]) -> None:
+        """Store thread: queues `events` for the next `publish`."""
+        self._pending.extend(events)
+
+    async def publish(self) -> None:
+        if not self._pending:
             return
-        for start in range(0, len(events), EVENTS_PER_BATCH):
-            await self.publisher.publish([event_to_pb(e) for e in events[start : start + EVENTS_PER_BATCH]])
+        async with self._publishing:
+            while self._pending:
+                chunk = [self._pending.popleft() for _ in range(min(EVENTS_PER_BATCH, len(self._pending)))]
+                if self.publisher is not None:
+                    await self.publisher.publish([event_to_pb(e) for e in chunk])
 
 
 class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
@@ -97,19 +134,38 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
 
     async def after_change(self) -> None:
         """Publishes pending events and refreshes metrics (also called by the periodic tick)."""
-        await self.feed.flush(self.store, self.thread)
-        await self.thread.run(self.metrics.sync, self.store)
+        await self.thread.run(self._settle)
+        await self.feed.publish()
+
+    async def tick(self) -> None:
+        """Expires leases, abandoned puts and idle blocks, then publishes what that changed."""
+        await self.thread.run(self._settled, self.store.tick)
+        await self.feed.publish()
+
+    def _settle(self) -> None:
+        """Store thread: hands the store's new events to the feed and refreshes the metrics."""
+        self.feed.take(self.store.drain_events())
+        self.metrics.sync(self.store)
+
+    def _settled(self, fn: Callable[..., T], *args: object) -> T:
+        """Store thread: `fn(*args)`, then `_settle` (one trip for a call and what it changed)."""
+        try:
+            return fn(*args)
+        finally:
+            self._settle()
 
     def _read_chunk(self, spec: ModelSpec, hashes: list[bytes], encoding: Encoding) -> list[common_pb2.KvBlock]:
         """Store thread: reads blocks (disk included) and converts them to the asked encoding."""
         return [block_to_pb(codec.convert(block, encoding)) for block in self.store.read(spec, hashes)]
 
     async def Lookup(self, request: kvstore_pb2.LookupRequest, context: grpc.aio.ServicerContext) -> kvstore_pb2.LookupResponse:
-        with tracer.start_as_current_span("kvstore.lookup", attributes={"query_blocks": len(request.block_hashes)}) as span:
+        with traced("kvstore.lookup", query_blocks=len(request.block_hashes)) as span:
             try:
-                result = await self.thread.run(self.store.lookup, spec_from_pb(request.spec), list(request.block_hashes), request.lease_s)
+                result = await self.thread.run(
+                    self._settled, self.store.lookup, spec_from_pb(request.spec), list(request.block_hashes), request.lease_s
+                )
             finally:
-                await self.after_change()
+                await self.feed.publish()
             span.set_attribute("hit_blocks", result.num_blocks)
             return kvstore_pb2.LookupResponse(
                 num_blocks=result.num_blocks, lease_id=result.lease_id, lease_expires_in_s=result.expires_in_s
@@ -117,7 +173,7 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
 
     async def Get(self, request: kvstore_pb2.GetRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[common_pb2.KvBlock]:
         hashes = list(request.block_hashes)
-        with tracer.start_as_current_span("kvstore.get", attributes={"blocks": len(hashes)}) as span:
+        with traced("kvstore.get", blocks=len(hashes)) as span:
             spec, encoding = spec_from_pb(request.spec), encoding_from_pb(request.encoding)
             limit = self.store.config.max_blocks_per_put
             if len(hashes) > limit:
@@ -134,8 +190,10 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
                 await self.after_change()
 
     async def Put(self, request_iterator: AsyncIterator[kvstore_pb2.PutMessage], context: grpc.aio.ServicerContext) -> kvstore_pb2.PutResponse:
-        with tracer.start_as_current_span("kvstore.put") as span:
-            put_id, committed, staged = "", False, []
+        """open → `block` or `blocks` messages → commit. Blocks received are staged on the store
+        thread STAGE_BYTES at a time; the rest, the commit and the events it makes take one trip."""
+        with traced("kvstore.put") as span:
+            put_id, committed, staged, staged_bytes = "", False, [], 0
             try:
                 async for message in request_iterator:
                     kind = message.WhichOneof("msg")
@@ -146,15 +204,18 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
                             self.store.open_put, spec_from_pb(message.open.spec), message.open.producer_id,
                             message.open.parent_hash or None,
                         )
-                    elif kind == "block":
-                        # NOTE: staged STAGE_BATCH at a time: one store-thread hop per block cost more
-                        # than the block's own work on small models (a turn's hand-back is ~10 blocks).
-                        staged.append(block_from_pb(message.block))
-                        if len(staged) >= STAGE_BATCH:
-                            staged = await self.thread.run(self._stage, put_id, staged)
+                    elif kind == "block" or kind == "blocks":
+                        # NOTE: staged in bulk: one store-thread trip per block (or per message) cost more
+                        # than the blocks' own work on small models (a turn's hand-back is ~10 blocks).
+                        received = [message.block] if kind == "block" else message.blocks.blocks
+                        if kind == "blocks" and message.blocks.new_chain:
+                            staged.append(ChainStart(message.blocks.parent_hash))
+                        staged.extend(received)
+                        staged_bytes += sum(b.header.byte_length + b.header.scales_length for b in received)
+                        if staged_bytes >= STAGE_BYTES:
+                            staged, staged_bytes = await self.thread.run(self._stage, put_id, staged), 0
                     elif kind == "commit":
-                        staged = await self.thread.run(self._stage, put_id, staged)
-                        result = await self.thread.run(self.store.commit, put_id, message.commit.num_blocks)
+                        result = await self.thread.run(self._settled, self._commit, put_id, staged, message.commit.num_blocks)
                         committed = True
                         span.set_attributes({"stored": result.stored, "duplicates": result.duplicates})
                         return kvstore_pb2.PutResponse(stored=result.stored, duplicates=result.duplicates)
@@ -169,13 +230,21 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
             finally:
                 if put_id and not committed:
                     await self.thread.run(self.store.abort, put_id)
-                await self.after_change()
+                await self.feed.publish()
 
-    def _stage(self, put_id: str, blocks: list) -> list:
-        """Store thread: stages `blocks` in order (the first bad one aborts the put); [] after."""
-        for block in blocks:
-            self.store.stage(put_id, block)
+    def _stage(self, put_id: str, staged: list[common_pb2.KvBlock | ChainStart]) -> list:
+        """Store thread: stages blocks and chain starts in order (the first bad one aborts the put); [] after."""
+        for item in staged:
+            if isinstance(item, ChainStart):
+                self.store.start_chain(put_id, item.parent_hash or None)
+            else:
+                self.store.stage(put_id, block_from_pb(item))
         return []
+
+    def _commit(self, put_id: str, blocks: list[common_pb2.KvBlock | ChainStart], num_blocks: int) -> PutResult:
+        """Store thread: stages the last `blocks` and commits the put."""
+        self._stage(put_id, blocks)
+        return self.store.commit(put_id, num_blocks)
 
     async def Stats(self, request: kvstore_pb2.StatsRequest, context: grpc.aio.ServicerContext) -> kvstore_pb2.StatsResponse:
         c = self.store.counters

@@ -9,6 +9,8 @@
 - Lookup pins the prefix it found under a lease that expires by itself; pinned blocks are never
   dropped for space or idleness (they may still be demoted, and stay readable).
 - Put is two-phase (`puts.py`): staged blocks become visible only on commit; duplicates are ignored.
+  A put is one chain or several (each with its own parent); each block's parent is the block
+  before it in its chain.
 - Every change a subscriber must know is appended to `events` (drained by the shell).
 """
 
@@ -153,6 +155,16 @@ class BlockStore:
             self._puts.close(put_id)
             raise
 
+    def start_chain(self, put_id: str, parent: bytes | None) -> None:
+        """The put's next block starts another chain after `parent`; a bad parent aborts the put."""
+        try:
+            if parent is not None and len(parent) not in (0, HASH_BYTES):
+                raise InvalidArgument(f"parent_hash must be {HASH_BYTES} bytes, got {len(parent)}")
+            self._puts.start_chain(put_id, parent or None, self.clock())
+        except Exception:
+            self._puts.close(put_id)
+            raise
+
     def abort(self, put_id: str) -> None:
         self._puts.close(put_id)
 
@@ -172,7 +184,10 @@ class BlockStore:
                 raise ResourceExhausted(f"put {put_id}: no room while leased blocks are pinned", self.config.lease_s)
         parent, run_parent, run = session.parent, session.parent, []
         stored = duplicates = 0
-        for block in session.blocks:
+        for position, block in enumerate(session.blocks):
+            if position in session.chains:  # another chain starts here
+                self._emit_stored(run, run_parent)
+                parent, run = session.chains[position], []
             key = (namespace, block.header.block_hash)
             held = self.index.get(key)
             if held is not None:

@@ -4,7 +4,9 @@ Every block's owner comes from `kvshards.rank` over the live shards. A shard tha
 costs only its blocks: the prefix ends at its first block, the caller recomputes from there, and
 the directory leaves that shard out until it heartbeats again. Blocks read more than `hot_hits`
 times (counted by this client) are copied to the next `replicas - 1` shards in rendezvous order,
-where lookups go once their owner is gone. No torch: blocks stay protobuf `KvBlock`s here.
+where lookups go once their owner is gone. Puts carry whole chains (`Chain`: a sequence's
+consecutive blocks and the block before them), several per Put, in `blocks` messages of at most
+PUT_MESSAGE_BYTES. No torch: blocks stay protobuf `KvBlock`s here.
 """
 
 from __future__ import annotations
@@ -26,6 +28,15 @@ from .telemetry import inject_metadata
 log = logging.getLogger(__name__)
 
 MAX_HOT_TRACKED = 65_536  # hit counters kept for replication decisions
+PUT_MESSAGE_BYTES = 4 * 1024 * 1024  # block bytes per Put message (a larger block travels alone)
+
+
+@dataclass(slots=True)
+class Chain:
+    """Consecutive blocks of one sequence; `parent_hash` is the block before the first (empty: none)."""
+
+    blocks: list[common_pb2.KvBlock]
+    parent_hash: bytes = b""
 
 
 @dataclass(slots=True)
@@ -49,11 +60,17 @@ class ShardedStore:
         self.replicated = 0
         self.failures = 0  # calls a shard failed
         self._channels = channels
+        self._stubs: dict[str, tuple[grpc.aio.Channel, kvstore_pb2_grpc.KvStoreStub]] = {}  # endpoint -> (channel, stub)
         self._hits: Counter[bytes] = Counter()
         self._background: set[asyncio.Task] = set()
 
     def _stub(self, shard: Shard) -> kvstore_pb2_grpc.KvStoreStub:
-        return kvstore_pb2_grpc.KvStoreStub(self._channels.get(shard.endpoint))
+        """The shard's stub, made once per channel (a channel the pool replaced gets a new one)."""
+        channel = self._channels.get(shard.endpoint)
+        cached = self._stubs.get(shard.endpoint)
+        if cached is None or cached[0] is not channel:
+            cached = self._stubs[shard.endpoint] = (channel, kvstore_pb2_grpc.KvStoreStub(channel))
+        return cached[1]
 
     def _failed(self, shard: Shard, call: str, exc: Exception) -> None:
         self.failures += 1
@@ -114,25 +131,33 @@ class ShardedStore:
         self._count_hits(blocks)
         return blocks
 
-    async def put(self, producer_id: str, blocks: Sequence[common_pb2.KvBlock]) -> tuple[int, int]:
-        """Puts each block to its owner shard (one two-phase Put per shard); (stored, duplicates)."""
+    async def put(self, producer_id: str, blocks: Sequence[common_pb2.KvBlock], parent_hash: bytes = b"") -> tuple[int, int]:
+        """Puts consecutive `blocks` of one sequence (`parent_hash`: the block before the first,
+        empty for none) to their owner shards; (stored, duplicates)."""
+        return await self.put_chains(producer_id, [Chain(list(blocks), parent_hash)])
+
+    async def put_chains(self, producer_id: str, chains: Sequence[Chain]) -> tuple[int, int]:
+        """Puts the blocks of several sequences with one two-phase Put per owner shard; (stored,
+        duplicates). A shard's share of a sequence goes as chains of contiguous blocks, each with
+        the block before it as parent."""
         shards = self.directory.shards()
         if not shards:
             return 0, 0
-        groups = split_by_owner([b.header.block_hash for b in blocks], shards)
-        results = await asyncio.gather(*(self._put_to(s, producer_id, [blocks[i] for i in p]) for s, p in groups.items()))
+        by_shard: dict[Shard, list[Chain]] = {}
+        for chain in chains:
+            if not chain.blocks:
+                continue
+            groups = split_by_owner([b.header.block_hash for b in chain.blocks], shards)
+            for shard, positions in groups.items():
+                by_shard.setdefault(shard, []).extend(_runs(chain, positions))
+        results = await asyncio.gather(*(self._put_to(s, producer_id, runs) for s, runs in by_shard.items()))
         return sum(r[0] for r in results), sum(r[1] for r in results)
 
-    async def _put_to(self, shard: Shard, producer_id: str, blocks: list[common_pb2.KvBlock]) -> tuple[int, int]:
-        messages = [kvstore_pb2.PutMessage(open=kvstore_pb2.PutOpen(spec=self.spec, producer_id=producer_id))]
-        for i, block in enumerate(blocks):
-            copy = common_pb2.KvBlock()
-            copy.CopyFrom(block)
-            copy.header.block_index = i
-            messages.append(kvstore_pb2.PutMessage(block=copy))
-        messages.append(kvstore_pb2.PutMessage(commit=kvstore_pb2.PutCommit(num_blocks=len(blocks))))
+    async def _put_to(self, shard: Shard, producer_id: str, chains: list[Chain]) -> tuple[int, int]:
         try:
-            reply = await self._stub(shard).Put(iter(messages), timeout=self.put_timeout_s, metadata=inject_metadata())
+            reply = await self._stub(shard).Put(
+                iter(put_messages(self.spec, producer_id, chains)), timeout=self.put_timeout_s, metadata=inject_metadata()
+            )
         except (grpc.aio.AioRpcError, MeshError) as exc:
             self._failed(shard, "Put", exc)
             return 0, 0
@@ -162,5 +187,53 @@ class ShardedStore:
             for shard in rank(block.header.block_hash, shards)[1 : self.replicas]:
                 by_shard.setdefault(shard, []).append(block)
         for shard, copies in by_shard.items():
-            stored, _ = await self._put_to(shard, "replica", copies)
+            stored, _ = await self._put_to(shard, "replica", [Chain(_renumbered(copies))])
             self.replicated += stored
+
+
+def put_messages(spec: common_pb2.ModelSpec, producer_id: str, chains: Sequence[Chain],
+                 max_bytes: int = PUT_MESSAGE_BYTES) -> list[kvstore_pb2.PutMessage]:
+    """One Put stream: open (with the first chain's parent), each chain's blocks in `blocks`
+    messages of at most `max_bytes` block bytes (a larger block travels alone; a later chain's
+    first message has `new_chain`), then a commit of them all."""
+    opened = kvstore_pb2.PutOpen(spec=spec, producer_id=producer_id, parent_hash=chains[0].parent_hash if chains else b"")
+    messages = [kvstore_pb2.PutMessage(open=opened)]
+    for n, chain in enumerate(chains):
+        batch = kvstore_pb2.KvBlockBatch(new_chain=n > 0, parent_hash=chain.parent_hash if n > 0 else b"")
+        size = 0
+        for block in chain.blocks:
+            nbytes = block.header.byte_length + block.header.scales_length
+            if batch.blocks and size + nbytes > max_bytes:
+                messages.append(kvstore_pb2.PutMessage(blocks=batch))
+                batch, size = kvstore_pb2.KvBlockBatch(), 0
+            batch.blocks.append(block)
+            size += nbytes
+        if batch.blocks:
+            messages.append(kvstore_pb2.PutMessage(blocks=batch))
+    total = sum(len(c.blocks) for c in chains)
+    messages.append(kvstore_pb2.PutMessage(commit=kvstore_pb2.PutCommit(num_blocks=total)))
+    return messages
+
+
+def _runs(chain: Chain, positions: list[int]) -> list[Chain]:
+    """`chain`'s blocks at `positions` (ascending) as chains of contiguous blocks, each with its parent."""
+    runs: list[Chain] = []
+    last = -2
+    for i in positions:
+        if i == last + 1:
+            runs[-1].blocks.append(chain.blocks[i])
+        else:
+            runs.append(Chain([chain.blocks[i]], chain.blocks[i - 1].header.block_hash if i else chain.parent_hash))
+        last = i
+    return runs
+
+
+def _renumbered(blocks: list[common_pb2.KvBlock]) -> list[common_pb2.KvBlock]:
+    """Copies numbered 0.. (hot blocks replicated from anywhere: their parents are not known)."""
+    copies = []
+    for i, block in enumerate(blocks):
+        copy = common_pb2.KvBlock()
+        copy.CopyFrom(block)
+        copy.header.block_index = i
+        copies.append(copy)
+    return copies

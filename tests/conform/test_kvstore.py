@@ -44,15 +44,24 @@ def _flip(block):  # noqa: ANN001, ANN202
     return out
 
 
+def _one_chain(message):  # noqa: ANN001, ANN202 - a store that ignores `new_chain`
+    if message.WhichOneof("msg") != "blocks" or not message.blocks.new_chain:
+        return message
+    out = changed(message)
+    out.blocks.new_chain, out.blocks.parent_hash = False, b""
+    return out
+
+
 BROKEN = {
     "K5": {"replies": {"KvStore/Put": lambda r: changed(r, stored=r.stored + r.duplicates, duplicates=0)}},
     "K9": {"replies": {"KvStore/Get": _corrupt_raw}},
+    "K18": {"requests": {"KvStore/Put": _one_chain}},
 }
 
 
 @pytest.mark.parametrize("clause_id", sorted(BROKEN))
 async def test_broken_store_fails_the_clause(store, nats, clause_id: str) -> None:  # noqa: ANN001
-    results = await broken_suite("kvstore", store[1], ("K1", "K2", "K5", "K9", "K10"), BROKEN[clause_id], nats=nats.url)
+    results = await broken_suite("kvstore", store[1], ("K1", "K2", "K5", "K9", "K10", "K18"), BROKEN[clause_id], nats=nats.url)
     assert_fails_only(results, clause_id)
 
 

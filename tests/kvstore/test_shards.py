@@ -11,12 +11,12 @@ from kvmesh.kvstore.main import start
 from kvmesh.kvstore.metrics import StoreMetrics
 from kvmesh.kvstore.server import block_to_pb
 from kvmesh.runtime.grpcutil import ChannelPool
-from kvmesh.runtime.kvshardclient import ShardedStore
+from kvmesh.runtime.kvshardclient import Chain, ShardedStore
 from kvmesh.runtime.kvshards import Shard, ShardDirectory, contiguous_prefix, rank, split_by_owner
 from kvmesh.runtime.pb import common_pb2, events_pb2
 
 from ..fakeclock import FakeClock
-from .conftest import chain, h
+from .conftest import SPEC, chain, h
 from .test_server import SPEC_PB, settings
 
 SHARDS = [Shard(f"kvstore-{i}", f"127.0.0.1:{i}") for i in range(4)]
@@ -99,6 +99,19 @@ async def test_blocks_spread_over_shards_and_a_lookup_fans_out_and_gets_them_bac
     assert found.num_blocks == 24
     got = await store.get(hashes, 5, found, common_pb2.KV_ENCODING_RAW)
     assert [b.data for b in got] == [b.data for b in blocks[5:]]
+
+
+async def test_each_shard_gets_its_share_as_chains_linked_to_the_true_parents(shards):
+    running, pool = shards
+    store, directory = client(running, pool)
+    turns = [Chain([block_to_pb(b) for b in chain(*NAMES[:12])], h("p")),
+             Chain([block_to_pb(b) for b in chain(*NAMES[12:], start=12)], h(NAMES[11]))]
+    assert await store.put_chains("t", turns) == (24, 0)
+    assert sum(s.store.counters.puts for s in running) == 3  # one Put per shard for both turns
+    parents = [h("p")] + [h(n) for n in NAMES[:-1]]
+    for name, parent in zip(NAMES, parents):
+        owner = next(s for s in running if s.store_id == directory.owners(h(name))[0].shard_id)
+        assert owner.store.index.get((SPEC.namespace, h(name))).parent == parent
 
 
 async def test_a_dead_shard_costs_only_its_blocks(shards):

@@ -255,3 +255,39 @@ def test_duplicates_are_ignored_and_events_describe_the_new_chain(clock):
     result = put(store, chain("a1", "a2", "a3"))
     assert (result.stored, result.duplicates) == (1, 2)
     assert store.drain_events() == [Stored(hashes("a1", "a2"), h("x")), Stored(hashes("a3"), h("a2"))]
+
+
+def test_a_put_of_several_chains_links_each_to_its_own_parent(clock):
+    store = make_store(clock, memory_blocks=8)
+    put(store, chain("b1"))
+    store.drain_events()
+    put_id = store.open_put(SPEC, "test", h("x"))
+    for b in chain("a1", "a2"):
+        store.stage(put_id, b)
+    store.start_chain(put_id, h("b1"))
+    for b in chain("b1", "b2", start=4):  # another turn: block_index starts afresh, b1 is held
+        store.stage(put_id, b)
+    store.start_chain(put_id, None)
+    store.stage(put_id, block("c1", 9))
+    result = store.commit(put_id, 5)
+    assert (result.stored, result.duplicates) == (4, 1)
+    assert store.drain_events() == [Stored(hashes("a1", "a2"), h("x")), Stored(hashes("b2"), h("b1")), Stored(hashes("c1"), None)]
+    parents = {n: store.index.get((SPEC.namespace, h(n))).parent for n in ("a1", "a2", "b2", "c1")}
+    assert parents == {"a1": h("x"), "a2": h("a1"), "b2": h("b1"), "c1": None}
+
+
+def test_within_a_chain_blocks_still_come_in_order_and_a_bad_parent_aborts_the_put(clock):
+    store = make_store(clock)
+    put_id = store.open_put(SPEC, "test")
+    store.stage(put_id, block("a1", 0))
+    store.start_chain(put_id, h("x"))
+    store.stage(put_id, block("b1", 5))
+    with pytest.raises(InvalidArgument, match="does not follow"):
+        store.stage(put_id, block("b2", 7))
+    put_id = store.open_put(SPEC, "test")
+    store.stage(put_id, block("a1", 0))
+    with pytest.raises(InvalidArgument, match="parent_hash"):
+        store.start_chain(put_id, b"short")
+    with pytest.raises(FailedPrecondition):
+        store.commit(put_id, 1)
+    assert store.lookup(SPEC, hashes("a1")).num_blocks == 0

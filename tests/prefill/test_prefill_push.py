@@ -117,6 +117,8 @@ class FakeStore(kvstore_pb2_grpc.KvStoreServicer):
         async for msg in request_iterator:
             if msg.WhichOneof("msg") == "block":
                 staged.append(msg.block)
+            elif msg.WhichOneof("msg") == "blocks":
+                staged.extend(msg.blocks.blocks)
             elif msg.WhichOneof("msg") == "commit":
                 for b in staged:
                     self.blocks[b.header.block_hash] = b

@@ -54,15 +54,27 @@ class PutCommit(_message.Message):
     num_blocks: int
     def __init__(self, num_blocks: _Optional[int] = ...) -> None: ...
 
+class KvBlockBatch(_message.Message):
+    __slots__ = ("blocks", "new_chain", "parent_hash")
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NEW_CHAIN_FIELD_NUMBER: _ClassVar[int]
+    PARENT_HASH_FIELD_NUMBER: _ClassVar[int]
+    blocks: _containers.RepeatedCompositeFieldContainer[_common_pb2.KvBlock]
+    new_chain: bool
+    parent_hash: bytes
+    def __init__(self, blocks: _Optional[_Iterable[_Union[_common_pb2.KvBlock, _Mapping]]] = ..., new_chain: bool = ..., parent_hash: _Optional[bytes] = ...) -> None: ...
+
 class PutMessage(_message.Message):
-    __slots__ = ("open", "block", "commit")
+    __slots__ = ("open", "block", "commit", "blocks")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
     open: PutOpen
     block: _common_pb2.KvBlock
     commit: PutCommit
-    def __init__(self, open: _Optional[_Union[PutOpen, _Mapping]] = ..., block: _Optional[_Union[_common_pb2.KvBlock, _Mapping]] = ..., commit: _Optional[_Union[PutCommit, _Mapping]] = ...) -> None: ...
+    blocks: KvBlockBatch
+    def __init__(self, open: _Optional[_Union[PutOpen, _Mapping]] = ..., block: _Optional[_Union[_common_pb2.KvBlock, _Mapping]] = ..., commit: _Optional[_Union[PutCommit, _Mapping]] = ..., blocks: _Optional[_Union[KvBlockBatch, _Mapping]] = ...) -> None: ...
 
 class PutResponse(_message.Message):
     __slots__ = ("stored", "duplicates")

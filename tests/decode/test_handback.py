@@ -1,0 +1,112 @@
+"""Hand-back of finished turns to a real KV store: only the blocks it lacks, chained to the block
+before them, and turns that wait together in one Put."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry
+
+from kvmesh.decode.handback import Handback
+from kvmesh.decode.main import start
+from kvmesh.kvstore.config import KvStoreSettings
+from kvmesh.kvstore.main import start as start_store
+from kvmesh.kvstore.metrics import StoreMetrics
+from kvmesh.runtime.grpcutil import ChannelPool
+from kvmesh.runtime.kvshardclient import ShardedStore
+from kvmesh.runtime.kvshards import Shard, ShardDirectory
+from kvmesh.runtime.pb import decode_pb2_grpc
+
+from .helpers import BLOCK_SIZE, PROMPT, collect, decode_settings, generate_request
+
+pytestmark = pytest.mark.timeout(120)
+PROMPTS = [PROMPT, [7, 8, 9, 10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 24, 25, 26, 27]]
+
+
+@pytest.fixture
+async def store():
+    running = await start_store(KvStoreSettings(host="127.0.0.1", port=0, metrics_port=-1, nats=False, block_size=BLOCK_SIZE,
+                                                store_id="kvstore-test"), StoreMetrics(CollectorRegistry()))
+    yield running
+    await running.stop()
+
+
+@pytest.fixture
+async def worker():
+    """A decode worker without a store of its own: the test hands its turns back itself."""
+    app = await start(decode_settings())
+    yield app
+    await app.stop()
+
+
+def handback_of(worker, store, pool: ChannelPool, window_s: float = 0.05) -> Handback:
+    spec = worker.worker.spec
+    client = ShardedStore(ShardDirectory([Shard("kvstore-test", store.endpoint)]), pool, spec, 5.0)
+    return Handback(client, spec, "d-test", worker.loop, worker.loop.engine.hasher, window_s=window_s)
+
+
+async def finished(handback: Handback, store) -> None:
+    for _ in range(250):
+        if handback._queue.empty() and handback.blocks_stored + handback.blocks_skipped and store.store.open_puts == 0:
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.1)
+    await handback.close()
+
+
+async def handed_back(worker, store, turns: list[list[int]], pool: ChannelPool) -> Handback:
+    """A Handback of `worker` to `store` given `turns` before it starts (so they wait together)."""
+    handback = handback_of(worker, store, pool)
+    for tokens in turns:
+        assert handback.offer(tokens)
+    handback.start()
+    await finished(handback, store)
+    return handback
+
+
+async def run_turns(worker) -> list[list[int]]:
+    turns = []
+    async with grpc.aio.insecure_channel(worker.endpoint) as channel:
+        for prompt in PROMPTS:
+            tokens, _ = await collect(decode_pb2_grpc.DecodeWorkerStub(channel), generate_request(prompt=prompt, max_tokens=4))
+            turns.append(prompt + tokens)
+    return turns
+
+
+async def test_turns_waiting_together_share_one_put_and_only_missing_blocks_leave(worker, store):
+    turns = await run_turns(worker)
+    hasher = worker.loop.engine.hasher
+    chains = [hasher.hashes(t) for t in turns]
+    pool = ChannelPool()
+    try:
+        first = await handed_back(worker, store, [turns[0][:BLOCK_SIZE]], pool)  # the store holds turn 0's first block
+        assert (first.blocks_stored, store.store.counters.puts) == (1, 1)
+        handback = await handed_back(worker, store, turns, pool)
+    finally:
+        await pool.close()
+    held = set(store.store.held_hashes())
+    assert handback.blocks_skipped == 1 and store.store.counters.puts == 2  # three turns, one more Put
+    assert handback.blocks_stored == len(held) - 1 and all(c[0] in held for c in chains)
+    namespace = next(iter(store.store.index.entries))[0]
+    parent = {x: store.store.index.get((namespace, x)).parent for x in held}
+    assert parent[chains[0][1]] == chains[0][0]  # the first block sent follows the one the store held
+    assert parent[chains[1][0]] is None and parent[chains[2][0]] is None
+    assert all(parent[c[i]] == c[i - 1] for c in chains for i in range(1, len(c)) if c[i] in held)
+
+
+async def test_turns_that_end_within_the_window_join_the_first_ones_put(worker, store):
+    turns = await run_turns(worker)
+    pool = ChannelPool()
+    try:
+        handback = handback_of(worker, store, pool, window_s=0.5)
+        handback.start()
+        assert handback.offer(turns[0])
+        await asyncio.sleep(0.05)  # the hand-back task has taken turn 0 and waits for company
+        assert handback.offer(turns[1]) and handback.offer(turns[2])
+        await finished(handback, store)
+    finally:
+        await pool.close()
+    assert (store.store.counters.lookups, store.store.counters.puts) == (3, 1)
+    assert handback.blocks_stored == len(store.store.held_hashes()) > 0
