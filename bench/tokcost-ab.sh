@@ -1,10 +1,10 @@
 #!/bin/bash
-# bench/tokcost.py from another checkout ("before") and from this one ("after"), alternating.
+# This checkout's bench/tokcost.py on another checkout's kvmesh ("before") and on this one ("after"), alternating.
 #
 #   ROUNDS=2 bench/tokcost-ab.sh /path/to/before-checkout [tokcost.py args]
 #
 # The before side runs its own `kvmesh` package (put first on PYTHONPATH) with this checkout's
-# virtualenv. BLOCK_HTTPTOOLS=1 hides httptools from it, so its uvicorn runs on h11 the way a
+# virtualenv and this checkout's bench/tokcost.py, so both sides are measured the same way. BLOCK_HTTPTOOLS=1 hides httptools from it, so its uvicorn runs on h11 the way a
 # checkout without the httptools dependency did. Run from this checkout's root.
 set -euo pipefail
 before=$(cd "$1" && pwd); shift
@@ -16,7 +16,7 @@ if [ "${BLOCK_HTTPTOOLS:-0}" = 1 ]; then
 fi
 for round in $(seq 1 "${ROUNDS:-1}"); do
   echo "=== before, round $round: $(uptime)"
-  PYTHONPATH="$path" nice -n 5 .venv/bin/python "$before/bench/tokcost.py" "$@"
+  PYTHONPATH="$path" nice -n 5 .venv/bin/python bench/tokcost.py "$@"
   echo "=== after, round $round: $(uptime)"
   nice -n 5 .venv/bin/python bench/tokcost.py "$@"
 done
