@@ -109,4 +109,6 @@ async def test_turns_that_end_within_the_window_join_the_first_ones_put(worker, 
     finally:
         await pool.close()
     assert (store.store.counters.lookups, store.store.counters.puts) == (3, 1)
+    assert store.store.counters.lookup_calls == 1  # one LookupChains for the three turns
+    assert store.store.active_leases == 0  # a hand-back's lookup pins nothing
     assert handback.blocks_stored == len(store.store.held_hashes()) > 0
