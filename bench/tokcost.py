@@ -173,7 +173,7 @@ def _store_endpoint(procs: dict) -> str:
 
 
 def _store_counts(endpoint: str) -> dict:
-    """The KV store's Lookup and Put counts and blocks held (what the hand-back did)."""
+    """The KV store's Lookup (chains looked up, and calls) and Put counts and blocks held (what the hand-back did)."""
     if not endpoint:
         return {}
     import grpc
@@ -182,7 +182,8 @@ def _store_counts(endpoint: str) -> dict:
 
     with grpc.insecure_channel(endpoint) as channel:
         stats = kvstore_pb2_grpc.KvStoreStub(channel).Stats(kvstore_pb2.StatsRequest(), timeout=10)
-    return {"lookups": stats.lookups, "puts": stats.puts, "blocks": sum(t.blocks for t in stats.tiers)}
+    return {"lookups": stats.lookups, "lookup_calls": stats.lookup_calls, "puts": stats.puts,
+            "blocks": sum(t.blocks for t in stats.tiers)}
 
 
 def report(c: int, mesh: dict, engine: dict) -> None:
@@ -202,7 +203,8 @@ def report(c: int, mesh: dict, engine: dict) -> None:
     print(f"| in-process engine, same prompts | {eng:.0f} |")
     if mesh.get("store"):
         st = mesh["store"]
-        print(f"KV store: {st['lookups']} Lookups (turns handed back), {st['puts']} Puts, {st['blocks']:+d} blocks held")
+        print(f"KV store: {st['lookups']} Lookups (turns handed back) in {st['lookup_calls']} calls, {st['puts']} Puts, "
+              f"{st['blocks']:+d} blocks held")
     decode = sum(us for name, us in per.items() if name.startswith("decode"))
     if mesh.get("chunks"):
         print(f"SSE content chunks per token: {mesh['chunks'] / tokens:.2f} (below 1: a reader fell behind and its tokens "
