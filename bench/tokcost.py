@@ -173,7 +173,7 @@ def _store_endpoint(procs: dict) -> str:
 
 
 def _store_counts(endpoint: str) -> dict:
-    """The KV store's Lookup and Put counts and blocks held (what the hand-back did)."""
+    """The KV store's Lookup (chains looked up, and calls) and Put counts and blocks held (what the hand-back did)."""
     if not endpoint:
         return {}
     import grpc
@@ -182,7 +182,10 @@ def _store_counts(endpoint: str) -> dict:
 
     with grpc.insecure_channel(endpoint) as channel:
         stats = kvstore_pb2_grpc.KvStoreStub(channel).Stats(kvstore_pb2.StatsRequest(), timeout=10)
-    return {"lookups": stats.lookups, "puts": stats.puts, "blocks": sum(t.blocks for t in stats.tiers)}
+    counts = {"lookups": stats.lookups, "puts": stats.puts, "blocks": sum(t.blocks for t in stats.tiers)}
+    if hasattr(stats, "lookup_calls"):  # NOTE: tokcost-ab.sh runs this file on older kvmesh checkouts too
+        counts["lookup_calls"] = stats.lookup_calls
+    return counts
 
 
 def report(c: int, mesh: dict, engine: dict) -> None:
@@ -202,7 +205,8 @@ def report(c: int, mesh: dict, engine: dict) -> None:
     print(f"| in-process engine, same prompts | {eng:.0f} |")
     if mesh.get("store"):
         st = mesh["store"]
-        print(f"KV store: {st['lookups']} Lookups (turns handed back), {st['puts']} Puts, {st['blocks']:+d} blocks held")
+        calls = f" in {st['lookup_calls']} calls" if "lookup_calls" in st else ""
+        print(f"KV store: {st['lookups']} Lookups (turns handed back){calls}, {st['puts']} Puts, {st['blocks']:+d} blocks held")
     decode = sum(us for name, us in per.items() if name.startswith("decode"))
     if mesh.get("chunks"):
         print(f"SSE content chunks per token: {mesh['chunks'] / tokens:.2f} (below 1: a reader fell behind and its tokens "

@@ -244,9 +244,15 @@ class RecordingStore(kvstore_pb2_grpc.KvStoreServicer):
     def __init__(self) -> None:
         self.puts: list[list[kvstore_pb2.PutMessage]] = []
         self.put_seen = asyncio.Event()
+        self.lookups: list[str] = []  # "Lookup" or "LookupChains", a call each
 
     async def Lookup(self, request, context):  # noqa: ANN001, N802
+        self.lookups.append("Lookup")
         return kvstore_pb2.LookupResponse(num_blocks=0)
+
+    async def LookupChains(self, request, context):  # noqa: ANN001, N802
+        self.lookups.append("LookupChains")
+        return kvstore_pb2.LookupChainsResponse(chains=[kvstore_pb2.LookupResponse() for _ in request.chains])
 
     async def Get(self, request, context):  # noqa: ANN001, N802
         await context.abort(grpc.StatusCode.NOT_FOUND, "this double holds no blocks")

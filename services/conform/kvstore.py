@@ -277,6 +277,39 @@ async def put_batches(ctx: Session) -> None:
     expect(parent_of(a_hashes[0]) == b"", "BlockStored of a Put's first chain names a parent it did not have")
 
 
+@clause(19, "LookupChains (optional): each chain answered as its own Lookup would be, in order; lease_s < 0 leases "
+            "nothing; bad input INVALID_ARGUMENT")
+async def lookup_chains(ctx: Session) -> None:
+    expect(ctx.stored, "needs K2's blocks")
+    unknown = bytes(32)
+    chains = [ctx.stored, [*ctx.stored[:2], unknown, ctx.stored[2]], [unknown, *ctx.stored], [], ctx.stored[:1]]
+
+    def request(chains: list[list[bytes]], lease_s: float = 0.0, spec: common_pb2.ModelSpec = ctx.spec):  # noqa: ANN202
+        return kvstore_pb2.LookupChainsRequest(spec=spec, lease_s=lease_s,
+                                               chains=[kvstore_pb2.HashChain(block_hashes=c) for c in chains])
+
+    try:
+        reply = await ctx.stub.LookupChains(request(chains), timeout=10)
+    except grpc.aio.AioRpcError as exc:
+        need(exc.code() != grpc.StatusCode.UNIMPLEMENTED, "the store has no LookupChains (optional: a client asks a Lookup per chain)")
+        raise
+    got = [c.num_blocks for c in reply.chains]
+    expect(got == [3, 2, 0, 0, 1], f"LookupChains of [K2, [h0, h1, unknown, h2], [unknown, K2...], [], [h0]] found {got}, "
+                                   "expected [3, 2, 0, 0, 1]")
+    leased = [c for c in reply.chains if c.num_blocks]
+    expect(all(c.lease_id and c.lease_expires_in_s > 0 for c in leased), "a chain LookupChains found has no lease")
+    unleased = (await ctx.stub.LookupChains(request(chains, lease_s=-1), timeout=10)).chains
+    expect([c.num_blocks for c in unleased] == got, "LookupChains with lease_s < 0 found other blocks")
+    expect(not any(c.lease_id or c.lease_expires_in_s for c in unleased), "LookupChains with lease_s < 0 granted a lease")
+    other = common_pb2.ModelSpec()
+    other.CopyFrom(ctx.spec)
+    other.model_id = ""
+    await expect_status(ctx.stub.LookupChains(request(chains, spec=other), timeout=10), INVALID, what="a spec without model_id")
+    await expect_status(ctx.stub.LookupChains(request([ctx.stored, [bytes(31)]]), timeout=10), INVALID, what="a 31-byte hash")
+    too_many = [[unknown] * 40_000, [unknown] * 25_537]  # 65,537 hashes in all
+    await expect_status(ctx.stub.LookupChains(request(too_many), timeout=10), INVALID, what="65,537 hashes in one call")
+
+
 @clause(17, "drain: SIGTERM → a heartbeat with draining=true and health no longer SERVING")
 async def drain(ctx: Session) -> None:
     await natsclauses.check_drain(ctx, "kvstore")

@@ -1,15 +1,16 @@
 """Handing finished turns to the KV store: best effort, in the background, bounded.
 
-Only the blocks the store lacks leave: each turn's block hashes are looked up first (`Lookup`
-answers the leading run it holds) and the rest are pinned in the engine (one short command
-between steps), copied and encoded on a worker thread - never on the engine thread - and put
-with a two-phase `KvStore.Put` per owner shard (`runtime/kvshardclient.py`; one store is one
-shard). Turns that wait together are handed back together: their Lookups go at once and their
-blocks share one pin, one copy and one Put per shard (a chain per turn), up to
-`MAX_BATCH_BYTES` of blocks; a turn waits `window_s` for others to join it (a Put costs the
-store about two Lookups: fewer Puts were most of what the window saved, 13 Puts for 110 turns
-instead of 23-54 on bench/tokcost.py). A full queue drops the turn before anything is hashed or copied; a
-failed put is logged. Neither ever delays or fails a response.
+Only the blocks the store lacks leave: each turn's block hashes are looked up first (the leading
+run the store holds, under no lease: nobody fetches these blocks) and the rest are pinned in the
+engine (one short command between steps), copied and encoded on a worker thread - never on the
+engine thread - and put with a two-phase `KvStore.Put` per owner shard
+(`runtime/kvshardclient.py`; one store is one shard). Turns that wait together are handed back
+together: one `LookupChains` per shard asks about all of them (a unary Lookup per turn cost the
+store ~0.5-0.9 ms of gRPC each) and their blocks share one pin, one copy and one Put per shard (a
+chain per turn), up to `MAX_BATCH_BYTES` of blocks; a turn waits `window_s` for others to join it
+(a Put costs the store about two Lookups: fewer Puts were most of what the window saved, 13 Puts
+for 110 turns instead of 23-54 on bench/tokcost.py). A full queue drops the turn before anything
+is hashed or copied; a failed put is logged. Neither ever delays or fails a response.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from kvmesh.runtime import kvwire
 from kvmesh.worker import kvtensor
 from kvmesh.runtime.blockhash import BlockHasher
-from kvmesh.runtime.kvshardclient import Chain, ShardedStore
+from kvmesh.runtime.kvshardclient import NO_LEASE, Chain, ShardedStore
 from kvmesh.runtime.pb import common_pb2
 from kvmesh.runtime.telemetry import tracer
 from kvmesh.worker.worker import EngineLoop
@@ -106,7 +107,8 @@ class Handback:
 
     async def _put(self, batch: list[list[int]]) -> None:
         turns = [Turn(tokens, self._hasher.hashes(tokens)) for tokens in batch]
-        found = await asyncio.gather(*(self.store.lookup(turn.hashes) for turn in turns))
+        # NOTE: no lease: a lease pinned blocks nobody fetches for 30 s, and a full store then failed Puts
+        found = await self.store.lookup_chains([turn.hashes for turn in turns], NO_LEASE)
         for turn, lookup in zip(turns, found):
             turn.held = min(lookup.num_blocks, len(turn.hashes))
             self.blocks_skipped += turn.held

@@ -30,7 +30,8 @@ class TierStats:
 
 @dataclass(slots=True)
 class Counters:
-    lookups: int = 0
+    lookups: int = 0  # chains looked up (a Lookup is one, a LookupChains one per chain)
+    lookup_calls: int = 0  # Lookup and LookupChains calls
     lookup_hit_blocks: int = 0
     lookup_query_blocks: int = 0
     puts: int = 0

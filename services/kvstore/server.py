@@ -171,6 +171,24 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
                 num_blocks=result.num_blocks, lease_id=result.lease_id, lease_expires_in_s=result.expires_in_s
             )
 
+    async def LookupChains(
+        self, request: kvstore_pb2.LookupChainsRequest, context: grpc.aio.ServicerContext
+    ) -> kvstore_pb2.LookupChainsResponse:
+        """Every chain's Lookup in one store-thread trip (a decode worker's hand-back of a batch of turns)."""
+        chains = [list(chain.block_hashes) for chain in request.chains]
+        with traced("kvstore.lookup_chains", chains=len(chains)) as span:
+            try:
+                results = await self.thread.run(
+                    self._settled, self.store.lookup_chains, spec_from_pb(request.spec), chains, request.lease_s
+                )
+            finally:
+                await self.feed.publish()
+            span.set_attribute("hit_blocks", sum(r.num_blocks for r in results))
+            return kvstore_pb2.LookupChainsResponse(chains=[
+                kvstore_pb2.LookupResponse(num_blocks=r.num_blocks, lease_id=r.lease_id, lease_expires_in_s=r.expires_in_s)
+                for r in results
+            ])
+
     async def Get(self, request: kvstore_pb2.GetRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[common_pb2.KvBlock]:
         hashes = list(request.block_hashes)
         with traced("kvstore.get", blocks=len(hashes)) as span:
@@ -255,7 +273,7 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
         ]
         return kvstore_pb2.StatsResponse(
             tiers=tiers, lookups=c.lookups, lookup_hit_blocks=c.lookup_hit_blocks,
-            lookup_query_blocks=c.lookup_query_blocks, puts=c.puts, gets=c.gets,
+            lookup_query_blocks=c.lookup_query_blocks, puts=c.puts, gets=c.gets, lookup_calls=c.lookup_calls,
         )
 
 

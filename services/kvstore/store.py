@@ -33,6 +33,8 @@ from .puts import PutSessions
 
 log = logging.getLogger(__name__)
 
+MAX_LOOKUP_HASHES = 65_536  # hashes in one LookupChains call (2 MiB of them)
+
 
 @dataclass(frozen=True, slots=True)
 class StoreConfig:
@@ -69,10 +71,28 @@ class BlockStore:
     # -- queries -------------------------------------------------------------------------
 
     def lookup(self, spec: ModelSpec, hashes: Iterable[bytes], lease_s: float = 0.0) -> LookupResult:
-        """Longest contiguous prefix of `hashes` held; pins it under a lease (0 = the default length)."""
+        """Longest contiguous prefix of `hashes` held; pins it under a lease (0 = the default length,
+        < 0 = no lease: the prefix is only counted and touched)."""
         check_spec(spec)
+        self.counters.lookup_calls += 1
+        return self._lookup(spec, list(hashes), lease_s, self._expire(self.clock()))
+
+    def lookup_chains(self, spec: ModelSpec, chains: list[list[bytes]], lease_s: float = 0.0) -> list[LookupResult]:
+        """`lookup` of each chain, in order (one lease per chain that found blocks, none when
+        `lease_s` < 0); at most MAX_LOOKUP_HASHES hashes in all, each HASH_BYTES long."""
+        check_spec(spec)
+        total = sum(len(chain) for chain in chains)
+        if total > MAX_LOOKUP_HASHES:
+            raise InvalidArgument(f"LookupChains of {total} hashes: at most {MAX_LOOKUP_HASHES} per call")
+        for n, chain in enumerate(chains):
+            for i, block_hash in enumerate(chain):
+                if len(block_hash) != HASH_BYTES:
+                    raise InvalidArgument(f"chain {n} hash {i}: must be {HASH_BYTES} bytes, got {len(block_hash)}")
+        self.counters.lookup_calls += 1
         now = self._expire(self.clock())
-        hashes = list(hashes)
+        return [self._lookup(spec, chain, lease_s, now) for chain in chains]
+
+    def _lookup(self, spec: ModelSpec, hashes: list[bytes], lease_s: float, now: float) -> LookupResult:
         found: list[Entry] = []
         for block_hash in hashes:
             entry = self._live((spec.namespace, block_hash), now)
@@ -85,6 +105,10 @@ class BlockStore:
         self._flush_removed()
         if not found:
             return LookupResult(0)
+        if lease_s < 0:
+            for entry in found:
+                self.index.touch(entry, now)
+            return LookupResult(len(found))
         duration = min(lease_s if lease_s > 0 else self.config.lease_s, self.config.max_lease_s)
         lease_id = self._leases.grant([e.key for e in found], now + duration)
         for entry in found:

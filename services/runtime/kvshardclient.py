@@ -4,7 +4,9 @@ Every block's owner comes from `kvshards.rank` over the live shards. A shard tha
 costs only its blocks: the prefix ends at its first block, the caller recomputes from there, and
 the directory leaves that shard out until it heartbeats again. Blocks read more than `hot_hits`
 times (counted by this client) are copied to the next `replicas - 1` shards in rendezvous order,
-where lookups go once their owner is gone. Puts carry whole chains (`Chain`: a sequence's
+where lookups go once their owner is gone. `lookup_chains` asks each shard about several
+sequences in one `LookupChains` call (a shard that answers UNIMPLEMENTED, an older store, gets a
+unary Lookup per sequence for UNARY_RETRY_S before the batched call is tried again). Puts carry whole chains (`Chain`: a sequence's
 consecutive blocks and the block before them), several per Put, in `blocks` messages of at most
 PUT_MESSAGE_BYTES. No torch: blocks stay protobuf `KvBlock`s here.
 """
@@ -13,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -29,6 +32,9 @@ log = logging.getLogger(__name__)
 
 MAX_HOT_TRACKED = 65_536  # hit counters kept for replication decisions
 PUT_MESSAGE_BYTES = 4 * 1024 * 1024  # block bytes per Put message (a larger block travels alone)
+LOOKUP_CHAINS_HASHES = 65_536  # hashes per LookupChains call: the most a store takes (contracts.md, K19)
+UNARY_RETRY_S = 300.0  # a shard without LookupChains gets unary Lookups this long before it is asked again
+NO_LEASE = -1.0  # lookup_chains' lease_s for "what is held" only
 
 
 @dataclass(slots=True)
@@ -49,7 +55,7 @@ class ShardedLookup:
 class ShardedStore:
     def __init__(
         self, directory: ShardDirectory, channels: ChannelPool, spec: common_pb2.ModelSpec, timeout_s: float,
-        put_timeout_s: float = 10.0, replicas: int = 1, hot_hits: int = 0,
+        put_timeout_s: float = 10.0, replicas: int = 1, hot_hits: int = 0, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.directory = directory
         self.spec = spec
@@ -63,6 +69,8 @@ class ShardedStore:
         self._stubs: dict[str, tuple[grpc.aio.Channel, kvstore_pb2_grpc.KvStoreStub]] = {}  # endpoint -> (channel, stub)
         self._hits: Counter[bytes] = Counter()
         self._background: set[asyncio.Task] = set()
+        self._clock = clock
+        self._unary_until: dict[str, float] = {}  # endpoint -> when to try its LookupChains again
 
     def _stub(self, shard: Shard) -> kvstore_pb2_grpc.KvStoreStub:
         """The shard's stub, made once per channel (a channel the pool replaced gets a new one)."""
@@ -99,6 +107,62 @@ class ShardedStore:
         owner_of = {i: s for s, positions in groups.items() for i in positions}
         leases = {s: r.lease_id for s, r in replies.items() if r is not None and r.lease_id}
         return ShardedLookup(num_blocks, [owner_of[i] for i in range(num_blocks)], leases)
+
+    async def lookup_chains(self, chains: Sequence[Sequence[bytes]], lease_s: float = 0.0) -> list[ShardedLookup]:
+        """`lookup` of each chain, with one call per shard for all of them (concurrently); `lease_s`
+        as in LookupChains (NO_LEASE: only what is held)."""
+        shards = self.directory.shards()
+        groups = [split_by_owner(hashes, shards) if shards else {} for hashes in chains]
+        by_shard: dict[Shard, list[int]] = {}  # shard -> the chains with blocks there
+        for n, owned in enumerate(groups):
+            for shard in owned:
+                by_shard.setdefault(shard, []).append(n)
+
+        async def ask(shard: Shard, ns: list[int]) -> dict[int, kvstore_pb2.LookupResponse] | None:
+            shares = [[chains[n][i] for i in groups[n][shard]] for n in ns]
+            replies = await self._lookup_shares(shard, shares, lease_s)
+            return None if replies is None else dict(zip(ns, replies))
+
+        answers = dict(zip(by_shard, await asyncio.gather(*(ask(s, ns) for s, ns in by_shard.items()))))
+        found = []
+        for n, owned in enumerate(groups):
+            replies = {s: answers[s][n] for s in owned if answers[s] is not None}
+            num_blocks = contiguous_prefix(len(chains[n]), owned, {s: r.num_blocks for s, r in replies.items()})
+            owner_of = {i: s for s, positions in owned.items() for i in positions}
+            leases = {s: r.lease_id for s, r in replies.items() if r.lease_id}
+            found.append(ShardedLookup(num_blocks, [owner_of[i] for i in range(num_blocks)], leases))
+        return found
+
+    async def _lookup_shares(self, shard: Shard, shares: list[list[bytes]], lease_s: float) -> list[kvstore_pb2.LookupResponse] | None:
+        """The shard's answer for each of `shares` (LookupChains calls of at most LOOKUP_CHAINS_HASHES
+        hashes; unary Lookups on a store without it); None when the shard failed."""
+        if self._clock() >= self._unary_until.get(shard.endpoint, 0.0):
+            try:
+                replies = []
+                for request in lookup_chains_requests(self.spec, shares, lease_s):
+                    reply = await self._stub(shard).LookupChains(request, timeout=self.timeout_s, metadata=inject_metadata())
+                    replies.extend(reply.chains)
+                if len(replies) != len(shares):
+                    raise ValueError(f"LookupChains answered {len(replies)} chains of {len(shares)}")
+                return replies
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    self._failed(shard, "LookupChains", exc)
+                    return None
+                log.info("KV store shard %s has no LookupChains: unary Lookups for %.0f s", shard.shard_id, UNARY_RETRY_S)
+                self._unary_until[shard.endpoint] = self._clock() + UNARY_RETRY_S
+            except (MeshError, ValueError) as exc:
+                self._failed(shard, "LookupChains", exc)
+                return None
+        try:
+            return list(await asyncio.gather(*(
+                self._stub(shard).Lookup(kvstore_pb2.LookupRequest(spec=self.spec, block_hashes=share, lease_s=lease_s),
+                                         timeout=self.timeout_s, metadata=inject_metadata())
+                for share in shares
+            )))
+        except (grpc.aio.AioRpcError, MeshError) as exc:
+            self._failed(shard, "Lookup", exc)
+            return None
 
     async def get(self, hashes: Sequence[bytes], skip: int, found: ShardedLookup, encoding: int) -> list[common_pb2.KvBlock]:
         """Blocks `skip..found.num_blocks` of `hashes`, in order, from their owners (concurrently).
@@ -213,6 +277,22 @@ def put_messages(spec: common_pb2.ModelSpec, producer_id: str, chains: Sequence[
     total = sum(len(c.blocks) for c in chains)
     messages.append(kvstore_pb2.PutMessage(commit=kvstore_pb2.PutCommit(num_blocks=total)))
     return messages
+
+
+def lookup_chains_requests(spec: common_pb2.ModelSpec, shares: list[list[bytes]], lease_s: float,
+                           max_hashes: int = LOOKUP_CHAINS_HASHES) -> list[kvstore_pb2.LookupChainsRequest]:
+    """`shares` as LookupChains requests of at most `max_hashes` hashes each, chains in order (a
+    longer chain is asked about its first `max_hashes` blocks: a prefix held is no longer)."""
+    requests = [kvstore_pb2.LookupChainsRequest(spec=spec, lease_s=lease_s)]
+    size = 0
+    for share in shares:
+        share = share[:max_hashes]
+        if size + len(share) > max_hashes:
+            requests.append(kvstore_pb2.LookupChainsRequest(spec=spec, lease_s=lease_s))
+            size = 0
+        requests[-1].chains.append(kvstore_pb2.HashChain(block_hashes=share))
+        size += len(share)
+    return requests
 
 
 def _runs(chain: Chain, positions: list[int]) -> list[Chain]:

@@ -26,12 +26,14 @@ class Breaker(grpc.GenericRpcHandler):
     """Forwards every call to `target`; `requests`/`replies` rewrite messages of one method
     ("Service/Method", e.g. "KvStore/Put"); a rewrite returning None drops the message. Unary
     methods in `detached` are forwarded without the caller's deadline and go on upstream when the
-    caller gives up (a server that forgets a request's deadline and cancellation)."""
+    caller gives up (a server that forgets a request's deadline and cancellation). Methods in
+    `absent` are not served (UNIMPLEMENTED: an implementation older than them)."""
 
     target: str
     requests: dict[str, Rewrite] = field(default_factory=dict)
     replies: dict[str, Rewrite] = field(default_factory=dict)
     detached: frozenset[str] = frozenset()
+    absent: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self.channel = grpc.aio.insecure_channel(self.target)
@@ -44,6 +46,8 @@ class Breaker(grpc.GenericRpcHandler):
         req_cls = message_factory.GetMessageClass(desc.input_type)
         rep_cls = message_factory.GetMessageClass(desc.output_type)
         key = f"{service.rsplit('.', 1)[-1]}/{method}"
+        if key in self.absent:
+            return None
         fix_req = self.requests.get(key, lambda m: m)
         fix_rep = self.replies.get(key, lambda m: m)
         path, ser, de = details.method, req_cls.SerializeToString, rep_cls.FromString

@@ -56,13 +56,21 @@ BROKEN = {
     "K5": {"replies": {"KvStore/Put": lambda r: changed(r, stored=r.stored + r.duplicates, duplicates=0)}},
     "K9": {"replies": {"KvStore/Get": _corrupt_raw}},
     "K18": {"requests": {"KvStore/Put": _one_chain}},
+    "K19": {"replies": {"KvStore/LookupChains": lambda r: changed(r, chains=list(reversed(r.chains)))}},
 }
 
 
 @pytest.mark.parametrize("clause_id", sorted(BROKEN))
 async def test_broken_store_fails_the_clause(store, nats, clause_id: str) -> None:  # noqa: ANN001
-    results = await broken_suite("kvstore", store[1], ("K1", "K2", "K5", "K9", "K10", "K18"), BROKEN[clause_id], nats=nats.url)
+    results = await broken_suite("kvstore", store[1], ("K1", "K2", "K5", "K9", "K10", "K18", "K19"), BROKEN[clause_id], nats=nats.url)
     assert_fails_only(results, clause_id)
+
+
+async def test_a_store_without_lookup_chains_skips_only_k19(store, nats) -> None:  # noqa: ANN001
+    absent = {"absent": frozenset({"KvStore/LookupChains"})}
+    results = await broken_suite("kvstore", store[1], ("K1", "K2", "K7", "K19"), absent, nats=nats.url)
+    assert_conforms(results, skipped={"K19"})
+    assert "no LookupChains" in results["K19"].detail
 
 
 async def test_slow_heartbeat_fails_k13(nats, tmp_path) -> None:  # noqa: ANN001

@@ -16,7 +16,7 @@ from kvmesh.kvstore.main import start as start_store
 from kvmesh.kvstore.metrics import StoreMetrics
 from kvmesh.runtime.grpcutil import ChannelPool
 from kvmesh.runtime.kvshardclient import ShardedStore
-from kvmesh.runtime.kvshards import Shard, ShardDirectory
+from kvmesh.runtime.kvshards import Shard, ShardDirectory, split_by_owner
 from kvmesh.runtime.pb import decode_pb2_grpc
 
 from .helpers import BLOCK_SIZE, PROMPT, collect, decode_settings, generate_request
@@ -109,4 +109,34 @@ async def test_turns_that_end_within_the_window_join_the_first_ones_put(worker, 
     finally:
         await pool.close()
     assert (store.store.counters.lookups, store.store.counters.puts) == (3, 1)
+    assert store.store.counters.lookup_calls == 1  # one LookupChains for the three turns
+    assert store.store.active_leases == 0  # a hand-back's lookup pins nothing
     assert handback.blocks_stored == len(store.store.held_hashes()) > 0
+
+
+async def test_a_batch_asks_each_shard_once_whatever_its_number_of_turns(worker, store):
+    second = await start_store(KvStoreSettings(host="127.0.0.1", port=0, metrics_port=-1, nats=False, block_size=BLOCK_SIZE,
+                                               store_id="kvstore-test-1"), StoreMetrics(CollectorRegistry()))
+    turns = await run_turns(worker)
+    pool = ChannelPool()
+    try:
+        spec = worker.worker.spec
+        shards = ShardDirectory([Shard("kvstore-test", store.endpoint), Shard("kvstore-test-1", second.endpoint)])
+        handback = Handback(ShardedStore(shards, pool, spec, 5.0), spec, "d-test", worker.loop, worker.loop.engine.hasher)
+        for tokens in turns:
+            assert handback.offer(tokens)
+        handback.start()
+        for _ in range(250):
+            if handback.blocks_stored and store.store.open_puts == second.store.open_puts == 0:
+                break
+            await asyncio.sleep(0.02)
+        await handback.close()
+    finally:
+        await pool.close()
+        await second.stop()
+    stores = [store.store, second.store]
+    owned = [split_by_owner(worker.loop.engine.hasher.hashes(t), shards.shards()) for t in turns]
+    chains_on = [sum(1 for groups in owned if shard in groups) for shard in shards.shards()]  # turns with blocks there
+    assert all(chains_on) and all(s.held_hashes() for s in stores)
+    assert [(s.counters.lookup_calls, s.counters.lookups, s.counters.puts) for s in stores] == [(1, n, 1) for n in chains_on]
+    assert [s.active_leases for s in stores] == [0, 0]

@@ -26,6 +26,28 @@ class LookupResponse(_message.Message):
     lease_expires_in_s: float
     def __init__(self, num_blocks: _Optional[int] = ..., lease_id: _Optional[str] = ..., lease_expires_in_s: _Optional[float] = ...) -> None: ...
 
+class HashChain(_message.Message):
+    __slots__ = ("block_hashes",)
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class LookupChainsRequest(_message.Message):
+    __slots__ = ("spec", "chains", "lease_s")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    CHAINS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    spec: _common_pb2.ModelSpec
+    chains: _containers.RepeatedCompositeFieldContainer[HashChain]
+    lease_s: float
+    def __init__(self, spec: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., chains: _Optional[_Iterable[_Union[HashChain, _Mapping]]] = ..., lease_s: _Optional[float] = ...) -> None: ...
+
+class LookupChainsResponse(_message.Message):
+    __slots__ = ("chains",)
+    CHAINS_FIELD_NUMBER: _ClassVar[int]
+    chains: _containers.RepeatedCompositeFieldContainer[LookupResponse]
+    def __init__(self, chains: _Optional[_Iterable[_Union[LookupResponse, _Mapping]]] = ...) -> None: ...
+
 class GetRequest(_message.Message):
     __slots__ = ("spec", "block_hashes", "lease_id", "encoding")
     SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -103,17 +125,19 @@ class TierStats(_message.Message):
     def __init__(self, name: _Optional[str] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., evictions: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("tiers", "lookups", "lookup_hit_blocks", "lookup_query_blocks", "puts", "gets")
+    __slots__ = ("tiers", "lookups", "lookup_hit_blocks", "lookup_query_blocks", "puts", "gets", "lookup_calls")
     TIERS_FIELD_NUMBER: _ClassVar[int]
     LOOKUPS_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_HIT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_QUERY_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     PUTS_FIELD_NUMBER: _ClassVar[int]
     GETS_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_CALLS_FIELD_NUMBER: _ClassVar[int]
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     lookups: int
     lookup_hit_blocks: int
     lookup_query_blocks: int
     puts: int
     gets: int
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., lookups: _Optional[int] = ..., lookup_hit_blocks: _Optional[int] = ..., lookup_query_blocks: _Optional[int] = ..., puts: _Optional[int] = ..., gets: _Optional[int] = ...) -> None: ...
+    lookup_calls: int
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., lookups: _Optional[int] = ..., lookup_hit_blocks: _Optional[int] = ..., lookup_query_blocks: _Optional[int] = ..., puts: _Optional[int] = ..., gets: _Optional[int] = ..., lookup_calls: _Optional[int] = ...) -> None: ...

@@ -41,6 +41,11 @@ class KvStoreStub(object):
                 request_serializer=kvmesh_dot_v1_dot_kvstore__pb2.LookupRequest.SerializeToString,
                 response_deserializer=kvmesh_dot_v1_dot_kvstore__pb2.LookupResponse.FromString,
                 _registered_method=True)
+        self.LookupChains = channel.unary_unary(
+                '/kvmesh.v1.KvStore/LookupChains',
+                request_serializer=kvmesh_dot_v1_dot_kvstore__pb2.LookupChainsRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_kvstore__pb2.LookupChainsResponse.FromString,
+                _registered_method=True)
         self.Get = channel.unary_stream(
                 '/kvmesh.v1.KvStore/Get',
                 request_serializer=kvmesh_dot_v1_dot_kvstore__pb2.GetRequest.SerializeToString,
@@ -64,6 +69,14 @@ class KvStoreServicer(object):
 
     def Lookup(self, request, context):
         """Longest contiguous prefix of `block_hashes` held; pins it under a lease.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LookupChains(self, request, context):
+        """Several Lookups in one call: per chain, in order, what a Lookup of that chain would answer.
+        At most 65536 hashes in all (INVALID_ARGUMENT beyond). `lease_s` < 0 takes no lease.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -96,6 +109,11 @@ def add_KvStoreServicer_to_server(servicer, server):
                     servicer.Lookup,
                     request_deserializer=kvmesh_dot_v1_dot_kvstore__pb2.LookupRequest.FromString,
                     response_serializer=kvmesh_dot_v1_dot_kvstore__pb2.LookupResponse.SerializeToString,
+            ),
+            'LookupChains': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupChains,
+                    request_deserializer=kvmesh_dot_v1_dot_kvstore__pb2.LookupChainsRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_kvstore__pb2.LookupChainsResponse.SerializeToString,
             ),
             'Get': grpc.unary_stream_rpc_method_handler(
                     servicer.Get,
@@ -141,6 +159,33 @@ class KvStore(object):
             '/kvmesh.v1.KvStore/Lookup',
             kvmesh_dot_v1_dot_kvstore__pb2.LookupRequest.SerializeToString,
             kvmesh_dot_v1_dot_kvstore__pb2.LookupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupChains(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvmesh.v1.KvStore/LookupChains',
+            kvmesh_dot_v1_dot_kvstore__pb2.LookupChainsRequest.SerializeToString,
+            kvmesh_dot_v1_dot_kvstore__pb2.LookupChainsResponse.FromString,
             options,
             channel_credentials,
             insecure,
