@@ -10,7 +10,7 @@ from kvmesh.scheduler.sim import sim_main
 from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
 from kvmesh.scheduler.sim.meshcost import MeshCost
 from kvmesh.scheduler.sim.meshcal import (
-    MeshCalibration, Samples, admitted_before_first_finish, fit, itl_point, largest_gap, steady_itl, step_s,
+    MeshCalibration, Samples, admitted_before_first_finish, fit, fit_beside, itl_point, largest_gap, steady_itl, step_s,
 )
 from kvmesh.scheduler.sim.report import outcome
 from kvmesh.scheduler.sim.trace import TraceRequest
@@ -18,7 +18,7 @@ from kvmesh.scheduler.sim.trace import TraceRequest
 TRUE = MeshCalibration(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4,
                        request_overhead_s=0.031, request_busy_s=0.004, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5,
                        prefill_stall=0.8, prefill_share=0.05, admission_limit=None, attention_s_per_pair=1.1e-7,
-                       decode_s_per_context_token=1.3e-7)
+                       decode_s_per_context_token=1.3e-7, prefill_s_per_stream=4.0e-4)
 SHARED = dataclasses.replace(TRUE, host_parallelism=1.5)  # 2 workers on a host that runs 1.5 at full speed
 
 
@@ -46,10 +46,14 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
         lone = ttft(1536)
         samples.pair = [(workers, 1536, lone + (workers - 1) * cal.request_busy_s
                          + (slowdown(workers) - 1) * (work(1536) + step(1)))]
-    beside = 4 / min(4, workers)  # 4 streams over the workers
-    prefill = slowdown(min(4, workers)) * (work(1536) * (1 + beside * cal.prefill_share) + step(beside + 1))
-    loaded_ttft = cal.request_overhead_s + cal.request_busy_s + prefill
-    samples.stall = [(1536, 4, step(4) + cal.prefill_stall * prefill, step(4), loaded_ttft)]
+    samples.stall = [(n, 0, 0.0, 0.0, ttft(n)) for n in (512, 1536)]  # alone, then beside k streams
+    for k in (8, 16, 32):
+        beside = k / min(k, workers)  # k streams over the workers
+        for n in (512, 1536):
+            prefill = slowdown(min(k, workers)) * (work(n) * (1 + beside * cal.prefill_share)
+                                                   + cal.prefill_s_per_stream * beside + step(beside + 1))
+            loaded_ttft = cal.request_overhead_s + cal.request_busy_s + prefill
+            samples.stall.append((n, k, step(k) + cal.prefill_stall * prefill, step(k), loaded_ttft))
     return samples
 
 
@@ -59,7 +63,7 @@ def test_fit_gives_back_the_parameters_of_timings_made_by_the_model(cal, workers
     assert got.admission_limit is None and got.noise == ()
     for name in ("prefill_s_per_token", "attention_s_per_pair", "decode_s_per_step", "decode_s_per_seq", "decode_s_per_context_token",
                  "request_overhead_s", "request_busy_s", "token_overhead_s", "hit_s_per_token", "prefill_stall",
-                 "prefill_share", "host_parallelism"):
+                 "prefill_share", "prefill_s_per_stream", "host_parallelism"):
         assert getattr(got, name) == pytest.approx(getattr(cal, name), rel=1e-9, abs=1e-15), name
 
 
@@ -76,7 +80,7 @@ def sim_outcomes(config: SimConfig, requests: list[TraceRequest]):
 def test_fit_gives_back_the_parameters_the_simulator_ran_with():
     cost = CostModel(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4)
     mesh = MeshCost(request_overhead_s=0.031, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5, prefill_share=0.05,
-                    attention_s_per_pair=1.1e-7)
+                    prefill_s_per_stream=4.0e-4, attention_s_per_pair=1.1e-7)
     config = SimConfig(num_workers=1, cost=cost, mesh=mesh)
     samples = Samples()
     lone = [TraceRequest(10.0 * i, f"l{i}", "", n, 2, tuple(range(1000 * i, 1000 * i + n // 16)))
@@ -88,12 +92,13 @@ def test_fit_gives_back_the_parameters_the_simulator_ran_with():
     for k in (1, 4, 8):
         burst = [TraceRequest(0.0, f"k{k}-{j}", "", 32, 20, (10_000 + 10 * j, 10_001 + 10 * j)) for j in range(k)]
         samples.itl.append(itl_point(k, [o.itl_s for o in sim_outcomes(config, burst)]))
-    streams = [TraceRequest(0.0, f"s{j}", "", 32, 400, (20_000 + 10 * j, 20_001 + 10 * j)) for j in range(4)]
-    loaded = sim_outcomes(config, [*streams, TraceRequest(0.5, "long", "", 1536, 2, tuple(range(30_000, 30_096)))])
-    long_ttft = next(o for o in loaded if o.prompt_tokens == 1536).ttft_s
-    samples.stall = [(1536, 4, 0.0, 0.0, long_ttft)]  # the streams' gaps: prefill_stall is 0 in this config
+    for k in (0, 8, 16):  # a prefill beside k streams (their gaps are not simulated: prefill_stall is 0 here)
+        streams = [TraceRequest(0.0, f"s{j}", "", 32, 400, (20_000 + 10 * j, 20_001 + 10 * j)) for j in range(k)]
+        for n in (512, 1536):
+            loaded = sim_outcomes(config, [*streams, TraceRequest(0.5, "long", "", n, 2, tuple(range(30_000, 30_000 + n // 16)))])
+            samples.stall.append((n, k, 0.0, 0.0, next(o for o in loaded if o.prompt_tokens == n).ttft_s))
     got = fit(samples, engine_decode_s_per_seq=cost.decode_s_per_seq)
-    assert got.prefill_share == pytest.approx(0.05, rel=1e-9)
+    assert (got.prefill_share, got.prefill_s_per_stream) == pytest.approx((0.05, 4.0e-4), rel=1e-9)
     assert hit.cached_tokens == 1536
     assert got.prefill_s_per_token == pytest.approx(cost.prefill_s_per_token, rel=1e-9)
     assert (got.decode_s_per_step, got.decode_s_per_seq) == pytest.approx((cost.decode_s_per_step, cost.decode_s_per_seq), rel=1e-9)
@@ -178,3 +183,33 @@ def test_the_noise_is_the_spread_of_lone_ttfts_around_their_fit_and_the_sim_appl
     plain = sim_outcomes(SimConfig(num_workers=1, cost=cost, mesh=MeshCost(request_overhead_s=0.01)), lone)[0]
     noisy = sim_outcomes(SimConfig(num_workers=1, cost=cost, mesh=MeshCost(request_overhead_s=0.01, noise=(3.0,))), lone)[0]
     assert noisy.ttft_s == pytest.approx(3.0 * plain.ttft_s)
+
+
+def test_the_share_and_the_per_stream_cost_of_a_prefill_beside_streams_are_told_apart_by_its_length():
+    def extra(lone, k):
+        return 0.02 * lone * k + 3.0e-4 * k
+    points = [(lone, k, extra(lone, k)) for lone in (0.025, 0.075) for k in (8, 16, 32)]
+    assert fit_beside(points) == pytest.approx((0.02, 3.0e-4), rel=1e-9)
+    additive = [(lone, k, 3.0e-4 * k) for lone in (0.025, 0.075) for k in (8, 16, 32)]
+    assert fit_beside(additive) == pytest.approx((0.0, 3.0e-4), abs=1e-12)
+
+
+def test_with_one_prefill_length_only_the_share_is_fitted_and_neither_term_goes_negative():
+    assert fit_beside([(0.075, k, 0.01 * 0.075 * k) for k in (8, 16, 32)]) == pytest.approx((0.01, 0.0), abs=1e-12)
+    assert fit_beside([(0.075, k, -0.001 * k) for k in (8, 16, 32)]) == (0.0, 0.0)  # faster beside streams: noise
+    assert fit_beside([]) == (0.0, 0.0)
+
+
+def test_a_prefill_beside_streams_takes_the_share_and_the_per_stream_cost_longer_in_the_sim():
+    cost = CostModel(prefill_s_per_token=1e-4, decode_s_per_step=1e-3, decode_s_per_seq=0.0)
+    streams = [TraceRequest(0.0, f"s{j}", "", 16, 2000, (100 + j,)) for j in range(10)]  # still decoding at 0.5 s
+    long = TraceRequest(0.5, "long", "", 1024, 1, tuple(range(1000, 1064)))
+
+    def ttft(mesh: MeshCost, beside: list[TraceRequest]) -> float:
+        outcomes = sim_outcomes(SimConfig(num_workers=1, cost=cost, mesh=mesh), [*beside, long])
+        return next(o for o in outcomes if o.prompt_tokens == 1024).ttft_s
+
+    alone = ttft(MeshCost(prefill_share=0.05, prefill_s_per_stream=2e-3), [])
+    assert alone == pytest.approx(1024 * 1e-4 + 1e-3)
+    loaded = ttft(MeshCost(prefill_share=0.05, prefill_s_per_stream=2e-3), streams)
+    assert loaded == pytest.approx(1024 * 1e-4 * (1 + 0.05 * 10) + 2e-3 * 10 + 1e-3)

@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mesh: per-request work outside the engine that requests queue for, mesh-wide")
     p.add_argument("--prefill-share", type=float, default=mesh.prefill_share,
                    help="mesh: a prefill takes (1 + this x other running streams) times as long")
+    p.add_argument("--prefill-s-per-stream", type=float, default=mesh.prefill_s_per_stream,
+                   help="mesh: and this many seconds longer per other running stream")
     p.add_argument("--ttft-noise", default="", help="mesh: comma-separated factors on prefill time and overhead, "
                    "one per request by its id (the host's noise, from `kvmesh sim calibrate`)")
     p.add_argument("--host-parallelism", type=float, default=mesh.host_parallelism,
@@ -113,6 +115,7 @@ def _sim_config(args: argparse.Namespace, n: int, routers: int = 1) -> SimConfig
             request_overhead_s=args.request_overhead_s, request_busy_s=args.request_busy_s,
             token_overhead_s=args.token_overhead_s, hit_s_per_token=args.hit_s_per_token,
             prefill_stall=args.prefill_stall, prefill_share=args.prefill_share,
+            prefill_s_per_stream=args.prefill_s_per_stream,
             host_parallelism=args.host_parallelism, attention_s_per_pair=args.attention_s_per_pair,
             decode_s_per_context_token=args.decode_s_per_context_token,
             noise=tuple(float(x) for x in args.ttft_noise.split(",") if x),

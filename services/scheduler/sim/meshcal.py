@@ -16,8 +16,11 @@ one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy w
 - a burst of M short requests (n tokens, one output token) sent at once: the last first token
   comes (M - 1) · request_busy after a lone request's TTFT (the mesh-wide request server);
 - a prefill of n tokens arriving while k streams decode over b workers (k / b beside it) takes
-  s(b) · (work(n) · (1 + prefill_share · k / b) + step(k / b + 1)), and the streams beside it stop
-  for prefill_stall of that time (their largest gap grows by that much over their ITL);
+  s(b) · (work(n) · (1 + prefill_share · k / b) + prefill_s_per_stream · k / b + step(k / b + 1)),
+  and the streams beside it stop for prefill_stall of that time (their largest gap grows by that
+  much over their ITL); the probe sends it beside several stream counts, 0 included (its lone
+  work(n), measured beside the others), at two lengths: the term proportional to the prefill's
+  work and the additive one per stream are told apart by the length (fit_beside);
 - admission: the number of streams that got a first token before any of a burst finished.
 `fit` inverts these formulas, so timings made by them give the parameters back exactly.
 """
@@ -62,12 +65,13 @@ class MeshCalibration:
     token_overhead_s: float
     hit_s_per_token: float
     prefill_stall: float
-    prefill_share: float
+    prefill_share: float             # a prefill takes (1 + this × streams beside it) times as long ...
     admission_limit: int | None      # None: not probed, or more than the probe sent
     noise: tuple[float, ...] = ()    # deciles of lone TTFT / the median at its length: the host's noise
     attention_s_per_pair: float = 0.0
     decode_s_per_context_token: float = 0.0
     host_parallelism: float = 0.0    # busy workers the shared host runs at full speed (0: one worker, not measured)
+    prefill_s_per_stream: float = 0.0  # ... plus this many seconds per stream beside it
 
     def sim_flags(self) -> list[str]:
         """`kvmesh sim` flags that reproduce this mesh."""
@@ -78,6 +82,7 @@ class MeshCalibration:
             f"--hit-s-per-token {self.hit_s_per_token:.3g}", f"--prefill-stall {self.prefill_stall:.3g}",
             f"--prefill-share {self.prefill_share:.3g}", f"--attention-s-per-pair {self.attention_s_per_pair:.3g}",
             f"--decode-s-per-context-token {self.decode_s_per_context_token:.3g}",
+            f"--prefill-s-per-stream {self.prefill_s_per_stream:.3g}",
         ]
         if self.host_parallelism:
             flags.append(f"--host-parallelism {self.host_parallelism:.3g}")
@@ -117,6 +122,39 @@ def fit_prefill(points: list[tuple[float, float]]) -> tuple[float, float, float]
         intercept, slope = fit_line(points)
         return intercept, max(0.0, slope), 0.0
     return best[1]
+
+
+def beside_medians(stall: list[tuple[float, float, float, float, float]]) -> dict[tuple[float, float], float]:
+    """(prefill tokens, streams beside it) -> the median TTFT of the stall probe's prefills."""
+    groups: dict[tuple[float, float], list[float]] = {}
+    for tokens, k, _, _, ttft in stall:
+        groups.setdefault((tokens, k), []).append(ttft)
+    return {key: statistics.median(ttfts) for key, ttfts in sorted(groups.items())}
+
+
+def fit_beside(points: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """Least squares extra = share · lone · k + per_stream_s · k over (a lone prefill's time, streams
+    decoding beside it, how much longer it took beside them) points, both terms >= 0 (the better of
+    the one-term fits when the free fit gives a negative one); with one prefill length the two
+    cannot be told apart and only `share` is fitted. Returns (share, per_stream_s)."""
+    x = np.array([[w * k, k] for w, k, _ in points], dtype=float).reshape(-1, 2)
+    y = np.array([e for _, _, e in points], dtype=float)
+    used = ((0, 1), (0,), (1,)) if len({w for w, _, _ in points}) > 1 else ((0,),)
+    best: tuple[float, tuple[float, float]] | None = None
+    for columns in used:
+        a = x[:, columns]
+        if not len(y) or not a.any():
+            continue
+        coef = np.maximum(np.linalg.lstsq(a, y, rcond=None)[0], 0.0)  # one column: the clamp is its best
+        if len(columns) == 2 and (coef == 0).any():
+            continue
+        got = dict(zip(columns, coef.tolist(), strict=True))
+        residual = float(np.sum((a @ coef - y) ** 2))
+        if best is None or residual < best[0]:
+            best = (residual, (got.get(0, 0.0), got.get(1, 0.0)))
+        if len(columns) == 2:
+            break  # the free fit is feasible: it is the least-squares one
+    return best[1] if best else (0.0, 0.0)
 
 
 def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshCalibration:
@@ -161,15 +199,21 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
     hits = [(ttft - intercept - work(uncached) - attention * uncached * cached) / cached
             for cached, uncached, ttft in samples.hit if cached > 0]
     overhead = max(0.0, intercept - step(1) - busy)
-    shares, stalls = [], []
-    for tokens, k, gap, itl, ttft in samples.stall:
-        b = spread(k)
-        beside = k / b if k > 0 else 0.0
-        w = work(tokens)
-        share = (((ttft - overhead - busy) / slowdown(b) - step(beside + 1) - w) / (w * beside)
-                 if w > 0 and beside > 0 else 0.0)
-        shares.append(share)
-        stalls.append((gap - itl) / (slowdown(b) * (w * (1.0 + share * beside) + step(beside + 1))))
+    medians = beside_medians(samples.stall)
+    lone = {n: t for (n, k), t in medians.items() if k == 0}
+
+    def prefill(n: float) -> float:  # a lone prefill's work: as the stall probe measured it, else from the fit
+        return max(0.0, lone[n] - overhead - busy - step(1)) if n in lone else work(n)
+
+    extras = [(prefill(n), k / spread(k),
+               (ttft - overhead - busy) / slowdown(spread(k)) - step(k / spread(k) + 1) - prefill(n))
+              for (n, k), ttft in medians.items() if k > 0]
+    share, per_stream_s = fit_beside(extras)
+    stalls = []
+    for tokens, k, gap, itl, _ in samples.stall:
+        if k > 0:
+            b, w = spread(k), prefill(tokens)
+            stalls.append((gap - itl) / (slowdown(b) * (w * (1.0 + share * k / b) + per_stream_s * k / b + step(k / b + 1))))
     admitted = samples.admitted if samples.admitted is not None and samples.admitted < samples.probe_streams else None
     return MeshCalibration(
         prefill_s_per_token=per_token,
@@ -180,7 +224,8 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         token_overhead_s=per_seq - engine,
         hit_s_per_token=max(0.0, _median(hits)),
         prefill_stall=min(1.0, max(0.0, _median(stalls))),
-        prefill_share=max(0.0, _median(shares)),
+        prefill_share=share,
+        prefill_s_per_stream=per_stream_s,
         admission_limit=admitted,
         noise=noise_quantiles(_spread(samples.ttft_raw)),
         attention_s_per_pair=attention,
@@ -267,8 +312,9 @@ def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list
         "per token of a stream's context",
         f"#   per-request overhead {cal.request_overhead_s:.3g} s of latency, plus {cal.request_busy_s:.3g} s of work "
         "requests queue for mesh-wide (HTTP, tokenizing, routing, gRPC set-up, hand-back)",
-        f"#   a prefill takes {cal.prefill_share:.3g}x longer per stream decoding beside it, and stalls those "
-        f"streams for {cal.prefill_stall:.0%} of its time (engine and RPC loop share the worker's CPU)",
+        f"#   a prefill takes {cal.prefill_share:.3g}x longer plus {cal.prefill_s_per_stream:.3g} s per stream decoding "
+        f"beside it, and stalls those streams for {cal.prefill_stall:.0%} of its time (engine and RPC loop share the "
+        "worker's CPU)",
         "#   shared host: " + (f"runs {cal.host_parallelism:.3g} busy decode workers at full speed, more slow down"
                                if cal.host_parallelism else "not measured (one decode worker)"),
         "#   admission limit: " + (f"{cal.admission_limit} requests in flight" if cal.admission_limit
