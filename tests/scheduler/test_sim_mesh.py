@@ -57,5 +57,6 @@ def test_calibration_probes_the_mesh(gateway):
     assert [k for k, _ in samples.itl] == [1, 2] and all(t > 0 for _, t in samples.itl)
     assert [(k, x) for k, x, _ in samples.itl_long] == [(2, 256 + 4)] and samples.itl_long[0][2] > 0
     assert samples.hit[0][0] >= 240  # the repeated 256-token prompt: its full blocks came from the cache
+    assert len(samples.hit_lone) == 1 and samples.hit_lone[0] > 0
     assert [(n, k) for n, k, *_ in samples.stall] == [(256, 0), (256, 2)] and len(samples.burst) == 1
     assert all(ttft > 0 for *_, ttft in samples.stall) and samples.stall[1][2] > 0  # the streams' gap beside it

@@ -13,6 +13,8 @@ one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy w
   are short and take step(k) + decode_s_per_context_token · x0 · k, as the ITL probe measured them;
 - W long prompts (n tokens) sent at once, one per worker: the last first token comes
   (W - 1) · request_busy + (s(W) - 1) · (lone prefill work + step(1)) after a lone request's;
+- a prompt whose first c tokens are cached takes c · hit_s_per_token + attention_s_per_pair · n · c
+  longer than a fresh prompt of its n uncached tokens (the hit probe sends one right after each hit);
 - a burst of M short requests (n tokens, one output token) sent at once: the last first token
   comes (M - 1) · request_busy after a lone request's TTFT (the mesh-wide request server);
 - a prefill of n tokens arriving while k streams decode over b workers (k / b beside it) takes
@@ -43,6 +45,7 @@ class Samples:
     ttft: list[tuple[float, float]] = field(default_factory=list)        # (uncached tokens, median TTFT s), lone requests
     ttft_raw: list[tuple[float, float]] = field(default_factory=list)    # every lone request behind those medians
     hit: list[tuple[float, float, float]] = field(default_factory=list)  # (cached, uncached tokens, TTFT s)
+    hit_lone: list[float] = field(default_factory=list)  # TTFT of a fresh prompt of each hit's uncached length, sent next
     itl: list[tuple[float, float]] = field(default_factory=list)         # (streams, ITL s)
     itl_context: float = 0.0                                             # mean context of those streams
     itl_long: list[tuple[float, float, float]] = field(default_factory=list)  # (streams, mean context, ITL s)
@@ -196,8 +199,11 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
                                     for k, x, itl in samples.itl_long if x > x0]))
     per_seq = max(0.0, per_stream - per_context * x0)  # without the context (noise can make it negative)
     engine = per_seq if engine_decode_s_per_seq is None else min(per_seq, engine_decode_s_per_seq)
-    hits = [(ttft - intercept - work(uncached) - attention * uncached * cached) / cached
-            for cached, uncached, ttft in samples.hit if cached > 0]
+    # NOTE: against the lone request sent right after each hit (same noise), else against the TTFT fit:
+    # the host's noise comes in bursts, and three of five hits in one burst once made this 4x too high
+    lones = samples.hit_lone or [intercept + work(uncached) for _, uncached, _ in samples.hit]
+    hits = [(ttft - lone - attention * uncached * cached) / cached
+            for (cached, uncached, ttft), lone in zip(samples.hit, lones, strict=True) if cached > 0]
     overhead = max(0.0, intercept - step(1) - busy)
     medians = beside_medians(samples.stall)
     lone = {n: t for (n, k), t in medians.items() if k == 0}
