@@ -103,6 +103,7 @@ def sim_costs(cal: MeshCalibration, workers: int) -> tuple[CostModel, MeshCost]:
                     prefill_stall=cal.prefill_stall, prefill_share=cal.prefill_share, noise=cal.noise,
                     prefill_s_per_stream=cal.prefill_s_per_stream,
                     attention_s_per_pair=cal.attention_s_per_pair, host_parallelism=cal.host_parallelism,
+                    attention_s_per_cached_pair=cal.attention_s_per_cached_pair,
                     decode_s_per_context_token=cal.decode_s_per_context_token,
                     admission_limit=MAX_NUM_SEQS * workers)
     return cost, mesh

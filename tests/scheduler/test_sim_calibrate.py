@@ -18,14 +18,15 @@ from kvmesh.scheduler.sim.trace import TraceRequest
 TRUE = MeshCalibration(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4,
                        request_overhead_s=0.031, request_busy_s=0.004, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5,
                        prefill_stall=0.8, prefill_share=0.05, admission_limit=None, attention_s_per_pair=1.1e-7,
-                       decode_s_per_context_token=1.3e-7, prefill_s_per_stream=4.0e-4)
+                       decode_s_per_context_token=1.3e-7, prefill_s_per_stream=4.0e-4, attention_s_per_cached_pair=4.0e-8)
 SHARED = dataclasses.replace(TRUE, host_parallelism=1.5)  # 2 workers on a host that runs 1.5 at full speed
 
 
 def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
     """What the probes would measure on a mesh of `workers` that the model describes exactly."""
     def work(n, cached=0):
-        return n * cal.prefill_s_per_token + cal.attention_s_per_pair * n * (cached + n / 2)
+        cached_pair = cal.attention_s_per_pair if cal.attention_s_per_cached_pair is None else cal.attention_s_per_cached_pair
+        return n * cal.prefill_s_per_token + cal.attention_s_per_pair * n * n / 2 + cached_pair * n * cached
 
     def slowdown(busy):
         return max(1.0, busy / cal.host_parallelism) if cal.host_parallelism else 1.0
@@ -38,7 +39,8 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
 
     samples = Samples(workers=workers, itl_context=64.0)
     samples.ttft = [(n, ttft(n)) for n in (64, 256, 1024, 1536)]
-    samples.hit, samples.hit_lone = [(1520, 16, ttft(16, 1520))], [ttft(16)]
+    samples.hit = [(1520, 16, ttft(16, 1520)), (1024, 512, ttft(512, 1024))]  # the whole prompt again; prefix + new
+    samples.hit_lone = [ttft(16), ttft(512)]
     samples.itl = [(k, slowdown(min(k, workers)) * step(k / min(k, workers))) for k in (1, 4, 8, 16)]
     samples.itl_long = [(8, 1568.0, slowdown(min(8, workers)) * step(8 / min(8, workers), 1568.0))]
     samples.burst = [(24, 32, ttft(32) + 23 * cal.request_busy_s)]
@@ -63,7 +65,7 @@ def test_fit_gives_back_the_parameters_of_timings_made_by_the_model(cal, workers
     assert got.admission_limit is None and got.noise == ()
     for name in ("prefill_s_per_token", "attention_s_per_pair", "decode_s_per_step", "decode_s_per_seq", "decode_s_per_context_token",
                  "request_overhead_s", "request_busy_s", "token_overhead_s", "hit_s_per_token", "prefill_stall",
-                 "prefill_share", "prefill_s_per_stream", "host_parallelism"):
+                 "prefill_share", "prefill_s_per_stream", "host_parallelism", "attention_s_per_cached_pair"):
         assert getattr(got, name) == pytest.approx(getattr(cal, name), rel=1e-9, abs=1e-15), name
 
 
@@ -80,7 +82,7 @@ def sim_outcomes(config: SimConfig, requests: list[TraceRequest]):
 def test_fit_gives_back_the_parameters_the_simulator_ran_with():
     cost = CostModel(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4)
     mesh = MeshCost(request_overhead_s=0.031, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5, prefill_share=0.05,
-                    prefill_s_per_stream=4.0e-4, attention_s_per_pair=1.1e-7)
+                    prefill_s_per_stream=4.0e-4, attention_s_per_pair=1.1e-7, attention_s_per_cached_pair=4.0e-8)
     config = SimConfig(num_workers=1, cost=cost, mesh=mesh)
     samples = Samples()
     lone = [TraceRequest(10.0 * i, f"l{i}", "", n, 2, tuple(range(1000 * i, 1000 * i + n // 16)))
@@ -88,8 +90,12 @@ def test_fit_gives_back_the_parameters_the_simulator_ran_with():
     samples.ttft = [(o.prompt_tokens - o.cached_tokens, o.ttft_s) for o in sim_outcomes(config, lone)]
     again = [TraceRequest(0.0, "a", "", 1540, 2, tuple(range(96))), TraceRequest(10.0, "b", "", 1540, 2, tuple(range(96)))]
     hit = sim_outcomes(config, again)[1]
-    samples.hit = [(hit.cached_tokens, 1540 - hit.cached_tokens, hit.ttft_s)]
-    samples.hit_lone = [sim_outcomes(config, [TraceRequest(0.0, "c", "", 4, 2, ())])[0].ttft_s]  # its 4 uncached tokens
+    prefix = [TraceRequest(0.0, "p", "", 1024, 2, tuple(range(200, 264))),
+              TraceRequest(10.0, "q", "", 1536, 2, tuple(range(200, 264)) + tuple(range(300, 332)))]
+    mixed = sim_outcomes(config, prefix)[1]  # 1,024 cached tokens, then 512 new ones
+    samples.hit = [(hit.cached_tokens, 1540 - hit.cached_tokens, hit.ttft_s), (mixed.cached_tokens, 512, mixed.ttft_s)]
+    samples.hit_lone = [sim_outcomes(config, [TraceRequest(0.0, "c", "", n, 2, tuple(range(400, 400 + n // 16)))])[0].ttft_s
+                        for n in (4, 512)]  # fresh prompts of their uncached tokens
     for k in (1, 4, 8):
         burst = [TraceRequest(0.0, f"k{k}-{j}", "", 32, 20, (10_000 + 10 * j, 10_001 + 10 * j)) for j in range(k)]
         samples.itl.append(itl_point(k, [o.itl_s for o in sim_outcomes(config, burst)]))
@@ -106,6 +112,7 @@ def test_fit_gives_back_the_parameters_the_simulator_ran_with():
     assert (got.request_overhead_s, got.token_overhead_s) == pytest.approx((0.031, 4.0e-4), rel=1e-9)
     assert got.hit_s_per_token == pytest.approx(1.5e-5, rel=1e-6)
     assert got.attention_s_per_pair == pytest.approx(1.1e-7, rel=1e-6)
+    assert got.attention_s_per_cached_pair == pytest.approx(4.0e-8, rel=1e-6)
 
 
 def test_fit_gives_back_the_context_cost_of_simulated_decode_steps():
@@ -216,8 +223,18 @@ def test_a_prefill_beside_streams_takes_the_share_and_the_per_stream_cost_longer
     assert loaded == pytest.approx(1024 * 1e-4 * (1 + 0.05 * 10) + 2e-3 * 10 + 1e-3)
 
 
+def test_with_one_hit_shape_the_cached_pairs_cost_what_the_new_ones_do():
+    cal = dataclasses.replace(TRUE, attention_s_per_cached_pair=None)
+    samples = formula_samples(cal)
+    samples.hit, samples.hit_lone = samples.hit[:1], samples.hit_lone[:1]  # the whole prompt again only
+    got = fit(samples)
+    assert got.attention_s_per_cached_pair == pytest.approx(TRUE.attention_s_per_pair, rel=1e-9)
+    assert got.hit_s_per_token == pytest.approx(TRUE.hit_s_per_token, rel=1e-9)
+
+
 def test_the_hit_cost_is_taken_against_the_lone_request_sent_beside_it_not_the_fit_when_there_is_one():
-    samples = formula_samples(TRUE)
+    samples = formula_samples(dataclasses.replace(TRUE, attention_s_per_cached_pair=None))
+    samples.hit, samples.hit_lone = samples.hit[:1], samples.hit_lone[:1]
     burst = 0.050  # the host's noise slowed the hit and the lone request after it alike
     samples.hit = [(c, u, t + burst) for c, u, t in samples.hit]
     samples.hit_lone = [t + burst for t in samples.hit_lone]

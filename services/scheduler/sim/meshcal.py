@@ -4,8 +4,8 @@ measures through its gateway (`kvmesh sim calibrate --url GATEWAY`, shell in mes
 The model (cluster.py, `CostModel` + `MeshCost`), as a client sees it, with W decode workers on
 one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy workers; W = 1: s = 1):
 - TTFT of a lone request with n uncached and c cached prompt tokens
-      = request_overhead + request_busy + n · prefill_s_per_token + attention_s_per_pair · n · (c + n/2)
-        + c · hit_s_per_token + step(1)
+      = request_overhead + request_busy + n · prefill_s_per_token + attention_s_per_pair · n² / 2
+        + attention_s_per_cached_pair · n · c + c · hit_s_per_token + step(1)
 - ITL (a request's mean gap between tokens) with k streams of mean context x decoding, spread over
   b = min(k, W) workers = s(b) · (step(k / b) + decode_s_per_context_token · x · k / b),
   step(k) = decode_s_per_step + (decode_s_per_seq + token_overhead_s) · k; the ITL probe's short
@@ -13,8 +13,9 @@ one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy w
   are short and take step(k) + decode_s_per_context_token · x0 · k, as the ITL probe measured them;
 - W long prompts (n tokens) sent at once, one per worker: the last first token comes
   (W - 1) · request_busy + (s(W) - 1) · (lone prefill work + step(1)) after a lone request's;
-- a prompt whose first c tokens are cached takes c · hit_s_per_token + attention_s_per_pair · n · c
-  longer than a fresh prompt of its n uncached tokens (the hit probe sends one right after each hit);
+- a prompt whose first c tokens are cached takes c · hit_s_per_token + attention_s_per_cached_pair · n · c
+  longer than a fresh prompt of its n uncached tokens (the hit probe sends one right after each hit;
+  its two shapes, n = 16 and 512 after ~1,000-1,500 cached, tell the two terms apart);
 - a burst of M short requests (n tokens, one output token) sent at once: the last first token
   comes (M - 1) · request_busy after a lone request's TTFT (the mesh-wide request server);
 - a prefill of n tokens arriving while k streams decode over b workers (k / b beside it) takes
@@ -75,6 +76,7 @@ class MeshCalibration:
     decode_s_per_context_token: float = 0.0
     host_parallelism: float = 0.0    # busy workers the shared host runs at full speed (0: one worker, not measured)
     prefill_s_per_stream: float = 0.0  # ... plus this many seconds per stream beside it
+    attention_s_per_cached_pair: float | None = None  # per (new, cached) token pair; None: attention_s_per_pair
 
     def sim_flags(self) -> list[str]:
         """`kvmesh sim` flags that reproduce this mesh."""
@@ -87,6 +89,8 @@ class MeshCalibration:
             f"--decode-s-per-context-token {self.decode_s_per_context_token:.3g}",
             f"--prefill-s-per-stream {self.prefill_s_per_stream:.3g}",
         ]
+        if self.attention_s_per_cached_pair is not None:
+            flags.append(f"--attention-s-per-cached-pair {self.attention_s_per_cached_pair:.3g}")
         if self.host_parallelism:
             flags.append(f"--host-parallelism {self.host_parallelism:.3g}")
         if self.admission_limit:
@@ -137,27 +141,48 @@ def beside_medians(stall: list[tuple[float, float, float, float, float]]) -> dic
 
 def fit_beside(points: list[tuple[float, float, float]]) -> tuple[float, float]:
     """Least squares extra = share · lone · k + per_stream_s · k over (a lone prefill's time, streams
-    decoding beside it, how much longer it took beside them) points, both terms >= 0 (the better of
-    the one-term fits when the free fit gives a negative one); with one prefill length the two
-    cannot be told apart and only `share` is fitted. Returns (share, per_stream_s)."""
+    decoding beside it, how much longer it took beside them) points, both terms >= 0; with one
+    prefill length the two cannot be told apart and only `share` is fitted. Returns (share, per_stream_s)."""
     x = np.array([[w * k, k] for w, k, _ in points], dtype=float).reshape(-1, 2)
-    y = np.array([e for _, _, e in points], dtype=float)
-    used = ((0, 1), (0,), (1,)) if len({w for w, _, _ in points}) > 1 else ((0,),)
-    best: tuple[float, tuple[float, float]] | None = None
-    for columns in used:
-        a = x[:, columns]
-        if not len(y) or not a.any():
-            continue
-        coef = np.maximum(np.linalg.lstsq(a, y, rcond=None)[0], 0.0)  # one column: the clamp is its best
-        if len(columns) == 2 and (coef == 0).any():
-            continue
-        got = dict(zip(columns, coef.tolist(), strict=True))
-        residual = float(np.sum((a @ coef - y) ** 2))
+    if len({w for w, _, _ in points}) <= 1:
+        x = x[:, :1]
+    coef = nonnegative_fit(x, np.array([e for _, _, e in points], dtype=float))
+    return float(coef[0]), float(coef[1]) if len(coef) > 1 else 0.0
+
+
+def nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares y = x @ coef with coef >= 0, for one or two columns: the free fit, else the
+    best fit with one coefficient (the others 0)."""
+    if not len(y):
+        return np.zeros(x.shape[1])
+    coef = np.linalg.lstsq(x, y, rcond=None)[0]
+    if (coef >= 0).all():
+        return coef
+    best: tuple[float, np.ndarray] | None = None
+    for j in range(x.shape[1]):
+        one, column = np.zeros(x.shape[1]), x[:, j]
+        one[j] = max(0.0, float(column @ y) / float(column @ column)) if column.any() else 0.0
+        residual = float(np.sum((x @ one - y) ** 2))
         if best is None or residual < best[0]:
-            best = (residual, (got.get(0, 0.0), got.get(1, 0.0)))
-        if len(columns) == 2:
-            break  # the free fit is feasible: it is the least-squares one
-    return best[1] if best else (0.0, 0.0)
+            best = (residual, one)
+    return best[1]  # type: ignore[index]
+
+
+def fit_hits(samples: Samples, attention: float, fitted_lone: list[float]) -> tuple[float, float]:
+    """(hit_s_per_token, attention_s_per_cached_pair) from the hit probe: each repeat's TTFT less its
+    lone request's is c · hit + cached_pair · n · c (c cached, n new tokens), medians per shape; with
+    one shape (one n) the cached pairs cost what the new ones do (`attention`)."""
+    # NOTE: against the lone request sent right after each hit (same noise), else against the TTFT fit:
+    # the host's noise comes in bursts, and three of five hits in one burst once made the hit cost 4x too high
+    groups: dict[tuple[float, float], list[float]] = {}
+    for (cached, uncached, ttft), lone in zip(samples.hit, samples.hit_lone or fitted_lone, strict=True):
+        if cached > 0:
+            groups.setdefault((cached, uncached), []).append(ttft - lone)
+    rows = [(c, n, statistics.median(extra)) for (c, n), extra in groups.items()]
+    if len({n for _, n, _ in rows}) > 1:
+        coef = nonnegative_fit(np.array([[c, n * c] for c, n, _ in rows]), np.array([e for *_, e in rows]))
+        return float(coef[0]), float(coef[1])
+    return max(0.0, _median([(e - attention * n * c) / c for c, n, e in rows])), attention
 
 
 def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshCalibration:
@@ -199,11 +224,7 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
                                     for k, x, itl in samples.itl_long if x > x0]))
     per_seq = max(0.0, per_stream - per_context * x0)  # without the context (noise can make it negative)
     engine = per_seq if engine_decode_s_per_seq is None else min(per_seq, engine_decode_s_per_seq)
-    # NOTE: against the lone request sent right after each hit (same noise), else against the TTFT fit:
-    # the host's noise comes in bursts, and three of five hits in one burst once made this 4x too high
-    lones = samples.hit_lone or [intercept + work(uncached) for _, uncached, _ in samples.hit]
-    hits = [(ttft - lone - attention * uncached * cached) / cached
-            for (cached, uncached, ttft), lone in zip(samples.hit, lones, strict=True) if cached > 0]
+    hit, cached_pair = fit_hits(samples, attention, [intercept + work(uncached) for _, uncached, _ in samples.hit])
     overhead = max(0.0, intercept - step(1) - busy)
     medians = beside_medians(samples.stall)
     lone = {n: t for (n, k), t in medians.items() if k == 0}
@@ -228,7 +249,8 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         request_overhead_s=overhead,
         request_busy_s=busy,
         token_overhead_s=per_seq - engine,
-        hit_s_per_token=max(0.0, _median(hits)),
+        hit_s_per_token=hit,
+        attention_s_per_cached_pair=cached_pair,
         prefill_stall=min(1.0, max(0.0, _median(stalls))),
         prefill_share=share,
         prefill_s_per_stream=per_stream_s,
@@ -264,6 +286,10 @@ def _spread(points: list[tuple[float, float]]) -> list[float]:
     for n, t in points:
         by_length.setdefault(n, []).append(t)
     return [t / statistics.median(by_length[n]) for n, t in points if statistics.median(by_length[n]) > 0]
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def _median(values: list[float]) -> float:
@@ -312,7 +338,8 @@ def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list
     lines = [
         "# end to end, through the gateway (what `kvmesh sim` should use for this mesh):",
         f"#   prefill {cal.prefill_s_per_token:.3g} s per uncached token + {cal.attention_s_per_pair:.3g} s per "
-        f"(new token, earlier token) pair (attention), {cal.hit_s_per_token:.3g} s per cached token",
+        f"(new token, earlier new token) pair and {_or(cal.attention_s_per_cached_pair, cal.attention_s_per_pair):.3g} s "
+        f"per (new, cached) pair (attention), {cal.hit_s_per_token:.3g} s per cached token",
         f"#   decode step {cal.decode_s_per_step:.3g} s + {cal.decode_s_per_seq + cal.token_overhead_s:.3g} s per stream "
         f"(of which mesh per-token overhead {cal.token_overhead_s:.3g} s) + {cal.decode_s_per_context_token:.3g} s "
         "per token of a stream's context",

@@ -2,8 +2,11 @@
 `kvmesh sim calibrate` (meshcal.py). All are off by default: zeros model the engine alone.
 
 - attention_s_per_pair: the quadratic part of a prefill: each new prompt token attends to every
-  token before it, so n new tokens after c cached ones cost attention_s_per_pair × n × (c + n/2)
-  on top of the linear n × prefill_s_per_token (on a small model this term dominates long prompts);
+  token before it, so n new tokens after c cached ones cost attention_s_per_pair × n²/2 +
+  attention_s_per_cached_pair × n × c on top of the linear n × prefill_s_per_token (on a small
+  model this term dominates long prompts); the cached pairs cost what the new ones do unless set
+  (measured on the tiny model on CPU: ~0.3-0.5x, since the n²/2 term of an uncached prompt also
+  holds work that grows with its square beside the attention itself);
 - request_overhead_s is added to every TTFT (HTTP, tokenizing, routing, gRPC set-up);
 - request_busy_s: the CPU work of a request outside the engine that requests queue for, mesh-wide
   (gateway, scheduler, RPC set-up, hand-back): every request passes one FIFO server of this
@@ -43,6 +46,7 @@ class MeshCost:
     """Costs of the mesh around the engine (see the module docstring); zeros = the engine alone."""
 
     attention_s_per_pair: float = 0.0
+    attention_s_per_cached_pair: float | None = None
     request_overhead_s: float = 0.0
     request_busy_s: float = 0.0
     token_overhead_s: float = 0.0

@@ -4,8 +4,9 @@ through its gateway, and prints the `kvmesh sim` flags that reproduce it (model:
 Probes, in order (prompts are random token ids with a per-run nonce, so nothing is cached unless
 a probe means it to be):
 1. TTFT of lone requests against uncached prompt length (median of `repeats` per length);
-2. prefix hits: the same long prompt twice, 0.2 s apart; the second TTFT, less that of a fresh
-   prompt of its uncached tokens sent right after it, against its cached tokens;
+2. prefix hits: a long prompt, then 0.2 s later the same again, or its first part followed by
+   `hit_new_tokens` new ones; the second TTFT, less that of a fresh prompt of its uncached tokens
+   sent right after it, against its cached tokens and its (new, cached) token pairs;
 3. ITL against the number of concurrent streams (short prompts, `stream_tokens` each): the mean
    gap while all k streams decode, median over streams, then over `repeats` runs; then
    `context_streams` streams with long prompts: how much slower they decode is the context's cost;
@@ -54,6 +55,7 @@ class ProbeConfig:
     context_streams: int = 8          # long-prompt streams for the decode step's context cost (0 = skip)
     burst: int = 24
     hit_pause_s: float = 0.2          # between a prompt and its repeat (the prefix-hit probe)
+    hit_new_tokens: tuple[int, ...] = (512,)  # new tokens after a cached prefix (the hit probe's second shape)
     workers: int = 1                  # decode workers behind the gateway (> 1: probe how they share the host)
     admission_probe: int = 0          # burst size; 0 = skip the probe
 
@@ -117,15 +119,21 @@ class _Prober:
             self.samples.ttft.append((statistics.median(p[0] for p in points), statistics.median(p[1] for p in points)))
 
     async def hits(self) -> None:
+        # NOTE: two shapes taking turns: the whole prompt again (the cost per cached token), and a
+        # cached prefix followed by new tokens (their attention over the cached ones)
+        news = [n for n in self.config.hit_new_tokens if 0 < n < self.longest]
+        shapes = [(self.longest, 0), *((self.longest - n, n) for n in news)]
         for _ in range(self.config.repeats):
-            tokens = self.prompt(self.longest)
-            await self.one(tokens, 2)
-            # NOTE: a trace's hits find prefixes cached long before, not while the first turn is handed back
-            await asyncio.sleep(self.config.hit_pause_s)
-            again = await self.one(tokens, 2)
-            lone = await self.one(self.prompt(max(1, self.longest - again.cached_tokens)), 2)  # the same noise, no hit
-            self.samples.hit.append((again.cached_tokens, self.longest - again.cached_tokens, again.ttft_s))
-            self.samples.hit_lone.append(lone.ttft_s)
+            for prefix, new in shapes:
+                first = self.prompt(prefix)
+                await self.one(first, 2)
+                # NOTE: a trace's hits find prefixes cached long before, not while the first turn is handed back
+                await asyncio.sleep(self.config.hit_pause_s)
+                again = await self.one(first + self.prompt(new), 2)
+                uncached = prefix + new - again.cached_tokens
+                lone = await self.one(self.prompt(max(1, uncached)), 2)  # the same noise, no hit
+                self.samples.hit.append((again.cached_tokens, uncached, again.ttft_s))
+                self.samples.hit_lone.append(lone.ttft_s)
 
     async def itl(self) -> None:
         itls: dict[int, list[float]] = {k: [] for k in self.config.streams}
