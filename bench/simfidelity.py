@@ -41,7 +41,7 @@ from kvmesh.scheduler.sim.client import Target
 from kvmesh.scheduler.sim.cluster import SimConfig
 from kvmesh.scheduler.sim.meshcost import MeshCost
 from kvmesh.scheduler.sim.meshcal import MeshCalibration, fit
-from kvmesh.scheduler.sim.meshprobe import ProbeConfig, probe
+from kvmesh.scheduler.sim.meshprobe import ProbeConfig, beside_line, probe
 from kvmesh.scheduler.sim.replay import ReplayConfig, replay
 from kvmesh.scheduler.sim.report import RunSummary, capacity, figures, simulate
 from kvmesh.scheduler.sim.trace import SyntheticConfig, synthetic, without_output_blocks
@@ -101,7 +101,9 @@ def sim_costs(cal: MeshCalibration, workers: int) -> tuple[CostModel, MeshCost]:
     mesh = MeshCost(request_overhead_s=cal.request_overhead_s, request_busy_s=cal.request_busy_s,
                     token_overhead_s=cal.token_overhead_s, hit_s_per_token=cal.hit_s_per_token,
                     prefill_stall=cal.prefill_stall, prefill_share=cal.prefill_share, noise=cal.noise,
+                    prefill_s_per_stream=cal.prefill_s_per_stream,
                     attention_s_per_pair=cal.attention_s_per_pair, host_parallelism=cal.host_parallelism,
+                    attention_s_per_cached_pair=cal.attention_s_per_cached_pair,
                     decode_s_per_context_token=cal.decode_s_per_context_token,
                     admission_limit=MAX_NUM_SEQS * workers)
     return cost, mesh
@@ -128,6 +130,7 @@ def run_workers(bench: Bench, workers: int, lower: CostModel | None) -> None:
                   f"SLO TTFT p99 <= {args.slo_ttft_s} s")
             print("# probes: TTFT by uncached tokens " + ", ".join(f"{n:.0f}: {t * 1e3:.0f} ms" for n, t in samples.ttft)
                   + "; ITL by streams " + ", ".join(f"{k:.0f}: {t * 1e3:.1f} ms" for k, t in samples.itl))
+            print(f"# {beside_line(samples)}")
             print("# calibration: kvmesh sim " + " ".join(cal.sim_flags()))
             sim_cap = bench.capacity_of(lambda r: bench.sim("kv_aware", config, r), 2.0 * workers, 4)
             low_cap = (bench.capacity_of(lambda r: bench.sim("kv_aware", bench.sim_config(workers, lower, MeshCost()), r),

@@ -10,7 +10,7 @@ from kvmesh.scheduler.sim import sim_main
 from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
 from kvmesh.scheduler.sim.meshcost import MeshCost
 from kvmesh.scheduler.sim.meshcal import (
-    MeshCalibration, Samples, admitted_before_first_finish, fit, itl_point, largest_gap, steady_itl, step_s,
+    MeshCalibration, Samples, admitted_before_first_finish, fit, fit_beside, itl_point, largest_gap, steady_itl, step_s,
 )
 from kvmesh.scheduler.sim.report import outcome
 from kvmesh.scheduler.sim.trace import TraceRequest
@@ -18,14 +18,15 @@ from kvmesh.scheduler.sim.trace import TraceRequest
 TRUE = MeshCalibration(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4,
                        request_overhead_s=0.031, request_busy_s=0.004, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5,
                        prefill_stall=0.8, prefill_share=0.05, admission_limit=None, attention_s_per_pair=1.1e-7,
-                       decode_s_per_context_token=1.3e-7)
+                       decode_s_per_context_token=1.3e-7, prefill_s_per_stream=4.0e-4, attention_s_per_cached_pair=4.0e-8)
 SHARED = dataclasses.replace(TRUE, host_parallelism=1.5)  # 2 workers on a host that runs 1.5 at full speed
 
 
 def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
     """What the probes would measure on a mesh of `workers` that the model describes exactly."""
     def work(n, cached=0):
-        return n * cal.prefill_s_per_token + cal.attention_s_per_pair * n * (cached + n / 2)
+        cached_pair = cal.attention_s_per_pair if cal.attention_s_per_cached_pair is None else cal.attention_s_per_cached_pair
+        return n * cal.prefill_s_per_token + cal.attention_s_per_pair * n * n / 2 + cached_pair * n * cached
 
     def slowdown(busy):
         return max(1.0, busy / cal.host_parallelism) if cal.host_parallelism else 1.0
@@ -38,7 +39,8 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
 
     samples = Samples(workers=workers, itl_context=64.0)
     samples.ttft = [(n, ttft(n)) for n in (64, 256, 1024, 1536)]
-    samples.hit = [(1520, 16, ttft(16, 1520))]
+    samples.hit = [(1520, 16, ttft(16, 1520)), (1024, 512, ttft(512, 1024))]  # the whole prompt again; prefix + new
+    samples.hit_lone = [ttft(16), ttft(512)]
     samples.itl = [(k, slowdown(min(k, workers)) * step(k / min(k, workers))) for k in (1, 4, 8, 16)]
     samples.itl_long = [(8, 1568.0, slowdown(min(8, workers)) * step(8 / min(8, workers), 1568.0))]
     samples.burst = [(24, 32, ttft(32) + 23 * cal.request_busy_s)]
@@ -46,10 +48,14 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
         lone = ttft(1536)
         samples.pair = [(workers, 1536, lone + (workers - 1) * cal.request_busy_s
                          + (slowdown(workers) - 1) * (work(1536) + step(1)))]
-    beside = 4 / min(4, workers)  # 4 streams over the workers
-    prefill = slowdown(min(4, workers)) * (work(1536) * (1 + beside * cal.prefill_share) + step(beside + 1))
-    loaded_ttft = cal.request_overhead_s + cal.request_busy_s + prefill
-    samples.stall = [(1536, 4, step(4) + cal.prefill_stall * prefill, step(4), loaded_ttft)]
+    samples.stall = [(n, 0, 0.0, 0.0, ttft(n)) for n in (512, 1536)]  # alone, then beside k streams
+    for k in (8, 16, 32):
+        beside = k / min(k, workers)  # k streams over the workers
+        for n in (512, 1536):
+            prefill = slowdown(min(k, workers)) * (work(n) * (1 + beside * cal.prefill_share)
+                                                   + cal.prefill_s_per_stream * beside + step(beside + 1))
+            loaded_ttft = cal.request_overhead_s + cal.request_busy_s + prefill
+            samples.stall.append((n, k, step(k) + cal.prefill_stall * prefill, step(k), loaded_ttft))
     return samples
 
 
@@ -59,7 +65,7 @@ def test_fit_gives_back_the_parameters_of_timings_made_by_the_model(cal, workers
     assert got.admission_limit is None and got.noise == ()
     for name in ("prefill_s_per_token", "attention_s_per_pair", "decode_s_per_step", "decode_s_per_seq", "decode_s_per_context_token",
                  "request_overhead_s", "request_busy_s", "token_overhead_s", "hit_s_per_token", "prefill_stall",
-                 "prefill_share", "host_parallelism"):
+                 "prefill_share", "prefill_s_per_stream", "host_parallelism", "attention_s_per_cached_pair"):
         assert getattr(got, name) == pytest.approx(getattr(cal, name), rel=1e-9, abs=1e-15), name
 
 
@@ -76,30 +82,37 @@ def sim_outcomes(config: SimConfig, requests: list[TraceRequest]):
 def test_fit_gives_back_the_parameters_the_simulator_ran_with():
     cost = CostModel(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4)
     mesh = MeshCost(request_overhead_s=0.031, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5, prefill_share=0.05,
-                    attention_s_per_pair=1.1e-7)
+                    prefill_s_per_stream=4.0e-4, attention_s_per_pair=1.1e-7, attention_s_per_cached_pair=4.0e-8)
     config = SimConfig(num_workers=1, cost=cost, mesh=mesh)
     samples = Samples()
     lone = [TraceRequest(10.0 * i, f"l{i}", "", n, 2, tuple(range(1000 * i, 1000 * i + n // 16)))
             for i, n in enumerate((64, 256, 1024, 1536))]
     samples.ttft = [(o.prompt_tokens - o.cached_tokens, o.ttft_s) for o in sim_outcomes(config, lone)]
-    again = [TraceRequest(0.0, "a", "", 1536, 2, tuple(range(96))), TraceRequest(10.0, "b", "", 1536, 2, tuple(range(96)))]
+    again = [TraceRequest(0.0, "a", "", 1540, 2, tuple(range(96))), TraceRequest(10.0, "b", "", 1540, 2, tuple(range(96)))]
     hit = sim_outcomes(config, again)[1]
-    samples.hit = [(hit.cached_tokens, 1536 - hit.cached_tokens, hit.ttft_s)]
+    prefix = [TraceRequest(0.0, "p", "", 1024, 2, tuple(range(200, 264))),
+              TraceRequest(10.0, "q", "", 1536, 2, tuple(range(200, 264)) + tuple(range(300, 332)))]
+    mixed = sim_outcomes(config, prefix)[1]  # 1,024 cached tokens, then 512 new ones
+    samples.hit = [(hit.cached_tokens, 1540 - hit.cached_tokens, hit.ttft_s), (mixed.cached_tokens, 512, mixed.ttft_s)]
+    samples.hit_lone = [sim_outcomes(config, [TraceRequest(0.0, "c", "", n, 2, tuple(range(400, 400 + n // 16)))])[0].ttft_s
+                        for n in (4, 512)]  # fresh prompts of their uncached tokens
     for k in (1, 4, 8):
         burst = [TraceRequest(0.0, f"k{k}-{j}", "", 32, 20, (10_000 + 10 * j, 10_001 + 10 * j)) for j in range(k)]
         samples.itl.append(itl_point(k, [o.itl_s for o in sim_outcomes(config, burst)]))
-    streams = [TraceRequest(0.0, f"s{j}", "", 32, 400, (20_000 + 10 * j, 20_001 + 10 * j)) for j in range(4)]
-    loaded = sim_outcomes(config, [*streams, TraceRequest(0.5, "long", "", 1536, 2, tuple(range(30_000, 30_096)))])
-    long_ttft = next(o for o in loaded if o.prompt_tokens == 1536).ttft_s
-    samples.stall = [(1536, 4, 0.0, 0.0, long_ttft)]  # the streams' gaps: prefill_stall is 0 in this config
+    for k in (0, 8, 16):  # a prefill beside k streams (their gaps are not simulated: prefill_stall is 0 here)
+        streams = [TraceRequest(0.0, f"s{j}", "", 32, 400, (20_000 + 10 * j, 20_001 + 10 * j)) for j in range(k)]
+        for n in (512, 1536):
+            loaded = sim_outcomes(config, [*streams, TraceRequest(0.5, "long", "", n, 2, tuple(range(30_000, 30_000 + n // 16)))])
+            samples.stall.append((n, k, 0.0, 0.0, next(o for o in loaded if o.prompt_tokens == n).ttft_s))
     got = fit(samples, engine_decode_s_per_seq=cost.decode_s_per_seq)
-    assert got.prefill_share == pytest.approx(0.05, rel=1e-9)
+    assert (got.prefill_share, got.prefill_s_per_stream) == pytest.approx((0.05, 4.0e-4), rel=1e-9)
     assert hit.cached_tokens == 1536
     assert got.prefill_s_per_token == pytest.approx(cost.prefill_s_per_token, rel=1e-9)
     assert (got.decode_s_per_step, got.decode_s_per_seq) == pytest.approx((cost.decode_s_per_step, cost.decode_s_per_seq), rel=1e-9)
     assert (got.request_overhead_s, got.token_overhead_s) == pytest.approx((0.031, 4.0e-4), rel=1e-9)
     assert got.hit_s_per_token == pytest.approx(1.5e-5, rel=1e-6)
     assert got.attention_s_per_pair == pytest.approx(1.1e-7, rel=1e-6)
+    assert got.attention_s_per_cached_pair == pytest.approx(4.0e-8, rel=1e-6)
 
 
 def test_fit_gives_back_the_context_cost_of_simulated_decode_steps():
@@ -178,3 +191,53 @@ def test_the_noise_is_the_spread_of_lone_ttfts_around_their_fit_and_the_sim_appl
     plain = sim_outcomes(SimConfig(num_workers=1, cost=cost, mesh=MeshCost(request_overhead_s=0.01)), lone)[0]
     noisy = sim_outcomes(SimConfig(num_workers=1, cost=cost, mesh=MeshCost(request_overhead_s=0.01, noise=(3.0,))), lone)[0]
     assert noisy.ttft_s == pytest.approx(3.0 * plain.ttft_s)
+
+
+def test_the_share_and_the_per_stream_cost_of_a_prefill_beside_streams_are_told_apart_by_its_length():
+    def extra(lone, k):
+        return 0.02 * lone * k + 3.0e-4 * k
+    points = [(lone, k, extra(lone, k)) for lone in (0.025, 0.075) for k in (8, 16, 32)]
+    assert fit_beside(points) == pytest.approx((0.02, 3.0e-4), rel=1e-9)
+    additive = [(lone, k, 3.0e-4 * k) for lone in (0.025, 0.075) for k in (8, 16, 32)]
+    assert fit_beside(additive) == pytest.approx((0.0, 3.0e-4), abs=1e-12)
+
+
+def test_with_one_prefill_length_only_the_share_is_fitted_and_neither_term_goes_negative():
+    assert fit_beside([(0.075, k, 0.01 * 0.075 * k) for k in (8, 16, 32)]) == pytest.approx((0.01, 0.0), abs=1e-12)
+    assert fit_beside([(0.075, k, -0.001 * k) for k in (8, 16, 32)]) == (0.0, 0.0)  # faster beside streams: noise
+    assert fit_beside([]) == (0.0, 0.0)
+
+
+def test_a_prefill_beside_streams_takes_the_share_and_the_per_stream_cost_longer_in_the_sim():
+    cost = CostModel(prefill_s_per_token=1e-4, decode_s_per_step=1e-3, decode_s_per_seq=0.0)
+    streams = [TraceRequest(0.0, f"s{j}", "", 16, 2000, (100 + j,)) for j in range(10)]  # still decoding at 0.5 s
+    long = TraceRequest(0.5, "long", "", 1024, 1, tuple(range(1000, 1064)))
+
+    def ttft(mesh: MeshCost, beside: list[TraceRequest]) -> float:
+        outcomes = sim_outcomes(SimConfig(num_workers=1, cost=cost, mesh=mesh), [*beside, long])
+        return next(o for o in outcomes if o.prompt_tokens == 1024).ttft_s
+
+    alone = ttft(MeshCost(prefill_share=0.05, prefill_s_per_stream=2e-3), [])
+    assert alone == pytest.approx(1024 * 1e-4 + 1e-3)
+    loaded = ttft(MeshCost(prefill_share=0.05, prefill_s_per_stream=2e-3), streams)
+    assert loaded == pytest.approx(1024 * 1e-4 * (1 + 0.05 * 10) + 2e-3 * 10 + 1e-3)
+
+
+def test_with_one_hit_shape_the_cached_pairs_cost_what_the_new_ones_do():
+    cal = dataclasses.replace(TRUE, attention_s_per_cached_pair=None)
+    samples = formula_samples(cal)
+    samples.hit, samples.hit_lone = samples.hit[:1], samples.hit_lone[:1]  # the whole prompt again only
+    got = fit(samples)
+    assert got.attention_s_per_cached_pair == pytest.approx(TRUE.attention_s_per_pair, rel=1e-9)
+    assert got.hit_s_per_token == pytest.approx(TRUE.hit_s_per_token, rel=1e-9)
+
+
+def test_the_hit_cost_is_taken_against_the_lone_request_sent_beside_it_not_the_fit_when_there_is_one():
+    samples = formula_samples(dataclasses.replace(TRUE, attention_s_per_cached_pair=None))
+    samples.hit, samples.hit_lone = samples.hit[:1], samples.hit_lone[:1]
+    burst = 0.050  # the host's noise slowed the hit and the lone request after it alike
+    samples.hit = [(c, u, t + burst) for c, u, t in samples.hit]
+    samples.hit_lone = [t + burst for t in samples.hit_lone]
+    assert fit(samples).hit_s_per_token == pytest.approx(TRUE.hit_s_per_token, rel=1e-9)
+    samples.hit_lone = []  # saved timings from before the lone reference: against the TTFT fit, noise and all
+    assert fit(samples).hit_s_per_token == pytest.approx(TRUE.hit_s_per_token + burst / 1520, rel=1e-9)

@@ -50,11 +50,14 @@ def test_replay_prints_the_sim_tables(gateway, tmp_path, capsys):
 
 
 def test_calibration_probes_the_mesh(gateway):
-    config = ProbeConfig(lengths=(32, 256), repeats=1, streams=(1, 2), stream_tokens=8, stall_streams=2, burst=4,
-                         admission_probe=0, context_streams=2)
+    config = ProbeConfig(lengths=(32, 256), repeats=1, streams=(1, 2), stream_tokens=8, stall_streams=(0, 2), burst=4,
+                         stall_lengths=(256,), hit_new_tokens=(128,), admission_probe=0, context_streams=2)
     samples = asyncio.run(probe(Target(gateway, timeout_s=60.0), config))
     assert [n for n, _ in samples.ttft] == [32, 256] and all(t > 0 for _, t in samples.ttft)
     assert [k for k, _ in samples.itl] == [1, 2] and all(t > 0 for _, t in samples.itl)
     assert [(k, x) for k, x, _ in samples.itl_long] == [(2, 256 + 4)] and samples.itl_long[0][2] > 0
     assert samples.hit[0][0] >= 240  # the repeated 256-token prompt: its full blocks came from the cache
-    assert len(samples.stall) == 1 and len(samples.burst) == 1
+    assert samples.hit[1][:2] == (128, 128)  # its first 128 tokens cached, 128 new ones after them
+    assert len(samples.hit_lone) == 2 and all(t > 0 for t in samples.hit_lone)
+    assert [(n, k) for n, k, *_ in samples.stall] == [(256, 0), (256, 2)] and len(samples.burst) == 1
+    assert all(ttft > 0 for *_, ttft in samples.stall) and samples.stall[1][2] > 0  # the streams' gap beside it

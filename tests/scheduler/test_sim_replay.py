@@ -1,8 +1,11 @@
 """`kvmesh sim replay`: prompts built from hash ids, and the figures of a replay (no mesh here)."""
 
+import asyncio
+import json
 import math
 
 from kvmesh.runtime.blockhash import BlockHasher
+from kvmesh.scheduler.sim.client import sse_lines
 from kvmesh.scheduler.sim.replay import VOCAB, prompt_token_ids, replay_summary
 from kvmesh.scheduler.sim.report import Outcome
 from kvmesh.scheduler.sim.trace import TraceRequest, without_output_blocks
@@ -57,3 +60,19 @@ def test_replay_figures_count_errors_by_status_and_goodput_under_the_slo():
     assert summary.ttft_p50_s == 0.1 and math.isclose(summary.ttft_p99_s, 0.9)
     assert math.isclose(summary.itl_p50_s, 0.1) and summary.hit_rate == 16 / 64
     assert math.isclose(summary.goodput, 1 / 3.0, rel_tol=1e-6)  # one request in the 3 s window met the SLO
+
+
+def test_event_stream_lines_end_only_at_newlines_not_at_unicode_line_separators():
+    chunk = {"choices": [{"text": "a\u2028b\x85c\u2029"}]}
+    body = ("data: " + json.dumps(chunk, ensure_ascii=False) + "\r\n\ndata: [DONE]\n").encode()
+
+    async def pieces():  # cut inside the multi-byte separator and between \r and \n
+        for i in range(0, len(body), 7):
+            yield body[i:i + 7]
+
+    async def lines():
+        return [line async for line in sse_lines(pieces())]
+
+    got = [line for line in asyncio.run(lines()) if line]
+    assert got == ["data: " + json.dumps(chunk, ensure_ascii=False), "data: [DONE]"]
+    assert json.loads(got[0][6:]) == chunk

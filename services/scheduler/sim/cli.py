@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mesh: per-request work outside the engine that requests queue for, mesh-wide")
     p.add_argument("--prefill-share", type=float, default=mesh.prefill_share,
                    help="mesh: a prefill takes (1 + this x other running streams) times as long")
+    p.add_argument("--prefill-s-per-stream", type=float, default=mesh.prefill_s_per_stream,
+                   help="mesh: and this many seconds longer per other running stream")
     p.add_argument("--ttft-noise", default="", help="mesh: comma-separated factors on prefill time and overhead, "
                    "one per request by its id (the host's noise, from `kvmesh sim calibrate`)")
     p.add_argument("--host-parallelism", type=float, default=mesh.host_parallelism,
@@ -72,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mesh: added to a decode step per token of each running sequence's context")
     p.add_argument("--attention-s-per-pair", type=float, default=mesh.attention_s_per_pair,
                    help="mesh: prefill's quadratic part, per (new prompt token, earlier token) pair")
+    p.add_argument("--attention-s-per-cached-pair", type=float, default=mesh.attention_s_per_cached_pair,
+                   help="mesh: the same per (new token, cached token) pair (default: --attention-s-per-pair)")
     p.add_argument("--token-overhead-s", type=float, default=mesh.token_overhead_s,
                    help="mesh: added to a decode step per running sequence")
     p.add_argument("--hit-s-per-token", type=float, default=mesh.hit_s_per_token, help="mesh: cost of a cached prompt token")
@@ -113,7 +117,9 @@ def _sim_config(args: argparse.Namespace, n: int, routers: int = 1) -> SimConfig
             request_overhead_s=args.request_overhead_s, request_busy_s=args.request_busy_s,
             token_overhead_s=args.token_overhead_s, hit_s_per_token=args.hit_s_per_token,
             prefill_stall=args.prefill_stall, prefill_share=args.prefill_share,
+            prefill_s_per_stream=args.prefill_s_per_stream,
             host_parallelism=args.host_parallelism, attention_s_per_pair=args.attention_s_per_pair,
+            attention_s_per_cached_pair=args.attention_s_per_cached_pair,
             decode_s_per_context_token=args.decode_s_per_context_token,
             noise=tuple(float(x) for x in args.ttft_noise.split(",") if x),
             admission_limit=args.admission_limit, admission_timeout_s=args.admission_timeout_s,

@@ -13,6 +13,7 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from .report import Outcome
@@ -81,7 +82,7 @@ async def stream_one(client, target: Target, model: str, prompt: list[int], max_
                 await response.aread()
                 return Outcome(start, len(prompt), max_tokens, math.nan, clock(), 0, response.status_code)
             done = False
-            async for line in response.aiter_lines():
+            async for line in sse_lines(response.aiter_bytes()):
                 if not line.startswith("data: "):
                     continue
                 data = line[6:]
@@ -106,3 +107,19 @@ async def stream_one(client, target: Target, model: str, prompt: list[int], max_
     except (httpx.HTTPError, OSError, asyncio.TimeoutError):
         status = CLIENT_ERROR
     return Outcome(start, len(prompt), tokens or max_tokens, first, clock(), cached, status)
+
+
+async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """The lines of an event stream, split at \\n, \\r\\n or \\r only (the SSE line ends).
+
+    NOTE: httpx's `aiter_lines` splits like `str.splitlines`, also at U+0085, U+2028 and U+2029,
+    which JSON leaves unescaped inside strings: a token that decodes to one of them cut its chunk's
+    JSON in two and failed the calibration's probes (random-token outputs of 256 tokens hit it)."""
+    buffer = b""
+    async for chunk in chunks:
+        buffer += chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            yield line.decode("utf-8", errors="replace")
+    if buffer:
+        yield buffer.decode("utf-8", errors="replace")

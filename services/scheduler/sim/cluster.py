@@ -287,9 +287,11 @@ class Cluster:
         cost, mesh = self.config.cost, self.config.mesh
         # NOTE: a fully cached prompt still takes one step: the engine computes its last token for the logits.
         chunks = max(1, -(-tokens // self.config.max_num_batched_tokens))
-        slowdown = 1.0 + mesh.prefill_share * max(0, d.running - 1)
-        attention = mesh.attention_s_per_pair * tokens * (cached + tokens / 2)
-        return (cost.prefill_s(tokens) + attention) * slowdown + chunks * self._step_s(d)
+        beside = max(0, d.running - 1)
+        cached_pair = mesh.attention_s_per_pair if mesh.attention_s_per_cached_pair is None else mesh.attention_s_per_cached_pair
+        attention = mesh.attention_s_per_pair * tokens * tokens / 2 + cached_pair * tokens * cached
+        return ((cost.prefill_s(tokens) + attention) * (1.0 + mesh.prefill_share * beside)
+                + mesh.prefill_s_per_stream * beside + chunks * self._step_s(d))
 
     def _start(self, d: SimWorker, result: RequestResult, decision: RouteDecision) -> None:
         d.running += 1

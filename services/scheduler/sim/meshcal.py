@@ -4,8 +4,8 @@ measures through its gateway (`kvmesh sim calibrate --url GATEWAY`, shell in mes
 The model (cluster.py, `CostModel` + `MeshCost`), as a client sees it, with W decode workers on
 one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy workers; W = 1: s = 1):
 - TTFT of a lone request with n uncached and c cached prompt tokens
-      = request_overhead + request_busy + n · prefill_s_per_token + attention_s_per_pair · n · (c + n/2)
-        + c · hit_s_per_token + step(1)
+      = request_overhead + request_busy + n · prefill_s_per_token + attention_s_per_pair · n² / 2
+        + attention_s_per_cached_pair · n · c + c · hit_s_per_token + step(1)
 - ITL (a request's mean gap between tokens) with k streams of mean context x decoding, spread over
   b = min(k, W) workers = s(b) · (step(k / b) + decode_s_per_context_token · x · k / b),
   step(k) = decode_s_per_step + (decode_s_per_seq + token_overhead_s) · k; the ITL probe's short
@@ -13,11 +13,17 @@ one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy w
   are short and take step(k) + decode_s_per_context_token · x0 · k, as the ITL probe measured them;
 - W long prompts (n tokens) sent at once, one per worker: the last first token comes
   (W - 1) · request_busy + (s(W) - 1) · (lone prefill work + step(1)) after a lone request's;
+- a prompt whose first c tokens are cached takes c · hit_s_per_token + attention_s_per_cached_pair · n · c
+  longer than a fresh prompt of its n uncached tokens (the hit probe sends one right after each hit;
+  its two shapes, n = 16 and 512 after ~1,000-1,500 cached, tell the two terms apart);
 - a burst of M short requests (n tokens, one output token) sent at once: the last first token
   comes (M - 1) · request_busy after a lone request's TTFT (the mesh-wide request server);
 - a prefill of n tokens arriving while k streams decode over b workers (k / b beside it) takes
-  s(b) · (work(n) · (1 + prefill_share · k / b) + step(k / b + 1)), and the streams beside it stop
-  for prefill_stall of that time (their largest gap grows by that much over their ITL);
+  s(b) · (work(n) · (1 + prefill_share · k / b) + prefill_s_per_stream · k / b + step(k / b + 1)),
+  and the streams beside it stop for prefill_stall of that time (their largest gap grows by that
+  much over their ITL); the probe sends it beside several stream counts, 0 included (its lone
+  work(n), measured beside the others), at two lengths: the term proportional to the prefill's
+  work and the additive one per stream are told apart by the length (fit_beside);
 - admission: the number of streams that got a first token before any of a burst finished.
 `fit` inverts these formulas, so timings made by them give the parameters back exactly.
 """
@@ -40,6 +46,7 @@ class Samples:
     ttft: list[tuple[float, float]] = field(default_factory=list)        # (uncached tokens, median TTFT s), lone requests
     ttft_raw: list[tuple[float, float]] = field(default_factory=list)    # every lone request behind those medians
     hit: list[tuple[float, float, float]] = field(default_factory=list)  # (cached, uncached tokens, TTFT s)
+    hit_lone: list[float] = field(default_factory=list)  # TTFT of a fresh prompt of each hit's uncached length, sent next
     itl: list[tuple[float, float]] = field(default_factory=list)         # (streams, ITL s)
     itl_context: float = 0.0                                             # mean context of those streams
     itl_long: list[tuple[float, float, float]] = field(default_factory=list)  # (streams, mean context, ITL s)
@@ -62,12 +69,14 @@ class MeshCalibration:
     token_overhead_s: float
     hit_s_per_token: float
     prefill_stall: float
-    prefill_share: float
+    prefill_share: float             # a prefill takes (1 + this × streams beside it) times as long ...
     admission_limit: int | None      # None: not probed, or more than the probe sent
     noise: tuple[float, ...] = ()    # deciles of lone TTFT / the median at its length: the host's noise
     attention_s_per_pair: float = 0.0
     decode_s_per_context_token: float = 0.0
     host_parallelism: float = 0.0    # busy workers the shared host runs at full speed (0: one worker, not measured)
+    prefill_s_per_stream: float = 0.0  # ... plus this many seconds per stream beside it
+    attention_s_per_cached_pair: float | None = None  # per (new, cached) token pair; None: attention_s_per_pair
 
     def sim_flags(self) -> list[str]:
         """`kvmesh sim` flags that reproduce this mesh."""
@@ -78,7 +87,10 @@ class MeshCalibration:
             f"--hit-s-per-token {self.hit_s_per_token:.3g}", f"--prefill-stall {self.prefill_stall:.3g}",
             f"--prefill-share {self.prefill_share:.3g}", f"--attention-s-per-pair {self.attention_s_per_pair:.3g}",
             f"--decode-s-per-context-token {self.decode_s_per_context_token:.3g}",
+            f"--prefill-s-per-stream {self.prefill_s_per_stream:.3g}",
         ]
+        if self.attention_s_per_cached_pair is not None:
+            flags.append(f"--attention-s-per-cached-pair {self.attention_s_per_cached_pair:.3g}")
         if self.host_parallelism:
             flags.append(f"--host-parallelism {self.host_parallelism:.3g}")
         if self.admission_limit:
@@ -117,6 +129,60 @@ def fit_prefill(points: list[tuple[float, float]]) -> tuple[float, float, float]
         intercept, slope = fit_line(points)
         return intercept, max(0.0, slope), 0.0
     return best[1]
+
+
+def beside_medians(stall: list[tuple[float, float, float, float, float]]) -> dict[tuple[float, float], float]:
+    """(prefill tokens, streams beside it) -> the median TTFT of the stall probe's prefills."""
+    groups: dict[tuple[float, float], list[float]] = {}
+    for tokens, k, _, _, ttft in stall:
+        groups.setdefault((tokens, k), []).append(ttft)
+    return {key: statistics.median(ttfts) for key, ttfts in sorted(groups.items())}
+
+
+def fit_beside(points: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """Least squares extra = share · lone · k + per_stream_s · k over (a lone prefill's time, streams
+    decoding beside it, how much longer it took beside them) points, both terms >= 0; with one
+    prefill length the two cannot be told apart and only `share` is fitted. Returns (share, per_stream_s)."""
+    x = np.array([[w * k, k] for w, k, _ in points], dtype=float).reshape(-1, 2)
+    if len({w for w, _, _ in points}) <= 1:
+        x = x[:, :1]
+    coef = nonnegative_fit(x, np.array([e for _, _, e in points], dtype=float))
+    return float(coef[0]), float(coef[1]) if len(coef) > 1 else 0.0
+
+
+def nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares y = x @ coef with coef >= 0, for one or two columns: the free fit, else the
+    best fit with one coefficient (the others 0)."""
+    if not len(y):
+        return np.zeros(x.shape[1])
+    coef = np.linalg.lstsq(x, y, rcond=None)[0]
+    if (coef >= 0).all():
+        return coef
+    best: tuple[float, np.ndarray] | None = None
+    for j in range(x.shape[1]):
+        one, column = np.zeros(x.shape[1]), x[:, j]
+        one[j] = max(0.0, float(column @ y) / float(column @ column)) if column.any() else 0.0
+        residual = float(np.sum((x @ one - y) ** 2))
+        if best is None or residual < best[0]:
+            best = (residual, one)
+    return best[1]  # type: ignore[index]
+
+
+def fit_hits(samples: Samples, attention: float, fitted_lone: list[float]) -> tuple[float, float]:
+    """(hit_s_per_token, attention_s_per_cached_pair) from the hit probe: each repeat's TTFT less its
+    lone request's is c · hit + cached_pair · n · c (c cached, n new tokens), medians per shape; with
+    one shape (one n) the cached pairs cost what the new ones do (`attention`)."""
+    # NOTE: against the lone request sent right after each hit (same noise), else against the TTFT fit:
+    # the host's noise comes in bursts, and three of five hits in one burst once made the hit cost 4x too high
+    groups: dict[tuple[float, float], list[float]] = {}
+    for (cached, uncached, ttft), lone in zip(samples.hit, samples.hit_lone or fitted_lone, strict=True):
+        if cached > 0:
+            groups.setdefault((cached, uncached), []).append(ttft - lone)
+    rows = [(c, n, statistics.median(extra)) for (c, n), extra in groups.items()]
+    if len({n for _, n, _ in rows}) > 1:
+        coef = nonnegative_fit(np.array([[c, n * c] for c, n, _ in rows]), np.array([e for *_, e in rows]))
+        return float(coef[0]), float(coef[1])
+    return max(0.0, _median([(e - attention * n * c) / c for c, n, e in rows])), attention
 
 
 def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshCalibration:
@@ -158,18 +224,23 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
                                     for k, x, itl in samples.itl_long if x > x0]))
     per_seq = max(0.0, per_stream - per_context * x0)  # without the context (noise can make it negative)
     engine = per_seq if engine_decode_s_per_seq is None else min(per_seq, engine_decode_s_per_seq)
-    hits = [(ttft - intercept - work(uncached) - attention * uncached * cached) / cached
-            for cached, uncached, ttft in samples.hit if cached > 0]
+    hit, cached_pair = fit_hits(samples, attention, [intercept + work(uncached) for _, uncached, _ in samples.hit])
     overhead = max(0.0, intercept - step(1) - busy)
-    shares, stalls = [], []
-    for tokens, k, gap, itl, ttft in samples.stall:
-        b = spread(k)
-        beside = k / b if k > 0 else 0.0
-        w = work(tokens)
-        share = (((ttft - overhead - busy) / slowdown(b) - step(beside + 1) - w) / (w * beside)
-                 if w > 0 and beside > 0 else 0.0)
-        shares.append(share)
-        stalls.append((gap - itl) / (slowdown(b) * (w * (1.0 + share * beside) + step(beside + 1))))
+    medians = beside_medians(samples.stall)
+    lone = {n: t for (n, k), t in medians.items() if k == 0}
+
+    def prefill(n: float) -> float:  # a lone prefill's work: as the stall probe measured it, else from the fit
+        return max(0.0, lone[n] - overhead - busy - step(1)) if n in lone else work(n)
+
+    extras = [(prefill(n), k / spread(k),
+               (ttft - overhead - busy) / slowdown(spread(k)) - step(k / spread(k) + 1) - prefill(n))
+              for (n, k), ttft in medians.items() if k > 0]
+    share, per_stream_s = fit_beside(extras)
+    stalls = []
+    for tokens, k, gap, itl, _ in samples.stall:
+        if k > 0:
+            b, w = spread(k), prefill(tokens)
+            stalls.append((gap - itl) / (slowdown(b) * (w * (1.0 + share * k / b) + per_stream_s * k / b + step(k / b + 1))))
     admitted = samples.admitted if samples.admitted is not None and samples.admitted < samples.probe_streams else None
     return MeshCalibration(
         prefill_s_per_token=per_token,
@@ -178,9 +249,11 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         request_overhead_s=overhead,
         request_busy_s=busy,
         token_overhead_s=per_seq - engine,
-        hit_s_per_token=max(0.0, _median(hits)),
+        hit_s_per_token=hit,
+        attention_s_per_cached_pair=cached_pair,
         prefill_stall=min(1.0, max(0.0, _median(stalls))),
-        prefill_share=max(0.0, _median(shares)),
+        prefill_share=share,
+        prefill_s_per_stream=per_stream_s,
         admission_limit=admitted,
         noise=noise_quantiles(_spread(samples.ttft_raw)),
         attention_s_per_pair=attention,
@@ -213,6 +286,10 @@ def _spread(points: list[tuple[float, float]]) -> list[float]:
     for n, t in points:
         by_length.setdefault(n, []).append(t)
     return [t / statistics.median(by_length[n]) for n, t in points if statistics.median(by_length[n]) > 0]
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def _median(values: list[float]) -> float:
@@ -261,14 +338,16 @@ def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list
     lines = [
         "# end to end, through the gateway (what `kvmesh sim` should use for this mesh):",
         f"#   prefill {cal.prefill_s_per_token:.3g} s per uncached token + {cal.attention_s_per_pair:.3g} s per "
-        f"(new token, earlier token) pair (attention), {cal.hit_s_per_token:.3g} s per cached token",
+        f"(new token, earlier new token) pair and {_or(cal.attention_s_per_cached_pair, cal.attention_s_per_pair):.3g} s "
+        f"per (new, cached) pair (attention), {cal.hit_s_per_token:.3g} s per cached token",
         f"#   decode step {cal.decode_s_per_step:.3g} s + {cal.decode_s_per_seq + cal.token_overhead_s:.3g} s per stream "
         f"(of which mesh per-token overhead {cal.token_overhead_s:.3g} s) + {cal.decode_s_per_context_token:.3g} s "
         "per token of a stream's context",
         f"#   per-request overhead {cal.request_overhead_s:.3g} s of latency, plus {cal.request_busy_s:.3g} s of work "
         "requests queue for mesh-wide (HTTP, tokenizing, routing, gRPC set-up, hand-back)",
-        f"#   a prefill takes {cal.prefill_share:.3g}x longer per stream decoding beside it, and stalls those "
-        f"streams for {cal.prefill_stall:.0%} of its time (engine and RPC loop share the worker's CPU)",
+        f"#   a prefill takes {cal.prefill_share:.3g}x longer plus {cal.prefill_s_per_stream:.3g} s per stream decoding "
+        f"beside it, and stalls those streams for {cal.prefill_stall:.0%} of its time (engine and RPC loop share the "
+        "worker's CPU)",
         "#   shared host: " + (f"runs {cal.host_parallelism:.3g} busy decode workers at full speed, more slow down"
                                if cal.host_parallelism else "not measured (one decode worker)"),
         "#   admission limit: " + (f"{cal.admission_limit} requests in flight" if cal.admission_limit

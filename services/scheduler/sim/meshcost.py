@@ -2,14 +2,20 @@
 `kvmesh sim calibrate` (meshcal.py). All are off by default: zeros model the engine alone.
 
 - attention_s_per_pair: the quadratic part of a prefill: each new prompt token attends to every
-  token before it, so n new tokens after c cached ones cost attention_s_per_pair × n × (c + n/2)
-  on top of the linear n × prefill_s_per_token (on a small model this term dominates long prompts);
+  token before it, so n new tokens after c cached ones cost attention_s_per_pair × n²/2 +
+  attention_s_per_cached_pair × n × c on top of the linear n × prefill_s_per_token (on a small
+  model this term dominates long prompts); the cached pairs cost what the new ones do unless set
+  (measured on the tiny model on CPU: ~0.3-0.5x, since the n²/2 term of an uncached prompt also
+  holds work that grows with its square beside the attention itself);
 - request_overhead_s is added to every TTFT (HTTP, tokenizing, routing, gRPC set-up);
 - request_busy_s: the CPU work of a request outside the engine that requests queue for, mesh-wide
   (gateway, scheduler, RPC set-up, hand-back): every request passes one FIFO server of this
   service time before admission, so it bounds the mesh's request rate whatever its worker count;
-- prefill_share: a prefill takes (1 + prefill_share × other running streams) times as long, since
-  the worker's RPC loop (and the gateway) work for those streams on the same CPU;
+- prefill_share, prefill_s_per_stream: a prefill beside k other running streams takes
+  (1 + prefill_share × k) times as long, plus prefill_s_per_stream × k, since the worker's RPC loop
+  (and the gateway) work for those streams on the same CPU. `kvmesh sim calibrate` measures both
+  beside 8-32 streams, at two prompt lengths (the first term grows with the prefill, the second
+  does not); before, only the first, beside 4 streams, which overstated it several times;
 - token_overhead_s is added to a decode step per running sequence (per-token RPC/SSE work);
 - decode_s_per_context_token is added to a decode step per token of context of each running
   sequence (its attention over its KV; a sequence counts prompt + output / 2);
@@ -40,6 +46,7 @@ class MeshCost:
     """Costs of the mesh around the engine (see the module docstring); zeros = the engine alone."""
 
     attention_s_per_pair: float = 0.0
+    attention_s_per_cached_pair: float | None = None
     request_overhead_s: float = 0.0
     request_busy_s: float = 0.0
     token_overhead_s: float = 0.0
@@ -47,6 +54,7 @@ class MeshCost:
     hit_s_per_token: float = 0.0
     prefill_stall: float = 0.0
     prefill_share: float = 0.0
+    prefill_s_per_stream: float = 0.0
     host_parallelism: float = 0.0
     noise: tuple[float, ...] = ()
     admission_limit: int = 0

@@ -4,12 +4,15 @@ through its gateway, and prints the `kvmesh sim` flags that reproduce it (model:
 Probes, in order (prompts are random token ids with a per-run nonce, so nothing is cached unless
 a probe means it to be):
 1. TTFT of lone requests against uncached prompt length (median of `repeats` per length);
-2. prefix hits: the same long prompt twice, the second TTFT against its cached tokens;
+2. prefix hits: a long prompt, then 0.2 s later the same again, or its first part followed by
+   `hit_new_tokens` new ones; the second TTFT, less that of a fresh prompt of its uncached tokens
+   sent right after it, against its cached tokens and its (new, cached) token pairs;
 3. ITL against the number of concurrent streams (short prompts, `stream_tokens` each): the mean
    gap while all k streams decode, median over streams, then over `repeats` runs; then
    `context_streams` streams with long prompts: how much slower they decode is the context's cost;
-4. CPU sharing: while `stall_streams` streams decode, one long uncached prompt arrives; its TTFT
-   against a lone one's, and the streams' largest gap during its prefill against their ITL;
+4. CPU sharing: while k streams decode (k in `stall_streams`, 0 included, taking turns), one
+   uncached prompt of each of `stall_lengths` arrives; its TTFT against the lone one's at that
+   length, and the streams' largest gap during its prefill against their ITL;
 5. request work: `burst` short requests (one output token) at once; how much later than a lone
    request's the last first token comes;
 6. with `workers` > 1 (the decode workers behind the gateway, on one host): that many long
@@ -34,7 +37,9 @@ from dataclasses import dataclass
 
 from .calibrate import lower_bound
 from .client import Target, new_client, served_model, stream_one, unreachable
-from .meshcal import Samples, admitted_before_first_finish, describe, fit, itl_point, largest_gap, steady_itl
+from .meshcal import (
+    Samples, admitted_before_first_finish, beside_medians, describe, fit, itl_point, largest_gap, steady_itl,
+)
 from .replay import VOCAB
 from .report import Outcome
 
@@ -45,9 +50,12 @@ class ProbeConfig:
     repeats: int = 3
     streams: tuple[int, ...] = (1, 4, 8, 16)
     stream_tokens: int = 64
-    stall_streams: int = 4
+    stall_streams: tuple[int, ...] = (0, 8, 16, 32)  # streams decoding beside a prefill (0: its lone TTFT)
+    stall_lengths: tuple[int, ...] = (512, 1536)     # uncached prompt lengths of that prefill
     context_streams: int = 8          # long-prompt streams for the decode step's context cost (0 = skip)
     burst: int = 24
+    hit_pause_s: float = 0.2          # between a prompt and its repeat (the prefix-hit probe)
+    hit_new_tokens: tuple[int, ...] = (512,)  # new tokens after a cached prefix (the hit probe's second shape)
     workers: int = 1                  # decode workers behind the gateway (> 1: probe how they share the host)
     admission_probe: int = 0          # burst size; 0 = skip the probe
 
@@ -72,7 +80,10 @@ async def probe(target: Target, config: ProbeConfig) -> Samples:
         await prober.hits()
         await prober.itl()
         for _ in range(config.repeats):
-            prober.samples.stall.append(await prober.stall())
+            # NOTE: stream counts and lengths take turns (as in ttft()), so the host's noise bends no one point
+            for k in config.stall_streams:
+                for n in config.stall_lengths:
+                    prober.samples.stall.append(await prober.stall(k, n))
             prober.samples.burst.append(await prober.burst())
             if config.workers > 1:
                 prober.samples.pair.append(await prober.pair())
@@ -108,11 +119,21 @@ class _Prober:
             self.samples.ttft.append((statistics.median(p[0] for p in points), statistics.median(p[1] for p in points)))
 
     async def hits(self) -> None:
+        # NOTE: two shapes taking turns: the whole prompt again (the cost per cached token), and a
+        # cached prefix followed by new tokens (their attention over the cached ones)
+        news = [n for n in self.config.hit_new_tokens if 0 < n < self.longest]
+        shapes = [(self.longest, 0), *((self.longest - n, n) for n in news)]
         for _ in range(self.config.repeats):
-            tokens = self.prompt(self.longest)
-            await self.one(tokens, 2)
-            again = await self.one(tokens, 2)
-            self.samples.hit.append((again.cached_tokens, self.longest - again.cached_tokens, again.ttft_s))
+            for prefix, new in shapes:
+                first = self.prompt(prefix)
+                await self.one(first, 2)
+                # NOTE: a trace's hits find prefixes cached long before, not while the first turn is handed back
+                await asyncio.sleep(self.config.hit_pause_s)
+                again = await self.one(first + self.prompt(new), 2)
+                uncached = prefix + new - again.cached_tokens
+                lone = await self.one(self.prompt(max(1, uncached)), 2)  # the same noise, no hit
+                self.samples.hit.append((again.cached_tokens, uncached, again.ttft_s))
+                self.samples.hit_lone.append(lone.ttft_s)
 
     async def itl(self) -> None:
         itls: dict[int, list[float]] = {k: [] for k in self.config.streams}
@@ -133,9 +154,9 @@ class _Prober:
         steady = steady_itl(times, [o.output_tokens for o in run])
         return steady if not math.isnan(steady) else itl_point(k, [o.itl_s for o in run])[1]
 
-    async def stall(self) -> tuple[float, float, float, float, float]:
-        """(prefill tokens, streams, the largest gap of any during the prefill, their median ITL, its TTFT)."""
-        streams = self.config.stall_streams
+    async def stall(self, streams: int, tokens: int) -> tuple[float, float, float, float, float]:
+        """(prefill tokens, streams, the largest gap of any during the prefill, their median ITL, its TTFT)
+        for an uncached prompt of `tokens` arriving while `streams` streams decode (0: alone)."""
         times: list[list[float]] = [[] for _ in range(streams)]
         tasks = [asyncio.create_task(self.one(self.prompt(16), 4 * self.config.stream_tokens, t)) for t in times]
         for _ in range(2000):  # until every stream has a few tokens (bounded: 20 s)
@@ -143,12 +164,14 @@ class _Prober:
                 break
             await asyncio.sleep(0.01)
         start = time.perf_counter()
-        long = await self.one(self.prompt(self.longest), 1)
+        long = await self.one(self.prompt(tokens), 1)
         outcomes = await asyncio.gather(*tasks)
+        if not streams:
+            return float(tokens), 0.0, 0.0, 0.0, long.ttft_s
         # NOTE: the largest gap of any stream: with several workers only those beside the prefill stall
         gap = max(largest_gap(t, start, long.first_token_s) for t in times)
         itl = statistics.median(o.itl_s for o in outcomes)
-        return float(self.longest), float(streams), gap, itl, long.ttft_s
+        return float(tokens), float(streams), gap, itl, long.ttft_s
 
     async def burst(self) -> tuple[float, float, float]:
         """(requests, prompt tokens, the last one's TTFT) for one-token requests sent at once."""
@@ -171,6 +194,14 @@ class _Prober:
         self.samples.probe_streams = n
 
 
+def beside_line(samples: Samples) -> str:
+    """The CPU-sharing probe's median TTFTs, by prefill length, then streams beside it."""
+    medians = beside_medians(samples.stall)
+    return "prefill TTFT beside streams: " + "; ".join(
+        f"{n:.0f} tokens " + ", ".join(f"{k:.0f}: {t * 1e3:.0f} ms" for (m, k), t in medians.items() if m == n)
+        for n in sorted({n for n, _ in medians}))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvmesh sim calibrate", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", required=True, help="gateway base URL, e.g. http://127.0.0.1:8000")
@@ -180,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--streams", default="1,4,8,16", help="concurrent stream counts for the ITL probe")
     p.add_argument("--stream-tokens", type=int, default=64, help="output tokens per stream in the ITL probe")
+    p.add_argument("--stall-streams", default="0,8,16,32", help="stream counts decoding beside the CPU-sharing probe's prefill")
+    p.add_argument("--stall-lengths", default="512,1536", help="uncached prompt lengths of that prefill")
     p.add_argument("--workers", type=int, default=1,
                    help="decode workers behind the gateway; > 1 also probes how they share one host's CPU")
     p.add_argument("--admission-probe", type=int, default=0,
@@ -196,6 +229,8 @@ def calibrate_main(argv: list[str] | None = None) -> int:
         lengths=tuple(int(x) for x in args.lengths.split(",")), repeats=args.repeats,
         streams=tuple(int(x) for x in args.streams.split(",")), stream_tokens=args.stream_tokens,
         admission_probe=args.admission_probe, workers=args.workers,
+        stall_streams=tuple(int(x) for x in args.stall_streams.split(",")),
+        stall_lengths=tuple(int(x) for x in args.stall_lengths.split(",")),
     )
     target = Target(args.url.rstrip("/"), args.model, args.api_key)
     t0 = time.perf_counter()
@@ -211,6 +246,7 @@ def calibrate_main(argv: list[str] | None = None) -> int:
           f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     print("# TTFT by uncached prompt tokens: " + ", ".join(f"{n:.0f}: {t * 1e3:.1f} ms" for n, t in samples.ttft))
     print("# ITL by concurrent streams:      " + ", ".join(f"{k:.0f}: {t * 1e3:.2f} ms" for k, t in samples.itl))
+    print("# " + beside_line(samples))
     for line in describe(cal, lower):
         print(line)
     print("kvmesh sim " + " ".join(cal.sim_flags()))
