@@ -11,12 +11,13 @@ migrates on its own.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import grpc
 
 from kvmesh.runtime.pb import decode_pb2, decode_pb2_grpc
+
+from .bidicall import BidiCall
 
 log = logging.getLogger(__name__)
 
@@ -91,18 +92,13 @@ class RequestFeed:
         return tokens, logprobs, finish
 
 
-class DecodeStream:
-    """One open `DecodeWorker.Stream` call; see the module docstring."""
+class DecodeStream(BidiCall):
+    """One open `DecodeWorker.Stream` call; see the module docstring. Every request on it has its
+    own deadline, enforced (abort) by its Generation."""
 
     def __init__(self, endpoint: str, stub: decode_pb2_grpc.DecodeWorkerStub) -> None:
-        self.endpoint = endpoint
-        self.closed = False
         self._feeds: dict[str, RequestFeed] = {}
-        self._outbox: asyncio.Queue[decode_pb2.StreamRequest | None] = asyncio.Queue()
-        # NOTE: no deadline on the stream itself: it lives as long as the connection; every
-        # request on it has its own deadline, enforced here (abort) by its Generation.
-        self._call = stub.Stream(self._requests())
-        self._reader = asyncio.create_task(self._read(), name=f"decode-stream-{endpoint}")
+        super().__init__(endpoint, stub.Stream, "decode-stream")
 
     @property
     def num_open(self) -> int:
@@ -114,26 +110,16 @@ class DecodeStream:
             feed.fail(StreamFailed(grpc.StatusCode.UNAVAILABLE, "the token stream is closed"))
             return feed
         self._feeds[request.request_id] = feed
-        self._outbox.put_nowait(decode_pb2.StreamRequest(generate=request))
+        self.send(decode_pb2.StreamRequest(generate=request))
         return feed
 
     def abort(self, request_id: str) -> None:
         """Stop the request on the worker; nothing more is delivered for it."""
         if self._feeds.pop(request_id, None) is not None and not self.closed:
-            self._outbox.put_nowait(decode_pb2.StreamRequest(abort=decode_pb2.AbortRequest(request_id=request_id)))
+            self.send(decode_pb2.StreamRequest(abort=decode_pb2.AbortRequest(request_id=request_id)))
 
     def forget(self, request_id: str) -> None:
         self._feeds.pop(request_id, None)
-
-    async def close(self) -> None:
-        self._outbox.put_nowait(None)
-        self._call.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._reader
-
-    async def _requests(self):
-        while (msg := await self._outbox.get()) is not None:
-            yield msg
 
     async def _read(self) -> None:
         error = StreamFailed(grpc.StatusCode.UNAVAILABLE, "the token stream ended")

@@ -13,7 +13,6 @@ enforced here, and sent along so the scheduler stops waiting too.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -21,6 +20,8 @@ from collections.abc import Callable, Mapping
 import grpc
 
 from kvmesh.runtime.pb import scheduler_pb2, scheduler_pb2_grpc
+
+from .bidicall import BidiCall
 
 log = logging.getLogger(__name__)
 
@@ -36,17 +37,12 @@ def route_error(code: grpc.StatusCode, details: str, retry_after_s: float = 0.0)
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailers, details)
 
 
-class RouteStream:
+class RouteStream(BidiCall):
     """One open `Scheduler.Routes` call; see the module docstring."""
 
     def __init__(self, endpoint: str, stub: scheduler_pb2_grpc.SchedulerStub) -> None:
-        self.endpoint = endpoint
-        self.closed = False
         self._waiting: dict[str, asyncio.Future[scheduler_pb2.RouteResponse]] = {}
-        self._outbox: asyncio.Queue[scheduler_pb2.RouteStreamRequest | None] = asyncio.Queue()
-        # NOTE: no deadline on the stream itself (it lives like a connection); each route has its own.
-        self._call = stub.Routes(self._requests())
-        self._reader = asyncio.create_task(self._read(), name=f"route-stream-{endpoint}")
+        super().__init__(endpoint, stub.Routes, "route-stream")
 
     @property
     def num_waiting(self) -> int:
@@ -65,7 +61,7 @@ class RouteStream:
         future = self._waiting[request_id] = loop.create_future()
         timer = loop.call_later(timeout, _fail, future, route_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
         streamed = scheduler_pb2.StreamedRoute(request=request, trace_context=trace_context, timeout_s=timeout)
-        self._outbox.put_nowait(scheduler_pb2.RouteStreamRequest(route=streamed))
+        self.send(scheduler_pb2.RouteStreamRequest(route=streamed))
         try:
             return await future
         finally:
@@ -77,18 +73,8 @@ class RouteStream:
         """Sends a Complete (not answered); False when the stream is closed (use the unary call)."""
         if self.closed:
             return False
-        self._outbox.put_nowait(scheduler_pb2.RouteStreamRequest(complete=request))
+        self.send(scheduler_pb2.RouteStreamRequest(complete=request))
         return True
-
-    async def close(self) -> None:
-        self._outbox.put_nowait(None)
-        self._call.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._reader
-
-    async def _requests(self):
-        while (msg := await self._outbox.get()) is not None:
-            yield msg
 
     async def _read(self) -> None:
         error = route_error(grpc.StatusCode.UNAVAILABLE, "the route stream ended")

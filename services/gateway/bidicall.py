@@ -1,0 +1,39 @@
+"""One long-lived bidi gRPC call of the gateway's: the token stream to a decode worker
+(decodestream.py) and the Routes stream to a scheduler replica (routestream.py).
+
+Messages go out through a queue (`send`), in order; the subclass's `_read` task reads what comes
+back and, when the call ends, fails whatever is still waiting on it and sets `closed`. The call has
+no deadline of its own (it lives like a connection): each request on it has its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+
+class BidiCall:
+    def __init__(self, endpoint: str, open_call: Callable[[AsyncIterator[Any]], Any], name: str) -> None:
+        self.endpoint = endpoint
+        self.closed = False
+        self._outbox: asyncio.Queue[Any] = asyncio.Queue()
+        self._call = open_call(self._requests())
+        self._reader = asyncio.create_task(self._read(), name=f"{name}-{endpoint}")
+
+    def send(self, message: Any) -> None:
+        self._outbox.put_nowait(message)
+
+    async def close(self) -> None:
+        self._outbox.put_nowait(None)
+        self._call.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._reader
+
+    async def _requests(self) -> AsyncIterator[Any]:
+        while (message := await self._outbox.get()) is not None:
+            yield message
+
+    async def _read(self) -> None:
+        raise NotImplementedError
