@@ -90,18 +90,25 @@ def engine_child(model: str, requests: int, concurrency: int, max_tokens: int) -
     engine = LLMEngine(EngineConfig(model=model))
     engine.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=4))  # warm up
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    pending, inflight, tokens = list(enumerate(prompts)), 0, 0
     me = psutil.Process()
     cpu0, t0 = _cpu(me), time.perf_counter()
+    tokens = closed_loop(engine, prompts, params, concurrency)
+    return {"tokens": tokens, "wall_s": time.perf_counter() - t0, "cpu_s": _cpu(me) - cpu0}
+
+
+def closed_loop(engine, prompts: list[list[int]], params, concurrency: int, tag: str = "r") -> int:
+    """Runs every prompt on the in-process engine, `concurrency` at a time (a finished request's
+    successor joins the next step, as a client with zero turnaround would); the output tokens."""
+    pending, inflight, tokens = list(enumerate(prompts)), 0, 0
     while pending or engine.has_unfinished_requests():
         while pending and inflight < concurrency:
             i, prompt = pending.pop(0)
-            engine.add_request(f"r{i}", prompt, params)
+            engine.add_request(f"{tag}{i}", prompt, params)
             inflight += 1
         for out in engine.step():
             tokens += len(out.new_token_ids)
             inflight -= out.finished
-    return {"tokens": tokens, "wall_s": time.perf_counter() - t0, "cpu_s": _cpu(me) - cpu0}
+    return tokens
 
 
 def _chat_ids(tok, msgs: list[dict]) -> list[int]:
