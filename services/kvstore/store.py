@@ -72,22 +72,19 @@ class BlockStore:
 
     def lookup(self, spec: ModelSpec, hashes: Iterable[bytes], lease_s: float = 0.0) -> LookupResult:
         """Longest contiguous prefix of `hashes` held; pins it under a lease (0 = the default length,
-        < 0 = no lease: the prefix is only counted and touched)."""
+        < 0 = no lease: the prefix is only counted and touched); at most MAX_LOOKUP_HASHES hashes,
+        each HASH_BYTES long."""
         check_spec(spec)
+        hashes = list(hashes)
+        _check_hashes("Lookup", [hashes])
         self.counters.lookup_calls += 1
-        return self._lookup(spec, list(hashes), lease_s, self._expire(self.clock()))
+        return self._lookup(spec, hashes, lease_s, self._expire(self.clock()))
 
     def lookup_chains(self, spec: ModelSpec, chains: list[list[bytes]], lease_s: float = 0.0) -> list[LookupResult]:
         """`lookup` of each chain, in order (one lease per chain that found blocks, none when
         `lease_s` < 0); at most MAX_LOOKUP_HASHES hashes in all, each HASH_BYTES long."""
         check_spec(spec)
-        total = sum(len(chain) for chain in chains)
-        if total > MAX_LOOKUP_HASHES:
-            raise InvalidArgument(f"LookupChains of {total} hashes: at most {MAX_LOOKUP_HASHES} per call")
-        for n, chain in enumerate(chains):
-            for i, block_hash in enumerate(chain):
-                if len(block_hash) != HASH_BYTES:
-                    raise InvalidArgument(f"chain {n} hash {i}: must be {HASH_BYTES} bytes, got {len(block_hash)}")
+        _check_hashes("LookupChains", chains)
         self.counters.lookup_calls += 1
         now = self._expire(self.clock())
         return [self._lookup(spec, chain, lease_s, now) for chain in chains]
@@ -360,3 +357,14 @@ class BlockStore:
     def drain_events(self) -> list[StoreEvent]:
         events, self.events = self.events, []
         return events
+
+
+def _check_hashes(call: str, chains: list[list[bytes]]) -> None:
+    total = sum(len(chain) for chain in chains)
+    if total > MAX_LOOKUP_HASHES:
+        raise InvalidArgument(f"{call} of {total} hashes: at most {MAX_LOOKUP_HASHES} per call")
+    for n, chain in enumerate(chains):
+        for i, block_hash in enumerate(chain):
+            if len(block_hash) != HASH_BYTES:
+                where = f"chain {n} hash {i}" if len(chains) > 1 or call == "LookupChains" else f"hash {i}"
+                raise InvalidArgument(f"{where}: must be {HASH_BYTES} bytes, got {len(block_hash)}")

@@ -144,3 +144,13 @@ async def test_a_store_without_lookup_chains_gets_unary_lookups_and_is_asked_aga
     finally:
         await pool.close()
         await served.stop()
+
+
+@pytest.mark.parametrize("bad", ["hash", "count"])
+async def test_a_unary_lookup_with_a_bad_hash_or_too_many_is_invalid_argument(stub, bad):  # noqa: F811
+    """The unary Lookup checks its hashes as LookupChains does (docs/contracts.md, the KV store RPCs)."""
+    hashes_ = [bytes(31)] if bad == "hash" else [bytes(32)] * (MAX_LOOKUP_HASHES + 1)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.Lookup(kvstore_pb2.LookupRequest(spec=SPEC_PB, block_hashes=hashes_), timeout=TIMEOUT)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ("32 bytes" if bad == "hash" else "at most 65536") in caught.value.details()
