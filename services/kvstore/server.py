@@ -23,7 +23,7 @@ from . import codec
 from .blocks import Block, BlockHeader, Encoding, ModelSpec
 from .events import Cleared, Removed, StoreEvent, Stored
 from .metrics import StoreMetrics
-from .results import PutResult
+from .results import LookupResult, PutResult
 from .store import BlockStore
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,11 @@ def traced(name: str, **attributes: object) -> AbstractContextManager[trace.Span
     if not trace.get_current_span().get_span_context().is_valid:
         return nullcontext(trace.INVALID_SPAN)
     return tracer.start_as_current_span(name, attributes=attributes)
+
+
+def lookup_to_pb(result: LookupResult) -> kvstore_pb2.LookupResponse:
+    return kvstore_pb2.LookupResponse(num_blocks=result.num_blocks, lease_id=result.lease_id,
+                                      lease_expires_in_s=result.expires_in_s)
 
 
 def spec_from_pb(pb: common_pb2.ModelSpec) -> ModelSpec:
@@ -167,9 +172,7 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
             finally:
                 await self.feed.publish()
             span.set_attribute("hit_blocks", result.num_blocks)
-            return kvstore_pb2.LookupResponse(
-                num_blocks=result.num_blocks, lease_id=result.lease_id, lease_expires_in_s=result.expires_in_s
-            )
+            return lookup_to_pb(result)
 
     async def LookupChains(
         self, request: kvstore_pb2.LookupChainsRequest, context: grpc.aio.ServicerContext
@@ -184,10 +187,7 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
             finally:
                 await self.feed.publish()
             span.set_attribute("hit_blocks", sum(r.num_blocks for r in results))
-            return kvstore_pb2.LookupChainsResponse(chains=[
-                kvstore_pb2.LookupResponse(num_blocks=r.num_blocks, lease_id=r.lease_id, lease_expires_in_s=r.expires_in_s)
-                for r in results
-            ])
+            return kvstore_pb2.LookupChainsResponse(chains=[lookup_to_pb(r) for r in results])
 
     async def Get(self, request: kvstore_pb2.GetRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[common_pb2.KvBlock]:
         hashes = list(request.block_hashes)

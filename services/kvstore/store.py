@@ -366,5 +366,5 @@ def _check_hashes(call: str, chains: list[list[bytes]]) -> None:
     for n, chain in enumerate(chains):
         for i, block_hash in enumerate(chain):
             if len(block_hash) != HASH_BYTES:
-                where = f"chain {n} hash {i}" if len(chains) > 1 or call == "LookupChains" else f"hash {i}"
+                where = f"hash {i}" if call == "Lookup" else f"chain {n} hash {i}"
                 raise InvalidArgument(f"{where}: must be {HASH_BYTES} bytes, got {len(block_hash)}")

@@ -37,7 +37,9 @@ DEFAULT_DEADLINE_S = 30.0
 DRAIN_S = 2.0  # how long a failed client-streaming call reads on before it answers (see `_drain`)
 
 
-def _abort_args(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+def error_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The status and message a call that raised `exc` answers with (an unexpected error is logged
+    and answers INTERNAL without its text)."""
     code = status_for(exc)
     if code is grpc.StatusCode.INTERNAL:
         log.exception("unexpected error in handler", exc_info=exc)
@@ -48,7 +50,7 @@ def _abort_args(exc: BaseException) -> tuple[grpc.StatusCode, str]:
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
     if isinstance(exc, ResourceExhausted):
         context.set_trailing_metadata((("retry-after", f"{exc.retry_after_s:g}"),))
-    code, message = _abort_args(exc)
+    code, message = error_status(exc)
     await context.abort(code, message)
 
 

@@ -102,11 +102,7 @@ class ShardedStore:
                 return None
 
         replies = dict(zip(groups, await asyncio.gather(*(ask(s, p) for s, p in groups.items()))))
-        held = {s: r.num_blocks for s, r in replies.items() if r is not None}
-        num_blocks = contiguous_prefix(len(hashes), groups, held)
-        owner_of = {i: s for s, positions in groups.items() for i in positions}
-        leases = {s: r.lease_id for s, r in replies.items() if r is not None and r.lease_id}
-        return ShardedLookup(num_blocks, [owner_of[i] for i in range(num_blocks)], leases)
+        return _sharded_lookup(len(hashes), groups, {s: r for s, r in replies.items() if r is not None})
 
     async def lookup_chains(self, chains: Sequence[Sequence[bytes]], lease_s: float = 0.0) -> list[ShardedLookup]:
         """`lookup` of each chain, with one call per shard for all of them (concurrently); `lease_s`
@@ -124,14 +120,10 @@ class ShardedStore:
             return None if replies is None else dict(zip(ns, replies))
 
         answers = dict(zip(by_shard, await asyncio.gather(*(ask(s, ns) for s, ns in by_shard.items()))))
-        found = []
-        for n, owned in enumerate(groups):
-            replies = {s: answers[s][n] for s in owned if answers[s] is not None}
-            num_blocks = contiguous_prefix(len(chains[n]), owned, {s: r.num_blocks for s, r in replies.items()})
-            owner_of = {i: s for s, positions in owned.items() for i in positions}
-            leases = {s: r.lease_id for s, r in replies.items() if r.lease_id}
-            found.append(ShardedLookup(num_blocks, [owner_of[i] for i in range(num_blocks)], leases))
-        return found
+        return [
+            _sharded_lookup(len(chains[n]), owned, {s: answers[s][n] for s in owned if answers[s] is not None})
+            for n, owned in enumerate(groups)
+        ]
 
     async def _lookup_shares(self, shard: Shard, shares: list[list[bytes]], lease_s: float) -> list[kvstore_pb2.LookupResponse] | None:
         """The shard's answer for each of `shares` (LookupChains calls of at most LOOKUP_CHAINS_HASHES
@@ -253,6 +245,17 @@ class ShardedStore:
         for shard, copies in by_shard.items():
             stored, _ = await self._put_to(shard, "replica", [Chain(_renumbered(copies))])
             self.replicated += stored
+
+
+def _sharded_lookup(
+    num_hashes: int, groups: dict[Shard, list[int]], replies: dict[Shard, kvstore_pb2.LookupResponse]
+) -> ShardedLookup:
+    """One sequence's answer from its owner shards' replies (a failed shard has none): the leading
+    blocks held across them, each one's owner, and the leases taken."""
+    num_blocks = contiguous_prefix(num_hashes, groups, {s: r.num_blocks for s, r in replies.items()})
+    owner_of = {i: s for s, positions in groups.items() for i in positions}
+    leases = {s: r.lease_id for s, r in replies.items() if r.lease_id}
+    return ShardedLookup(num_blocks, [owner_of[i] for i in range(num_blocks)], leases)
 
 
 def put_messages(spec: common_pb2.ModelSpec, producer_id: str, chains: Sequence[Chain],

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from kvmesh.runtime.errors import ResourceExhausted, status_for
+from kvmesh.runtime.errors import ResourceExhausted
+from kvmesh.runtime.grpcutil import error_status
 from kvmesh.runtime.pb import scheduler_pb2
 from kvmesh.runtime.telemetry import extract_context
 
@@ -121,13 +122,7 @@ class RouteStreamSession:
 
 def _failure(request_id: str, exc: Exception) -> scheduler_pb2.RouteStreamResponse:
     """The error reply of a route that raised `exc`: the status and message the unary Route answers."""
-    code = status_for(exc)
-    if code is grpc.StatusCode.INTERNAL:
-        log.error("route %s failed", request_id, exc_info=exc)
-        message = f"internal error: {type(exc).__name__}"
-    else:
-        message = str(exc) or type(exc).__name__
-    reply = _error(request_id, code, message)
+    reply = _error(request_id, *error_status(exc))
     if isinstance(exc, ResourceExhausted):
         reply.retry_after_s = exc.retry_after_s
     return reply
