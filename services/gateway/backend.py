@@ -13,13 +13,12 @@ from opentelemetry import trace
 from kvmesh.runtime.blockhash import BlockHasher
 from kvmesh.runtime.grpcutil import ChannelPool, TlsConfig
 from kvmesh.runtime.pb import decode_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from kvmesh.runtime.telemetry import inject_metadata
 
 from .config import GatewaySettings
 from .errors import ApiError
 from .failover import EndpointRing, parse_endpoints
 from .decodestream import DecodeStreams
-from .generation import SIDE_CALL_TIMEOUT_S, Generation, GenerationJob
+from .generation import SIDE_CALL_TIMEOUT_S, Generation, GenerationJob, request_metadata
 from .routestream import RouteStreams
 
 log = logging.getLogger(__name__)
@@ -115,7 +114,7 @@ class Backend:
             return
         try:
             await self.scheduler(endpoint).Complete(
-                request, timeout=SIDE_CALL_TIMEOUT_S, metadata=(*inject_metadata(), ("x-request-id", request_id))
+                request, timeout=SIDE_CALL_TIMEOUT_S, metadata=request_metadata(request_id)
             )
         except grpc.aio.AioRpcError as exc:
             log.warning("Complete(%s) failed: %s", request_id, exc.code().name)

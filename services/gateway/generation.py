@@ -49,6 +49,11 @@ MIGRATABLE = frozenset(
 SIDE_CALL_TIMEOUT_S = 2.0  # Complete / Abort / health: best-effort, short
 
 
+def request_metadata(request_id: str) -> tuple[tuple[str, str], ...]:
+    """gRPC metadata of a unary call made for one request: the current trace context and its id."""
+    return (*inject_metadata(), ("x-request-id", request_id))
+
+
 @dataclass(slots=True)
 class GenerationJob:
     request_id: str
@@ -148,7 +153,7 @@ class Generation:
             # we never learn it (deadline, cancellation): then Complete is still owed.
             self._routing = True
             try:
-                route = await backend.route(route_req, timeout, self._metadata(), self._schedulers)
+                route = await backend.route(route_req, timeout, request_metadata(job.request_id), self._schedulers)
             except grpc.aio.AioRpcError as exc:
                 self._done = True
                 self.status = "error"
@@ -278,8 +283,6 @@ class Generation:
         with trace.use_span(self.span, end_on_exit=False):
             await self.backend.complete(self._schedulers[-1] if self._schedulers else "", self.job.request_id, status)
 
-    def _metadata(self) -> tuple[tuple[str, str], ...]:
-        return (*inject_metadata(), ("x-request-id", self.job.request_id))
 
     def _time_left(self) -> float:
         left = self._deadline - asyncio.get_running_loop().time()
