@@ -98,6 +98,8 @@ async def check_push(ctx, pushed_prompt: list[int]) -> None:  # noqa: ANN001 - d
            f"PushKvResponse says {reply.blocks_received} blocks / {reply.bytes_received} bytes, "
            f"sent {blocks} / {nbytes}")
     full = (len(pushed_prompt) - 1) // spec.block_size - pusher.requests[0].start_block
+    expect(full > 0, f"the worker asked for no full block of a prompt it has never seen "
+                     f"(start_block {pusher.requests[0].start_block})")
     again = await ctx.generate(ctx.request(prompt=pushed_prompt, max_tokens=2))
     cached = again[-1].usage.cached_tokens
     expect(cached >= full * spec.block_size,
