@@ -69,8 +69,10 @@ def run_client(url: str, model: str, requests: int, concurrency: int, max_tokens
     """Runs the load in a child process; returns its result."""
     argv = [sys.executable, __file__, "--client", url, "--served", model, "--requests", str(requests),
             "--concurrency", str(concurrency), "--max-tokens", str(max_tokens)]
-    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    done = subprocess.run(argv, check=False, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the load client exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 # -- the in-process engine (its own process) --------------------------------------------------
@@ -120,8 +122,10 @@ def _chat_ids(tok, msgs: list[dict]) -> list[int]:
 def run_engine(model: str, requests: int, concurrency: int, max_tokens: int) -> dict:
     argv = [sys.executable, __file__, "--engine-child", "--model", model, "--requests", str(requests),
             "--concurrency", str(concurrency), "--max-tokens", str(max_tokens)]
-    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    done = subprocess.run(argv, check=False, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the load client exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _engine_thread_cpu(proc) -> float | None:

@@ -11,22 +11,20 @@ and its end are never held).
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator
 
-import grpc
 from opentelemetry import trace
 
 from kvmesh.engine.outputs import RequestOutput
-from kvmesh.runtime.errors import InvalidArgument, MeshError, status_for
+from kvmesh.runtime.errors import InvalidArgument
+from kvmesh.runtime.grpcutil import error_status
 from kvmesh.runtime.pb import common_pb2, decode_pb2
 from kvmesh.runtime.telemetry import extract_context, tracer
 
 from . import metrics
 from .worker import DecodeWorker, GenerateJob
 
-log = logging.getLogger(__name__)
 
 
 class _Run:
@@ -155,11 +153,8 @@ class StreamSession:
                 self._finish(run, None, "abort")
             elif run.abort_asked:  # NOTE: the abort overtook the request on its way in
                 self.worker.abort(run.job.request_id)
-        except MeshError as exc:
-            self._fail(run, exc)
         except Exception as exc:  # noqa: BLE001 - this request fails, the stream goes on
-            log.exception("starting %s failed", run.job.request_id)
-            self._fail(run, exc)
+            self._fail(run, exc, log_unexpected=True)
 
     def _on_output(self, run: _Run, out: RequestOutput | BaseException) -> None:
         if run.done:
@@ -197,14 +192,14 @@ class StreamSession:
         self._mark_ready(run)
         self._end(run, out, "ok")
 
-    def _fail(self, run: _Run, exc: BaseException) -> None:
-        code = status_for(exc) if isinstance(exc, Exception) else None
-        message = str(exc) or type(exc).__name__
-        number = code.value[0] if code is not None else grpc.StatusCode.INTERNAL.value[0]
-        run.error = (number, message, getattr(exc, "retry_after_s", None) or 0.0)
+    def _fail(self, run: _Run, exc: BaseException, log_unexpected: bool = False) -> None:
+        """The request ends with `exc`'s status; an unexpected error's text stays in the log (the
+        engine loop logged a failed step already), the caller gets "internal error: <type>"."""
+        code, message = error_status(exc, log_unexpected)
+        run.error = (code.value[0], message, getattr(exc, "retry_after_s", None) or 0.0)
         run.span.set_status(trace.Status(trace.StatusCode.ERROR, message))
         self._mark_ready(run)
-        self._end(run, None, code.name.lower() if code is not None else "internal")
+        self._end(run, None, code.name.lower())
 
     def _mark_ready(self, run: _Run) -> None:
         self._ready[run.job.request_id] = run

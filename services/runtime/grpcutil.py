@@ -37,12 +37,13 @@ DEFAULT_DEADLINE_S = 30.0
 DRAIN_S = 2.0  # how long a failed client-streaming call reads on before it answers (see `_drain`)
 
 
-def error_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The status and message a call that raised `exc` answers with (an unexpected error is logged
-    and answers INTERNAL without its text)."""
+def error_status(exc: BaseException, log_unexpected: bool = True) -> tuple[grpc.StatusCode, str]:
+    """The status and message a call that raised `exc` answers with (an unexpected error answers
+    INTERNAL without its text, and is logged unless the caller logged it already)."""
     code = status_for(exc)
     if code is grpc.StatusCode.INTERNAL:
-        log.exception("unexpected error in handler", exc_info=exc)
+        if log_unexpected:
+            log.exception("unexpected error in handler", exc_info=exc)
         return code, f"internal error: {type(exc).__name__}"
     return code, str(exc) or type(exc).__name__
 

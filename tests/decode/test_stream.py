@@ -145,3 +145,27 @@ async def test_a_generate_cancelled_while_it_is_being_added_leaves_the_engine() 
         assert app.worker.num_inflight == 0
     finally:
         await app.stop()
+
+
+async def test_an_engine_failure_ends_its_requests_internal_without_the_exception_text(decode, stub) -> None:
+    """The caller learns that the worker failed (INTERNAL, the exception's type), not the
+    exception's own text (paths, tensor shapes), which stays in the worker's log; the stream and
+    the worker go on."""
+    engine = decode.loop.engine
+    real_step = engine.step
+
+    def failing_step():
+        engine.step = real_step
+        raise RuntimeError("secret detail /opt/weights shape [4, 8]")
+
+    client = Client(stub)
+    engine.step = failing_step
+    client.generate("r", max_tokens=8)
+    deltas, _ = await client.run({"r"})
+    last = deltas["r"][-1]
+    assert last.error_code == grpc.StatusCode.INTERNAL.value[0]
+    assert last.error_message == "internal error: RuntimeError"
+    client.generate("after", max_tokens=3)
+    deltas, _ = await client.run({"after"})
+    await client.close()
+    assert deltas["after"][-1].finish_reason == "length"
