@@ -16,38 +16,22 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from kvmesh.runtime.errors import InvalidArgument, NotFound, ResourceExhausted
 
-from . import codec
-from .blocks import HASH_BYTES, Block, BlockKey, Encoding, ModelSpec, check_spec
-from .disk import CorruptBlockFile, DiskDir
-from .events import Cleared, Removed, StoreEvent, Stored
-from .index import Entry, Tier, TierIndex
+from .blocks import HASH_BYTES, Block, ModelSpec, check_spec
+from .disk import DiskDir
+from .events import Cleared, StoreEvent, Stored
+from .index import Entry, Tier
 from .leases import LeaseTable
 from .results import Counters, LookupResult, PutResult, TierStats
 from .puts import PutSessions
+from .tiers import StoreConfig, Tiers
 
-log = logging.getLogger(__name__)
+__all__ = ["MAX_LOOKUP_HASHES", "BlockStore", "StoreConfig"]
 
 MAX_LOOKUP_HASHES = 65_536  # hashes in one LookupChains call (2 MiB of them)
-
-
-@dataclass(frozen=True, slots=True)
-class StoreConfig:
-    memory_bytes: int
-    disk_bytes: int = 0
-    disk_encoding: Encoding = Encoding.RAW
-    idle_cap_s: float = 3600.0
-    lease_s: float = 30.0
-    max_lease_s: float = 600.0
-    put_timeout_s: float = 30.0
-    max_blocks_per_put: int = 4096
-    block_size: int = 0  # 0 = accept any block size
-    max_block_bytes: int = 64 * 1024 * 1024
 
 
 class BlockStore:
@@ -61,12 +45,12 @@ class BlockStore:
         self.disk = disk if config.disk_bytes > 0 else None
         self.counters = Counters()
         self.events: list[StoreEvent] = [Cleared()]
-        self.index = TierIndex()
+        self.tiers = Tiers(config, self.disk, self.counters, self.events)
+        self.index = self.tiers.index
         self._leases = LeaseTable()
         self._puts = PutSessions(config.put_timeout_s, config.max_blocks_per_put)
-        self._removed: list[bytes] = []
         if self.disk is not None:
-            self._rebuild()
+            self.tiers.rebuild(clock())
 
     # -- queries -------------------------------------------------------------------------
 
@@ -92,14 +76,14 @@ class BlockStore:
     def _lookup(self, spec: ModelSpec, hashes: list[bytes], lease_s: float, now: float) -> LookupResult:
         found: list[Entry] = []
         for block_hash in hashes:
-            entry = self._live((spec.namespace, block_hash), now)
+            entry = self.tiers.live((spec.namespace, block_hash), now)
             if entry is None:
                 break
             found.append(entry)
         self.counters.lookups += 1
         self.counters.lookup_query_blocks += len(hashes)
         self.counters.lookup_hit_blocks += len(found)
-        self._flush_removed()
+        self.tiers.flush_removed()
         if not found:
             return LookupResult(0)
         if lease_s < 0:
@@ -122,7 +106,7 @@ class BlockStore:
         """The named blocks as stored (memory or disk); NotFound names the first one missing."""
         entries = self._entries(spec, hashes)
         now = self.clock()
-        blocks = [self._payload(entry) for entry in entries]
+        blocks = [self.tiers.payload(entry) for entry in entries]
         for entry in entries:
             self.index.touch(entry, now)
         self.counters.get_bytes += sum(b.nbytes for b in blocks)
@@ -198,7 +182,7 @@ class BlockStore:
             raise InvalidArgument(f"put {put_id}: commit says {num_blocks} blocks but {len(session.blocks)} were sent")
         namespace = session.spec.namespace
         fresh_bytes = sum(b.nbytes for b in session.blocks if (namespace, b.header.block_hash) not in self.index)
-        capacity = self.config.memory_bytes + (self.config.disk_bytes if self.disk else 0)
+        capacity = self.tiers.capacity
         if fresh_bytes > capacity - sum(self.index.bytes.values()):  # something must go: can it?
             pinned = sum(e.nbytes for e in self.index.entries.values() if e.pins)
             if fresh_bytes > capacity - pinned:
@@ -226,29 +210,20 @@ class BlockStore:
         self._emit_stored(run, run_parent)
         self.counters.puts += 1
         self.counters.put_bytes += fresh_bytes
-        self._make_room()
-        self._flush_removed()
+        self.tiers.make_room()
+        self.tiers.flush_removed()
         return PutResult(stored, duplicates)
 
     def persist(self) -> None:
         """Moves every memory block to disk (graceful shutdown), so a restart finds them there."""
-        while self.disk is not None and self.index.tiers[Tier.MEMORY]:
-            victim = self.index.victim(Tier.MEMORY, allow_pinned=True)
-            assert victim is not None
-            self._demote(victim)
-        self._make_room()
-        self._flush_removed()
+        self.tiers.persist()
 
     # -- time ----------------------------------------------------------------------------
 
     def tick(self) -> None:
         """Expires leases, abandoned puts and idle blocks (the shell calls this periodically)."""
-        now = self._expire(self.clock())
-        for tier in Tier:
-            idle = [e for e in self.index.tiers[tier].values() if not e.pins and self._is_idle(e, now)]
-            for entry in idle:
-                self._remove(entry, "idle")
-        self._flush_removed()
+        self.tiers.drop_idle(self._expire(self.clock()))
+        self.tiers.flush_removed()
 
     def _expire(self, now: float) -> float:
         for key in self._leases.expire(now):
@@ -258,9 +233,6 @@ class BlockStore:
         self._puts.expire(now)
         return now
 
-    def _is_idle(self, entry: Entry, now: float) -> bool:
-        return now - entry.last_access >= self.config.idle_cap_s
-
     # -- internals -----------------------------------------------------------------------
 
     def _entries(self, spec: ModelSpec, hashes: Iterable[bytes]) -> list[Entry]:
@@ -268,94 +240,20 @@ class BlockStore:
         now = self._expire(self.clock())
         entries = []
         for block_hash in hashes:
-            entry = self._live((spec.namespace, block_hash), now)
+            entry = self.tiers.live((spec.namespace, block_hash), now)
             if entry is None:
-                self._flush_removed()
+                self.tiers.flush_removed()
                 raise NotFound(f"block {block_hash.hex()[:16]} is not held (never stored, evicted or expired)")
             entries.append(entry)
         return entries
-
-    def _live(self, key: BlockKey, now: float) -> Entry | None:
-        entry = self.index.get(key)
-        if entry is not None and not entry.pins and self._is_idle(entry, now):
-            self._remove(entry, "idle")
-            return None
-        return entry
-
-    def _payload(self, entry: Entry) -> Block:
-        if entry.block is not None:
-            return entry.block
-        assert self.disk is not None
-        try:
-            return self.disk.read(entry.key)
-        except (CorruptBlockFile, OSError) as exc:
-            log.warning("dropping corrupt block file of %s: %s", entry.key[1].hex()[:16], exc)
-            self._remove(entry, "corrupt")
-            self._flush_removed()
-            raise NotFound(f"block {entry.key[1].hex()[:16]} was corrupt on disk and has been dropped") from exc
-
-    def _remove(self, entry: Entry, reason: str) -> None:
-        self.index.remove(entry)
-        self.counters.evictions[(entry.tier.value, reason)] += 1
-        if entry.tier is Tier.DISK and self.disk is not None:
-            self.disk.delete(entry.key)
-        self._removed.append(entry.key[1])
-
-    def _make_room(self) -> None:
-        memory, disk = Tier.MEMORY, Tier.DISK
-        while self.index.bytes[memory] > self.config.memory_bytes:
-            victim = self.index.victim(memory, allow_pinned=self.disk is not None)
-            if victim is None:
-                break
-            if self.disk is not None:
-                self._demote(victim)
-            else:
-                self._remove(victim, "lru")
-        while self.disk is not None and self.index.bytes[disk] > self.config.disk_bytes:
-            victim = self.index.victim(disk, allow_pinned=False)
-            if victim is None:
-                log.warning("disk tier over budget: every block on it is leased")
-                break
-            self._remove(victim, "lru")
-
-    def _demote(self, entry: Entry) -> None:
-        assert self.disk is not None and entry.block is not None
-        block = entry.block
-        if self.config.disk_encoding is not Encoding.RAW and block.header.encoding is Encoding.RAW:
-            block = codec.convert(block, self.config.disk_encoding)
-        try:
-            record = self.disk.write(entry.key, entry.parent, block)
-        except OSError as exc:
-            log.warning("cannot demote a block to disk (%s); dropping it", exc)
-            self._remove(entry, "lru")
-            return
-        self.counters.evictions[(Tier.MEMORY.value, "demote")] += 1
-        self.index.move(entry, Tier.DISK, record.file_bytes)
-        entry.block, entry.header = None, block.header
-
-    def _rebuild(self) -> None:
-        assert self.disk is not None
-        records, dropped = self.disk.scan()
-        if dropped:
-            self.counters.evictions[(Tier.DISK.value, "corrupt")] += dropped
-        now = self.clock()
-        for record in records:
-            self.index.insert(Entry(record.key, record.parent, record.header, record.file_bytes, Tier.DISK, now))
-            self.events.append(Stored([record.key[1]], record.parent))
-        self._make_room()
-        self._flush_removed()
 
     def _emit_stored(self, hashes: list[bytes], parent: bytes | None) -> None:
         if hashes:
             self.events.append(Stored(list(hashes), parent))
 
-    def _flush_removed(self) -> None:
-        if self._removed:
-            self.events.append(Removed(self._removed))
-            self._removed = []
-
     def drain_events(self) -> list[StoreEvent]:
-        events, self.events = self.events, []
+        events = self.events[:]
+        self.events.clear()  # NOTE: in place: Tiers appends to this same list
         return events
 
 
