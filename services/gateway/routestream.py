@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 
 import grpc
 
+from kvmesh.runtime.grpcutil import BATCH_METADATA, peer_batches
 from kvmesh.runtime.pb import scheduler_pb2, scheduler_pb2_grpc
 
 from .bidicall import BidiCall
@@ -42,7 +43,11 @@ class RouteStream(BidiCall):
 
     def __init__(self, endpoint: str, stub: scheduler_pb2_grpc.SchedulerStub) -> None:
         self._waiting: dict[str, asyncio.Future[scheduler_pb2.RouteResponse]] = {}
-        super().__init__(endpoint, stub.Routes, "route-stream")
+        self.packs = False  # the scheduler said it reads packed frames (its initial metadata)
+        super().__init__(endpoint, lambda frames: stub.Routes(frames, metadata=(BATCH_METADATA,)), "route-stream")
+
+    def _pack(self, messages: list[scheduler_pb2.RouteStreamRequest]) -> scheduler_pb2.RouteStreamRequest | None:
+        return scheduler_pb2.RouteStreamRequest(batch=scheduler_pb2.RouteStreamBatch(frames=messages)) if self.packs else None
 
     @property
     def num_waiting(self) -> int:
@@ -76,18 +81,26 @@ class RouteStream(BidiCall):
         self.send(scheduler_pb2.RouteStreamRequest(complete=request))
         return True
 
+    def _answer(self, out: scheduler_pb2.RouteStreamResponse) -> None:
+        future = self._waiting.pop(out.request_id, None)
+        if future is None or future.done():
+            return  # its caller gave up (deadline, client gone)
+        if out.error_code:
+            code = _CODES.get(out.error_code, grpc.StatusCode.UNKNOWN)
+            future.set_exception(route_error(code, out.error_message, out.retry_after_s))
+        else:
+            future.set_result(out.route)
+
     async def _read(self) -> None:
         error = route_error(grpc.StatusCode.UNAVAILABLE, "the route stream ended")
         try:
-            async for out in self._call:
-                future = self._waiting.pop(out.request_id, None)
-                if future is None or future.done():
-                    continue  # its caller gave up (deadline, client gone)
-                if out.error_code:
-                    code = _CODES.get(out.error_code, grpc.StatusCode.UNKNOWN)
-                    future.set_exception(route_error(code, out.error_message, out.retry_after_s))
-                else:
-                    future.set_result(out.route)
+            async for frame in self._call:
+                if not self.packs:
+                    # NOTE: read once an answer came with it: awaiting the initial metadata before
+                    # any answer turned an older scheduler's UNIMPLEMENTED into INTERNAL at times.
+                    self.packs = peer_batches(await self._call.initial_metadata())
+                for out in frame.batch or (frame,):
+                    self._answer(out)
         except grpc.aio.AioRpcError as exc:
             # NOTE: UNIMPLEMENTED stays itself (the caller then routes unary); anything else is
             # UNAVAILABLE, so every route in flight fails over to the next replica.

@@ -37,6 +37,17 @@ DEFAULT_DEADLINE_S = 30.0
 DRAIN_S = 2.0  # how long a failed client-streaming call reads on before it answers (see `_drain`)
 
 
+# A bidi stream's two ends agree to pack several frames into one (docs/contracts.md, "The Routes
+# stream"): each side that can read packed frames says so in its metadata (the client in the
+# call's, the server in its initial metadata) and is then sent them.
+BATCH_METADATA = ("kvmesh-batch", "1")
+
+
+def peer_batches(metadata) -> bool:  # noqa: ANN001 - grpc.aio.Metadata or a sequence of pairs
+    """True when `metadata` says its sender reads packed frames."""
+    return any(tuple(item) == BATCH_METADATA for item in metadata or ())
+
+
 def error_status(exc: BaseException, log_unexpected: bool = True) -> tuple[grpc.StatusCode, str]:
     """The status and message a call that raised `exc` answers with (an unexpected error answers
     INTERNAL without its text, and is logged unless the caller logged it already)."""

@@ -20,6 +20,11 @@ ADMISSION_WAIT = Histogram(
     ["priority"],
     buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+ROUTE_STREAM_FRAMES = Counter(
+    "kvmesh_scheduler_route_stream_frames_total",
+    "frames read on Routes streams by kind: route, complete, or batch (several routes and completes in one)",
+    ["kind"],
+)
 REJECTED = Counter("kvmesh_scheduler_rejected_total", "requests refused (queue full -> 429)")
 WORKERS = Gauge("kvmesh_scheduler_workers", "live workers", ["role", "pool"])
 KV_EVENTS_APPLIED = Counter("kvmesh_scheduler_kv_events_applied_total", "KV event batches applied to the index")

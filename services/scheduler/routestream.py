@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from kvmesh.runtime.errors import ResourceExhausted
+from kvmesh.runtime.errors import InvalidArgument, ResourceExhausted
 from kvmesh.runtime.grpcutil import error_status
 from kvmesh.runtime.pb import scheduler_pb2
 from kvmesh.runtime.telemetry import extract_context
+
+from . import metrics
 
 if TYPE_CHECKING:
     from .server import SchedulerServicer
@@ -34,8 +36,9 @@ log = logging.getLogger(__name__)
 class RouteStreamSession:
     """Serves one `Routes` call; see the module docstring."""
 
-    def __init__(self, servicer: SchedulerServicer) -> None:
+    def __init__(self, servicer: SchedulerServicer, batch_replies: bool = False) -> None:
         self.servicer = servicer
+        self.batch_replies = batch_replies  # the client reads answers packed in one frame
         self._routing: dict[str, asyncio.Task] = {}  # request id -> its route in progress
         self._outbox: asyncio.Queue[scheduler_pb2.RouteStreamResponse | None] = asyncio.Queue()  # None: the end
         self._reading = True
@@ -46,8 +49,16 @@ class RouteStreamSession:
     ) -> AsyncIterator[scheduler_pb2.RouteStreamResponse]:
         reader = asyncio.create_task(self._read(requests), name="route-stream-reader")
         try:
-            while (out := await self._outbox.get()) is not None:
-                yield out
+            while True:
+                ready = await self._ready()
+                if self.batch_replies and len(ready) > 1:
+                    yield scheduler_pb2.RouteStreamResponse(batch=[r for r in ready if r is not None])
+                else:
+                    for out in ready:
+                        if out is not None:
+                            yield out
+                if ready[-1] is None:
+                    break
             if self._error is not None:
                 raise self._error
         finally:
@@ -55,20 +66,38 @@ class RouteStreamSession:
             for task in list(self._routing.values()):
                 task.cancel()
 
+    async def _ready(self) -> list[scheduler_pb2.RouteStreamResponse | None]:
+        """The answers ready now (at least one), up to and including the end (None)."""
+        ready = [await self._outbox.get()]
+        while ready[-1] is not None and not self._outbox.empty():
+            ready.append(self._outbox.get_nowait())
+        return ready
+
     async def _read(self, requests: AsyncIterator[scheduler_pb2.RouteStreamRequest]) -> None:
         try:
             async for msg in requests:
-                kind = msg.WhichOneof("msg")
-                if kind == "route":
-                    self._start(msg.route)
-                elif kind == "complete":
-                    self._complete(msg.complete.request_id)
+                metrics.ROUTE_STREAM_FRAMES.labels(msg.WhichOneof("msg") or "empty").inc()
+                if msg.WhichOneof("msg") == "batch":
+                    frames = msg.batch.frames
+                    if any(f.WhichOneof("msg") == "batch" for f in frames):
+                        raise InvalidArgument("a batch frame inside a batch frame")
+                    for frame in frames:
+                        self._handle(frame)
+                else:
+                    self._handle(msg)
         except Exception as exc:  # noqa: BLE001 - answered as the stream's status
             self._error = exc
             self._outbox.put_nowait(None)
         finally:
             self._reading = False
             self._end_when_idle()
+
+    def _handle(self, msg: scheduler_pb2.RouteStreamRequest) -> None:
+        kind = msg.WhichOneof("msg")
+        if kind == "route":
+            self._start(msg.route)
+        elif kind == "complete":
+            self._complete(msg.complete.request_id)
 
     def _end_when_idle(self) -> None:
         """A client that half-closed still gets the answers of the routes it sent."""

@@ -10,6 +10,7 @@ from opentelemetry.context import Context
 
 from kvmesh.runtime.errors import InvalidArgument, ResourceExhausted, Unavailable
 from kvmesh.runtime.pb import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from kvmesh.runtime.grpcutil import BATCH_METADATA, peer_batches
 from kvmesh.runtime.telemetry import tracer
 
 from . import metrics
@@ -109,7 +110,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def Routes(self, request_iterator, context):  # noqa: ANN001, ANN201, N802
         """Route and Complete multiplexed on one call (routestream.py)."""
-        async for out in RouteStreamSession(self).serve(request_iterator):
+        await context.send_initial_metadata((BATCH_METADATA,))  # NOTE: we read packed frames
+        session = RouteStreamSession(self, batch_replies=peer_batches(context.invocation_metadata()))
+        async for out in session.serve(request_iterator):
             yield out
 
     async def route(self, request: scheduler_pb2.RouteRequest, parent: Context | None = None) -> scheduler_pb2.RouteResponse:

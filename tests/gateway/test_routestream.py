@@ -21,6 +21,7 @@ from kvmesh.runtime.grpcutil import start_server
 from kvmesh.runtime.launcher import free_port
 from kvmesh.runtime.pb import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from kvmesh.runtime.telemetry import Telemetry, inject_metadata, tracer
+from kvmesh.scheduler import metrics as scheduler_metrics
 
 from ..conftest import NatsServer
 from ..scheduler.test_service import _async, _has, eventually, heartbeats, route_request, scheduler
@@ -77,6 +78,55 @@ async def test_routes_and_completes_go_on_one_stream_per_replica(nats_server):
             await backend.complete(endpoint, f"r{i}", "ok")
         await eventually(lambda: _async(app.gate.queue.active == 0 and app.router.registry.open_assignments() == 0))
         assert backend.route_streams.open(endpoint) is stream  # one stream carried all of it
+
+
+def frames_read(kind: str) -> float:
+    return scheduler_metrics.ROUTE_STREAM_FRAMES.labels(kind)._value.get()
+
+
+async def test_a_burst_of_routes_and_completes_goes_packed_to_a_scheduler_that_reads_packs(nats_server):
+    async with replica(nats_server.url, "d0", max_num_seqs=64) as (app, _stub, endpoint), gateway_backend(endpoint) as backend:
+        await route(backend, "first")  # its answer brings the scheduler's initial metadata
+        assert backend.route_streams.open(endpoint).packs
+        before = {kind: frames_read(kind) for kind in ("route", "complete", "batch")}
+        replies = await asyncio.gather(*(route(backend, f"r{i}") for i in range(48)))
+        assert {r.decode.worker_id for r, _ in replies} == {"d0"}
+        for request_id in ["first", *(f"r{i}" for i in range(48))]:
+            await backend.complete(endpoint, request_id, "ok")
+        await eventually(lambda: _async(app.gate.queue.active == 0 and app.router.registry.open_assignments() == 0))
+        read = {kind: frames_read(kind) - n for kind, n in before.items()}
+        assert read["batch"] >= 1 and read["route"] + read["complete"] + read["batch"] < 2 * 49
+
+
+class NoPacks(scheduler_pb2_grpc.SchedulerServicer):
+    """A Routes stream that answers each route at once and never says it reads packed frames."""
+
+    def __init__(self) -> None:
+        self.frames: list[scheduler_pb2.RouteStreamRequest] = []
+
+    async def Routes(self, request_iterator, context):  # noqa: ANN001, N802
+        async for frame in request_iterator:
+            self.frames.append(frame)
+            if frame.WhichOneof("msg") == "route":
+                decode = common_pb2.WorkerRef(worker_id="w", endpoint="127.0.0.1:1")
+                yield scheduler_pb2.RouteStreamResponse(request_id=frame.route.request.request_id,
+                                                        route=scheduler_pb2.RouteResponse(decode=decode))
+
+
+async def test_a_scheduler_that_does_not_read_packs_gets_every_frame_alone():
+    fake = NoPacks()
+    server = await start_server("127.0.0.1", 0, [(scheduler_pb2_grpc.add_SchedulerServicer_to_server, fake, "kvmesh.v1.Scheduler")])
+    endpoint = f"127.0.0.1:{server.port}"
+    try:
+        async with gateway_backend(endpoint) as backend:
+            await asyncio.gather(*(route(backend, f"r{i}") for i in range(32)))
+            for i in range(32):
+                await backend.complete(endpoint, f"r{i}", "ok")
+            await eventually(lambda: _async(len(fake.frames) == 64))
+            assert not backend.route_streams.open(endpoint).packs
+        assert all(f.WhichOneof("msg") in ("route", "complete") for f in fake.frames)
+    finally:
+        await server.stop(0)
 
 
 async def test_a_stream_that_breaks_mid_flight_fails_its_routes_over_to_the_next_replica(nats_server):

@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 
 from kvmesh.runtime.bus import Bus
+from kvmesh.runtime.grpcutil import BATCH_METADATA
 from kvmesh.runtime.pb import scheduler_pb2
 from kvmesh.runtime.telemetry import Telemetry
 
@@ -22,11 +23,15 @@ WORKERS = ("d0", "d1", "d2", "d3")
 class RawStream:
     """A client of one Routes call: sends routes and completes, collects answers by request id."""
 
-    def __init__(self, stub) -> None:  # noqa: ANN001
+    def __init__(self, stub, packs: bool = False) -> None:  # noqa: ANN001
         self._outbox: asyncio.Queue = asyncio.Queue()
         self._answers: dict[str, asyncio.Future] = {}
-        self.call = stub.Routes(self._requests())
+        self.frames: list[scheduler_pb2.RouteStreamResponse] = []  # as read, packed ones whole
+        self.call = stub.Routes(self._requests(), metadata=(BATCH_METADATA,) if packs else ())
         self._reader = asyncio.create_task(self._read())
+
+    def send(self, frame: scheduler_pb2.RouteStreamRequest) -> None:
+        self._outbox.put_nowait(frame)
 
     def route(self, request: scheduler_pb2.RouteRequest, timeout_s: float = 0.0, trace_context=None) -> None:  # noqa: ANN001
         streamed = scheduler_pb2.StreamedRoute(request=request, timeout_s=timeout_s, trace_context=trace_context or {})
@@ -35,6 +40,10 @@ class RawStream:
     def complete(self, request_id: str, status: str = "ok") -> None:
         complete = scheduler_pb2.CompleteRequest(request_id=request_id, status=status)
         self._outbox.put_nowait(scheduler_pb2.RouteStreamRequest(complete=complete))
+
+    def forget(self, request_id: str) -> None:
+        """Its answer was taken; the id may be routed again."""
+        del self._answers[request_id]
 
     def answer(self, request_id: str) -> asyncio.Future:
         return self._answers.setdefault(request_id, asyncio.get_running_loop().create_future())
@@ -53,10 +62,12 @@ class RawStream:
 
     async def _read(self) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError):
-            async for out in self.call:
-                future = self.answer(out.request_id)
-                assert not future.done(), f"{out.request_id} answered twice"
-                future.set_result(out)
+            async for frame in self.call:
+                self.frames.append(frame)
+                for out in frame.batch or (frame,):
+                    future = self.answer(out.request_id)
+                    assert not future.done(), f"{out.request_id} answered twice"
+                    future.set_result(out)
 
 
 def only(worker: str, request_id: str) -> scheduler_pb2.RouteRequest:
@@ -213,3 +224,57 @@ async def test_a_client_that_half_closes_gets_its_answers_then_the_stream_ends_o
         out = await call.read()
         assert (out.request_id, out.route.decode.worker_id) == ("r1", "d0")
         assert await call.read() is grpc.aio.EOF and await call.code() is grpc.StatusCode.OK
+
+
+def packed(*frames: scheduler_pb2.RouteStreamRequest) -> scheduler_pb2.RouteStreamRequest:
+    return scheduler_pb2.RouteStreamRequest(batch=scheduler_pb2.RouteStreamBatch(frames=frames))
+
+
+def route_frame(request: scheduler_pb2.RouteRequest) -> scheduler_pb2.RouteStreamRequest:
+    return scheduler_pb2.RouteStreamRequest(route=scheduler_pb2.StreamedRoute(request=request))
+
+
+def complete_frame(request_id: str) -> scheduler_pb2.RouteStreamRequest:
+    return scheduler_pb2.RouteStreamRequest(complete=scheduler_pb2.CompleteRequest(request_id=request_id, status="ok"))
+
+
+async def test_packed_routes_and_completes_are_served_in_order_and_a_client_that_reads_packs_gets_answers_packed(nats_server):
+    async with mesh(nats_server.url) as (app, stub, _):
+        assert dict(await stub.Routes(iter(())).initial_metadata()).get(BATCH_METADATA[0]) == BATCH_METADATA[1]
+        stream = RawStream(stub, packs=True)
+        try:
+            wanted = {f"p{i}": WORKERS[i % 4] for i in range(32)}
+            stream.send(packed(*(route_frame(only(w, rid)) for rid, w in wanted.items())))
+            replies = await asyncio.gather(*(stream.reply(rid) for rid in wanted))
+            assert {r.request_id: r.route.decode.worker_id for r in replies} == wanted
+            assert len(stream.frames) < 32 and any(len(f.batch) > 1 for f in stream.frames)
+            # in order within one frame: p0's complete, then p0 routed again (the other way round,
+            # the complete would cancel the new route, which would never be answered)
+            stream.forget("p0")
+            stream.send(packed(*(complete_frame(rid) for rid in wanted), route_frame(only("d3", "p0"))))
+            assert (await stream.reply("p0")).route.decode.worker_id == "d3"
+            stream.send(complete_frame("p0"))
+            await eventually(lambda: _async(app.gate.queue.active == 0 and app.router.registry.open_assignments() == 0))
+        finally:
+            await stream.close()
+
+
+async def test_a_client_that_does_not_read_packs_gets_every_answer_in_its_own_frame(nats_server):
+    async with mesh(nats_server.url) as (_, _, stream):
+        wanted = [f"s{i}" for i in range(32)]
+        for rid in wanted:
+            stream.route(only("d1", rid) if int(rid[1:]) < 16 else only("d2", rid))
+        await asyncio.gather(*(stream.reply(rid) for rid in wanted))
+        assert len(stream.frames) == 32 and not any(f.batch for f in stream.frames)
+
+
+async def test_a_batch_inside_a_batch_ends_the_stream_invalid_argument(nats_server):
+    async with mesh(nats_server.url) as (_, stub, _):
+        call = stub.Routes(iter([packed(packed(route_frame(route_request("n0"))))]), metadata=(BATCH_METADATA,))
+        try:
+            async for _ in call:
+                pass
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() is grpc.StatusCode.INVALID_ARGUMENT and "batch" in exc.details()
+        else:
+            raise AssertionError("the stream ended OK")

@@ -78,26 +78,36 @@ class StreamedRoute(_message.Message):
     def __init__(self, request: _Optional[_Union[RouteRequest, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class RouteStreamRequest(_message.Message):
-    __slots__ = ("route", "complete")
+    __slots__ = ("route", "complete", "batch")
     ROUTE_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     route: StreamedRoute
     complete: CompleteRequest
-    def __init__(self, route: _Optional[_Union[StreamedRoute, _Mapping]] = ..., complete: _Optional[_Union[CompleteRequest, _Mapping]] = ...) -> None: ...
+    batch: RouteStreamBatch
+    def __init__(self, route: _Optional[_Union[StreamedRoute, _Mapping]] = ..., complete: _Optional[_Union[CompleteRequest, _Mapping]] = ..., batch: _Optional[_Union[RouteStreamBatch, _Mapping]] = ...) -> None: ...
+
+class RouteStreamBatch(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[RouteStreamRequest]
+    def __init__(self, frames: _Optional[_Iterable[_Union[RouteStreamRequest, _Mapping]]] = ...) -> None: ...
 
 class RouteStreamResponse(_message.Message):
-    __slots__ = ("request_id", "route", "error_code", "error_message", "retry_after_s")
+    __slots__ = ("request_id", "route", "error_code", "error_message", "retry_after_s", "batch")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ROUTE_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     route: RouteResponse
     error_code: int
     error_message: str
     retry_after_s: float
-    def __init__(self, request_id: _Optional[str] = ..., route: _Optional[_Union[RouteResponse, _Mapping]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
+    batch: _containers.RepeatedCompositeFieldContainer[RouteStreamResponse]
+    def __init__(self, request_id: _Optional[str] = ..., route: _Optional[_Union[RouteResponse, _Mapping]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., retry_after_s: _Optional[float] = ..., batch: _Optional[_Iterable[_Union[RouteStreamResponse, _Mapping]]] = ...) -> None: ...
 
 class ListWorkersRequest(_message.Message):
     __slots__ = ()
