@@ -17,6 +17,7 @@ KV_BLOCKS_RECEIVED = Counter("kvmesh_decode_kv_blocks_received", "KV blocks push
 KV_BYTES_RECEIVED = Counter("kvmesh_decode_kv_bytes_received", "KV bytes pushed in (on the wire)", ["encoding"])
 REMOTE_PREFILLS = Counter("kvmesh_decode_remote_prefill_requests", "requests whose prompt KV came from a prefill worker")
 LOCAL_PREFILLS = Counter("kvmesh_decode_local_prefill_requests", "requests prefilled on this worker")
+STREAM_FRAMES = Counter("kvmesh_decode_stream_frames", "frames read on token streams by kind: generate, abort, or batch (several in one)", ["kind"])
 GENERATED_TOKENS = Counter("kvmesh_decode_generated_tokens", "tokens generated")
 QUEUE_WAIT = Histogram("kvmesh_decode_queue_wait_seconds", "Generate received -> first engine step", buckets=LATENCY_BUCKETS)
 TTFT = Histogram("kvmesh_decode_ttft_seconds", "Generate received -> first token", buckets=LATENCY_BUCKETS)

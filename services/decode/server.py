@@ -9,6 +9,7 @@ import grpc
 from kvmesh.engine.sampling import SamplingParams
 from kvmesh.runtime.errors import status_for
 from kvmesh.runtime.pb import common_pb2, decode_pb2, decode_pb2_grpc
+from kvmesh.runtime.grpcutil import BATCH_METADATA
 
 from . import metrics
 from .stream import StreamSession, logprobs_pb
@@ -75,6 +76,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeWorkerServicer):
         self, request_iterator: AsyncIterator[decode_pb2.StreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[decode_pb2.StepOutput]:
         """The multiplexed token stream (docs/token-stream.md)."""
+        await context.send_initial_metadata((BATCH_METADATA,))  # NOTE: we read packed frames
         async for out in StreamSession(self.worker, self.stream_interval).serve(request_iterator):
             yield out
 

@@ -119,17 +119,28 @@ class StreamSession:
     async def _read(self, requests: AsyncIterator[decode_pb2.StreamRequest]) -> None:
         try:
             async for msg in requests:
-                kind = msg.WhichOneof("msg")
-                if kind == "generate":
-                    self._start(msg.generate)
-                elif kind == "abort":
-                    run = self._runs.get(msg.abort.request_id)
-                    if run is not None:
-                        run.abort_asked = True
-                    self.worker.abort(msg.abort.request_id)
+                metrics.STREAM_FRAMES.labels(msg.WhichOneof("msg") or "empty").inc()
+                if msg.WhichOneof("msg") == "batch":
+                    frames = msg.batch.frames
+                    if any(f.WhichOneof("msg") == "batch" for f in frames):
+                        raise InvalidArgument("a batch frame inside a batch frame")
+                    for frame in frames:
+                        self._handle(frame)
+                else:
+                    self._handle(msg)
         finally:
             self._reading = False
             self._wake.set()
+
+    def _handle(self, msg: decode_pb2.StreamRequest) -> None:
+        kind = msg.WhichOneof("msg")
+        if kind == "generate":
+            self._start(msg.generate)
+        elif kind == "abort":
+            run = self._runs.get(msg.abort.request_id)
+            if run is not None:
+                run.abort_asked = True
+            self.worker.abort(msg.abort.request_id)
 
     def _start(self, request: decode_pb2.GenerateRequest) -> None:
         from .server import job_from_pb  # noqa: PLC0415 - server imports this module

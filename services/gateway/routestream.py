@@ -43,7 +43,7 @@ class RouteStream(BidiCall):
 
     def __init__(self, endpoint: str, stub: scheduler_pb2_grpc.SchedulerStub) -> None:
         self._waiting: dict[str, asyncio.Future[scheduler_pb2.RouteResponse]] = {}
-        self.packs = False  # the scheduler said it reads packed frames (its initial metadata)
+        self.packs: bool | None = None  # the scheduler reads packed frames (its initial metadata); None before its first answer
         super().__init__(endpoint, lambda frames: stub.Routes(frames, metadata=(BATCH_METADATA,)), "route-stream")
 
     def _pack(self, messages: list[scheduler_pb2.RouteStreamRequest]) -> scheduler_pb2.RouteStreamRequest | None:
@@ -95,7 +95,7 @@ class RouteStream(BidiCall):
         error = route_error(grpc.StatusCode.UNAVAILABLE, "the route stream ended")
         try:
             async for frame in self._call:
-                if not self.packs:
+                if self.packs is None:
                     # NOTE: read once an answer came with it: awaiting the initial metadata before
                     # any answer turned an older scheduler's UNIMPLEMENTED into INTERNAL at times.
                     self.packs = peer_batches(await self._call.initial_metadata())

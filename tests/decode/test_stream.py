@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import pytest
 
 from kvmesh.decode.main import start
+from kvmesh.gateway.decodestream import DecodeStream
+from kvmesh.runtime.grpcutil import BATCH_METADATA
 from kvmesh.runtime.pb import decode_pb2, decode_pb2_grpc
 
 from .helpers import PROMPT, decode_settings, generate_request, greedy
@@ -169,3 +172,54 @@ async def test_an_engine_failure_ends_its_requests_internal_without_the_exceptio
     deltas, _ = await client.run({"after"})
     await client.close()
     assert deltas["after"][-1].finish_reason == "length"
+
+
+def frames_read(kind: str) -> float:
+    from kvmesh.decode import metrics  # noqa: PLC0415
+
+    return metrics.STREAM_FRAMES.labels(kind)._value.get()
+
+
+async def test_the_worker_reads_packed_frames_in_order_and_says_so(decode, stub, reference) -> None:
+    client = Client(stub)
+    assert dict(await client.call.initial_metadata()).get(BATCH_METADATA[0]) == BATCH_METADATA[1]
+    frames = [decode_pb2.StreamRequest(generate=generate_request(request_id=f"b{i}", prompt=PROMPT[: 5 + i], max_tokens=6))
+              for i in range(4)]
+    frames.append(decode_pb2.StreamRequest(abort=decode_pb2.AbortRequest(request_id="b3")))  # after its generate
+    client.outbox.put_nowait(decode_pb2.StreamRequest(batch=decode_pb2.StreamBatch(frames=frames)))
+    deltas, _ = await client.run({f"b{i}" for i in range(4)})
+    await client.close()
+    for i in range(3):
+        assert [t for d in deltas[f"b{i}"] for t in d.token_ids] == greedy(reference, PROMPT[: 5 + i], 6)
+    assert deltas["b3"][-1].finish_reason == "abort"
+
+
+async def test_a_batch_inside_a_batch_ends_the_stream_invalid_argument(stub) -> None:
+    inner = decode_pb2.StreamRequest(batch=decode_pb2.StreamBatch(frames=[decode_pb2.StreamRequest(generate=generate_request(request_id="n"))]))
+    call = stub.Stream(iter([decode_pb2.StreamRequest(batch=decode_pb2.StreamBatch(frames=[inner]))]), timeout=30)
+    with pytest.raises(grpc.aio.AioRpcError) as ended:
+        async for _ in call:
+            pass
+    assert ended.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "batch" in ended.value.details()
+
+
+async def test_the_gateway_packs_a_burst_of_generates_once_the_worker_said_it_reads_packs(decode, reference) -> None:
+    async with grpc.aio.insecure_channel(decode.endpoint) as channel:
+        stream = DecodeStream(decode.endpoint, decode_pb2_grpc.DecodeWorkerStub(channel))
+        first = stream.open(generate_request(request_id="first", max_tokens=2))
+        while (await first.read())[2] == "":
+            pass
+        assert stream.packs
+        before = {kind: frames_read(kind) for kind in ("generate", "batch")}
+        feeds = {f"g{i}": stream.open(generate_request(request_id=f"g{i}", max_tokens=3)) for i in range(16)}
+        for feed in feeds.values():
+            tokens = []
+            while True:
+                new, _, finish = await feed.read()
+                tokens += new
+                if finish:
+                    break
+            assert tokens == greedy(reference, PROMPT, 3)
+        await stream.close()
+    read = {kind: frames_read(kind) - n for kind, n in before.items()}
+    assert read["batch"] >= 1 and read["generate"] + read["batch"] < 16

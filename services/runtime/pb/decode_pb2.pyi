@@ -98,12 +98,20 @@ class PushKvResponse(_message.Message):
     def __init__(self, blocks_received: _Optional[int] = ..., bytes_received: _Optional[int] = ...) -> None: ...
 
 class StreamRequest(_message.Message):
-    __slots__ = ("generate", "abort")
+    __slots__ = ("generate", "abort", "batch")
     GENERATE_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     generate: GenerateRequest
     abort: AbortRequest
-    def __init__(self, generate: _Optional[_Union[GenerateRequest, _Mapping]] = ..., abort: _Optional[_Union[AbortRequest, _Mapping]] = ...) -> None: ...
+    batch: StreamBatch
+    def __init__(self, generate: _Optional[_Union[GenerateRequest, _Mapping]] = ..., abort: _Optional[_Union[AbortRequest, _Mapping]] = ..., batch: _Optional[_Union[StreamBatch, _Mapping]] = ...) -> None: ...
+
+class StreamBatch(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[StreamRequest]
+    def __init__(self, frames: _Optional[_Iterable[_Union[StreamRequest, _Mapping]]] = ...) -> None: ...
 
 class RequestDelta(_message.Message):
     __slots__ = ("request_id", "token_ids", "logprobs", "finish_reason", "usage", "error_code", "error_message", "retry_after_s", "cached_tokens", "prompt_logprobs")
