@@ -62,7 +62,7 @@ async def _client(url: str, model: str, requests: int, concurrency: int, max_tok
         t0 = time.perf_counter()
         await asyncio.gather(*(one(client, i) for i in range(requests)))
         wall = time.perf_counter() - t0
-    return {"tokens": tokens, "wall_s": wall, "failures": failures, "chunks": chunks}
+    return {"tokens": tokens, "wall_s": wall, "failures": failures, "chunks": chunks, "requests": requests}
 
 
 def run_client(url: str, model: str, requests: int, concurrency: int, max_tokens: int) -> dict:
@@ -164,6 +164,7 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
             for c in concurrencies:
                 time.sleep(0.5)  # the warm-up's (or the last level's) hand-backs finish
                 before, counts = {name: _cpu(p) for name, p in procs.items()}, _store_counts(store)
+                frames = _frame_counts(procs)
                 engines_before = {name: _engine_thread_cpu(p) for name, p in procs.items()}
                 load = run_client(mesh.gateway_url, served, requests, c, max_tokens)
                 time.sleep(0.5)  # hand-backs of the last turns are part of the cost
@@ -171,10 +172,34 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
                 engine_cpu = {name: _engine_thread_cpu(p) - engines_before[name] for name, p in procs.items()
                               if engines_before[name] is not None}
                 store_delta = {k: v - counts[k] for k, v in _store_counts(store).items()}
-                results[c] = {**load, "cpu_s": cpu, "engine_thread_cpu_s": engine_cpu, "store": store_delta}
+                frame_delta = {k: v - frames.get(k, 0.0) for k, v in _frame_counts(procs).items()}
+                results[c] = {**load, "cpu_s": cpu, "engine_thread_cpu_s": engine_cpu, "store": store_delta,
+                              "frames": frame_delta}
         finally:
             mesh.stop()
     return results
+
+
+_FRAME_METRICS = ("kvmesh_scheduler_route_stream_frames_total", "kvmesh_decode_stream_frames_total")
+
+
+def _frame_counts(procs: dict) -> dict[str, float]:
+    """Frames the scheduler read on Routes streams and the decode workers on token streams, by
+    kind ("scheduler batch", "decode-0 generate", ...), from their /metrics; {} on older checkouts."""
+    import urllib.request
+
+    out: dict[str, float] = {}
+    for name, proc in procs.items():
+        argv = proc.cmdline()
+        if "--metrics-port" not in argv or not (name == "scheduler" or name.startswith("decode")):
+            continue
+        url = f"http://127.0.0.1:{argv[argv.index('--metrics-port') + 1]}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            for line in reply.read().decode().splitlines():
+                if line.startswith(_FRAME_METRICS):
+                    kind = line.split('kind="', 1)[1].split('"', 1)[0]
+                    out[f"{name} {kind}"] = float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def _store_endpoint(procs: dict) -> str:
@@ -219,6 +244,9 @@ def report(c: int, mesh: dict, engine: dict) -> None:
         calls = f" in {st['lookup_calls']} calls" if "lookup_calls" in st else ""
         print(f"KV store: {st['lookups']} Lookups (turns handed back){calls}, {st['puts']} Puts, {st['blocks']:+d} blocks held")
     decode = sum(us for name, us in per.items() if name.startswith("decode"))
+    if mesh.get("frames"):
+        requests = max(1, mesh.get("requests", 0))
+        print("frames read per request: " + ", ".join(f"{k} {v / requests:.2f}" for k, v in sorted(mesh["frames"].items()) if v))
     if mesh.get("chunks"):
         print(f"SSE content chunks per token: {mesh['chunks'] / tokens:.2f} (below 1: a reader fell behind and its tokens "
               f"coalesced); gateway CPU per chunk: {mesh['cpu_s']['gateway'] / mesh['chunks'] * 1e6:.0f} µs")
