@@ -58,8 +58,26 @@ def test_the_long_context_streams_take_turns_with_the_short_ones():
     assert mesh.samples.itl_long == [(8, 1536 + 32, 8e-3)] * 2
 
 
-def test_with_two_workers_the_stream_counts_are_per_worker_and_a_lone_stream_stays_one():
+def test_with_two_workers_the_itl_stream_counts_are_per_worker_and_a_lone_stream_stays_one():
     mesh = FakeMesh(ProbeConfig(lengths=(64, 1536), streams=(1, 4), repeats=1, context_streams=8, workers=2), set())
     asyncio.run(mesh.itl())
     assert mesh.sent == [(1, 32), (8, 32), (16, 1536)]
     assert [k for k, _ in mesh.samples.itl] == [1, 8] and mesh.samples.itl_long[0][0] == 16
+
+
+def test_the_streams_beside_a_prefill_are_counted_in_all_not_per_worker():
+    config = ProbeConfig(stall_streams=(0, 8), stall_lengths=(512,), repeats=1, workers=2, burst=2)
+    mesh = FakeMesh(config, set())
+    calls = []
+
+    async def stall(streams, tokens):
+        calls.append((streams, tokens))
+        return float(tokens), float(streams), 0.0, 0.0, 0.02
+
+    async def pair():
+        return 2.0, 1536.0, 0.1
+
+    mesh.stall, mesh.pair = stall, pair
+    asyncio.run(mesh.sharing())
+    assert calls == [(0, 512), (8, 512)]
+    assert [(n, k) for n, k, *_ in mesh.samples.stall] == [(512, 0), (512, 8)] and mesh.samples.pair == [(2.0, 1536.0, 0.1)]

@@ -9,8 +9,8 @@ takes each point's median:
 2. prefix hits: a long prompt, then 0.2 s later the same again, or its first part followed by
    `hit_new_tokens` new ones; the second TTFT, less that of a fresh prompt of its uncached tokens
    sent right after it, against its cached tokens and its (new, cached) token pairs;
-3. ITL against the number of concurrent streams (this and the stream counts below are per decode
-   worker: k × `workers` streams, where k > 1) (short prompts, `stream_tokens` each): the mean
+3. ITL against the number of concurrent streams (these stream counts are per decode worker:
+   k × `workers` streams, where k > 1) (short prompts, `stream_tokens` each): the mean
    gap while all k streams decode, median over streams; with them, `context_streams` streams with
    long prompts: how much slower they decode is the context's cost;
 4. CPU sharing: while k streams decode (k in `stall_streams`, 0 included, taking turns), one
@@ -56,7 +56,7 @@ from .report import Outcome
 class ProbeConfig:
     lengths: tuple[int, ...] = (64, 256, 512, 1024, 1536)
     repeats: int = 3
-    streams: tuple[int, ...] = (1, 4, 8, 16)      # per decode worker, as are the stream counts below
+    streams: tuple[int, ...] = (1, 4, 8, 16)      # per decode worker, as is context_streams
     stream_tokens: int = 64
     stall_streams: tuple[int, ...] = (0, 8, 16, 32)  # streams decoding beside a prefill (0: its lone TTFT)
     stall_lengths: tuple[int, ...] = (512, 1536)     # uncached prompt lengths of that prefill
@@ -176,9 +176,11 @@ class _Prober:
 
     async def sharing(self) -> None:
         """The CPU-sharing, request-work and (several workers) host-sharing probes, taking turns."""
+        # NOTE: stream counts in all, not per worker: the trace keeps a few streams per worker running, and
+        # 64 beside a prefill on two workers (run J) loaded the 2-core host with their SSE traffic, which the
+        # fit took as 1.9 ms per stream beside the prefill and the sim's capacity as 20 req/s (real: 30; 29 without it)
         runs: dict[Hashable, Callable[[], Awaitable[tuple]]] = {
-            (k, n): partial(self.stall, k, n) for k in map(self.per_worker, self.config.stall_streams)
-            for n in self.config.stall_lengths}
+            (k, n): partial(self.stall, k, n) for k in self.config.stall_streams for n in self.config.stall_lengths}
         runs["burst"] = self.burst
         if self.config.workers > 1:
             runs["pair"] = self.pair
@@ -263,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--streams", default="1,4,8,16", help="concurrent stream counts per decode worker for the ITL probe")
     p.add_argument("--stream-tokens", type=int, default=64, help="output tokens per stream in the ITL probe")
     p.add_argument("--stall-streams", default="0,8,16,32",
-                   help="stream counts per decode worker decoding beside the CPU-sharing probe's prefill")
+                   help="stream counts decoding beside the CPU-sharing probe's prefill (in all, not per worker)")
     p.add_argument("--stall-lengths", default="512,1536", help="uncached prompt lengths of that prefill")
     p.add_argument("--workers", type=int, default=1,
                    help="decode workers behind the gateway; > 1 also probes how they share one host's CPU")
