@@ -9,10 +9,10 @@ takes each point's median:
 2. prefix hits: a long prompt, then 0.2 s later the same again, or its first part followed by
    `hit_new_tokens` new ones; the second TTFT, less that of a fresh prompt of its uncached tokens
    sent right after it, against its cached tokens and its (new, cached) token pairs;
-3. ITL against the number of concurrent streams (these stream counts are per decode worker:
-   k × `workers` streams, where k > 1) (short prompts, `stream_tokens` each): the mean
-   gap while all k streams decode, median over streams; with them, `context_streams` streams with
-   long prompts: how much slower they decode is the context's cost;
+3. ITL against the number of concurrent streams (short prompts, `stream_tokens` each; k streams per
+   decode worker, k × `workers` in all where k > 1): the mean gap while all of them decode, median
+   over streams; taking turns with them, `context_streams` per worker with long prompts: how much
+   slower they decode is the context's cost;
 4. CPU sharing: while k streams decode (k in `stall_streams`, 0 included, taking turns), one
    uncached prompt of each of `stall_lengths` arrives; its TTFT against the lone one's at that
    length, and the streams' largest gap during its prefill against their ITL;
