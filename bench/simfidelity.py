@@ -29,6 +29,7 @@ import dataclasses
 import itertools
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -40,8 +41,9 @@ from kvmesh.scheduler.sim.calibrate import lower_bound
 from kvmesh.scheduler.sim.client import Target
 from kvmesh.scheduler.sim.cluster import SimConfig
 from kvmesh.scheduler.sim.meshcost import MeshCost
-from kvmesh.scheduler.sim.meshcal import MeshCalibration, fit
-from kvmesh.scheduler.sim.meshprobe import ProbeConfig, beside_line, probe
+from kvmesh.scheduler.sim.meshcal import MeshCalibration, Samples, fit
+from kvmesh.scheduler.sim.meshprobe import ProbeConfig, probe, probe_lines
+from kvmesh.scheduler.sim.meshspread import bootstrap, spread_lines, term_ranges
 from kvmesh.scheduler.sim.replay import ReplayConfig, replay
 from kvmesh.scheduler.sim.report import RunSummary, capacity, figures, simulate
 from kvmesh.scheduler.sim.trace import SyntheticConfig, synthetic, without_output_blocks
@@ -109,6 +111,20 @@ def sim_costs(cal: MeshCalibration, workers: int) -> tuple[CostModel, MeshCost]:
     return cost, mesh
 
 
+def fit_spread(bench: Bench, samples: Samples, cal: MeshCalibration, workers: int, lower: CostModel | None) -> None:
+    """Prints each term's and the sim capacity's range over bootstrap refits of the probes' repeats."""
+    if not bench.args.bootstrap:
+        return
+    draws = bootstrap(samples, draws=bench.args.bootstrap, engine_decode_s_per_seq=lower.decode_s_per_seq if lower else None)
+    print("# fit uncertainty, each term's 10th..90th percentile over refits of resampled probe repeats:")
+    for line in spread_lines(cal, term_ranges(draws)):
+        print(f"#   {line}")
+    caps = sorted(bench.capacity_of(lambda r, c=c: bench.sim("kv_aware", bench.sim_config(workers, *sim_costs(c, workers)), r),
+                                    2.0 * workers, 4) for c in draws)
+    print(f"# sim capacity over the {len(caps)} refits: {caps[round(0.1 * (len(caps) - 1))]:.1f} .. "
+          f"{caps[round(0.9 * (len(caps) - 1))]:.1f} (10th..90th percentile), median {statistics.median(caps):.1f}")
+
+
 def pct(sim: float, real: float) -> str:
     return f"{(sim - real) / real:+.0%}" if real > 0 else "-"
 
@@ -128,11 +144,11 @@ def run_workers(bench: Bench, workers: int, lower: CostModel | None) -> None:
             config = bench.sim_config(workers, cost, mesh_cost)
             print(f"\n## kvmesh up --decode {workers} --prefill 0 --policy kv_aware (model {args.model}); "
                   f"SLO TTFT p99 <= {args.slo_ttft_s} s")
-            print("# probes: TTFT by uncached tokens " + ", ".join(f"{n:.0f}: {t * 1e3:.0f} ms" for n, t in samples.ttft)
-                  + "; ITL by streams " + ", ".join(f"{k:.0f}: {t * 1e3:.1f} ms" for k, t in samples.itl))
-            print(f"# {beside_line(samples)}")
+            for line in probe_lines(samples):
+                print(f"# {line}")
             print("# calibration: kvmesh sim " + " ".join(cal.sim_flags()))
             sim_cap = bench.capacity_of(lambda r: bench.sim("kv_aware", config, r), 2.0 * workers, 4)
+            fit_spread(bench, samples, cal, workers, lower)
             low_cap = (bench.capacity_of(lambda r: bench.sim("kv_aware", bench.sim_config(workers, lower, MeshCost()), r),
                                          2.0 * workers, 4) if lower else 0.0)
             log(f"sim capacity {sim_cap:.2f} req/s; searching the real one")
@@ -232,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policies", default="round_robin,prefix_affinity,kv_aware",
                    help="policies compared at 2 workers ('' = skip)")
     p.add_argument("--save-samples", default="", help="write each mesh's probe timings to PREFIX.<N>w.json")
+    p.add_argument("--bootstrap", type=int, default=20,
+                   help="refits of resampled probe repeats: each term's and the sim capacity's spread (0 = skip)")
     p.add_argument("--no-lower-bound", action="store_true", help="skip the in-process engine calibration")
     args = p.parse_args(argv)
     t0 = time.time()

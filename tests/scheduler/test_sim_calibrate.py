@@ -9,9 +9,8 @@ from kvmesh.scheduler.policy import CostModel
 from kvmesh.scheduler.sim import sim_main
 from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
 from kvmesh.scheduler.sim.meshcost import MeshCost
-from kvmesh.scheduler.sim.meshcal import (
-    MeshCalibration, Samples, admitted_before_first_finish, fit, fit_beside, itl_point, largest_gap, steady_itl, step_s,
-)
+from kvmesh.scheduler.sim.meshcal import MeshCalibration, Samples, fit, fit_beside, step_s
+from kvmesh.scheduler.sim.meshstreams import admitted_before_first_finish, itl_point, largest_gap, steady_itl
 from kvmesh.scheduler.sim.report import outcome
 from kvmesh.scheduler.sim.trace import TraceRequest
 
@@ -62,7 +61,7 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
 @pytest.mark.parametrize(("cal", "workers"), [(TRUE, 1), (SHARED, 2)])
 def test_fit_gives_back_the_parameters_of_timings_made_by_the_model(cal, workers):
     got = fit(formula_samples(cal, workers), engine_decode_s_per_seq=cal.decode_s_per_seq)
-    assert got.admission_limit is None and got.noise == ()
+    assert got.admission_limit is None and set(got.noise) == {1.0}  # one lone request per length: no spread
     for name in ("prefill_s_per_token", "attention_s_per_pair", "decode_s_per_step", "decode_s_per_seq", "decode_s_per_context_token",
                  "request_overhead_s", "request_busy_s", "token_overhead_s", "hit_s_per_token", "prefill_stall",
                  "prefill_share", "prefill_s_per_stream", "host_parallelism", "attention_s_per_cached_pair"):
@@ -184,7 +183,7 @@ def test_the_noise_is_the_spread_of_lone_ttfts_around_their_fit_and_the_sim_appl
     samples = formula_samples(TRUE)
     fitted = dict(samples.ttft)
     factors = (0.9, 1.0, 1.0, 1.1, 3.0)
-    samples.ttft_raw = [(n, fitted[n] * f) for n in fitted for f in factors]
+    samples.ttft = [(n, fitted[n] * f) for n in fitted for f in factors]  # every repeat; the fit takes their medians
     assert fit(samples).noise == pytest.approx((0.9, 0.9, 1.0, 1.0, 1.0, 1.0, 1.1, 1.1, 3.0, 3.0), rel=1e-9)  # deciles
     cost = CostModel(prefill_s_per_token=1e-4)
     lone = [TraceRequest(0.0, "r", "", 1000, 1, ())]
@@ -235,9 +234,19 @@ def test_with_one_hit_shape_the_cached_pairs_cost_what_the_new_ones_do():
 def test_the_hit_cost_is_taken_against_the_lone_request_sent_beside_it_not_the_fit_when_there_is_one():
     samples = formula_samples(dataclasses.replace(TRUE, attention_s_per_cached_pair=None))
     samples.hit, samples.hit_lone = samples.hit[:1], samples.hit_lone[:1]
+    samples.ttft += [(16, samples.hit_lone[0])] * 3  # the TTFT probe's 16-token repeats, outside the burst
     burst = 0.050  # the host's noise slowed the hit and the lone request after it alike
     samples.hit = [(c, u, t + burst) for c, u, t in samples.hit]
     samples.hit_lone = [t + burst for t in samples.hit_lone]
     assert fit(samples).hit_s_per_token == pytest.approx(TRUE.hit_s_per_token, rel=1e-9)
     samples.hit_lone = []  # saved timings from before the lone reference: against the TTFT fit, noise and all
     assert fit(samples).hit_s_per_token == pytest.approx(TRUE.hit_s_per_token + burst / 1520, rel=1e-9)
+
+
+def test_the_hit_probes_lone_requests_are_points_of_the_prefill_fit_too():
+    samples = formula_samples(TRUE)
+    samples.ttft = [(n, t) for n, t in samples.ttft if n >= 1024]  # two lengths: alone, only a line
+    got = fit(samples, engine_decode_s_per_seq=TRUE.decode_s_per_seq)  # with the hit probe's 16 and 512 fresh tokens
+    assert (got.prefill_s_per_token, got.attention_s_per_pair) == pytest.approx((TRUE.prefill_s_per_token,
+                                                                                 TRUE.attention_s_per_pair), rel=1e-9)
+    assert got.request_overhead_s == pytest.approx(TRUE.request_overhead_s, rel=1e-9)

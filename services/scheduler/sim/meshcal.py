@@ -30,24 +30,23 @@ one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy w
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .calibrate import fit_line
+from .meshstats import around_median, medians, noise_quantiles, nonnegative_fit
 
 
 @dataclass(slots=True)
 class Samples:
-    """What the probes measured."""
+    """What the probes measured: every repeat of every probe point (the fit takes each point's median)."""
 
-    ttft: list[tuple[float, float]] = field(default_factory=list)        # (uncached tokens, median TTFT s), lone requests
-    ttft_raw: list[tuple[float, float]] = field(default_factory=list)    # every lone request behind those medians
+    ttft: list[tuple[float, float]] = field(default_factory=list)        # (uncached tokens, TTFT s), lone requests
     hit: list[tuple[float, float, float]] = field(default_factory=list)  # (cached, uncached tokens, TTFT s)
     hit_lone: list[float] = field(default_factory=list)  # TTFT of a fresh prompt of each hit's uncached length, sent next
-    itl: list[tuple[float, float]] = field(default_factory=list)         # (streams, ITL s)
+    itl: list[tuple[float, float]] = field(default_factory=list)         # (streams, ITL s), one per run
     itl_context: float = 0.0                                             # mean context of those streams
     itl_long: list[tuple[float, float, float]] = field(default_factory=list)  # (streams, mean context, ITL s)
     burst: list[tuple[float, float, float]] = field(default_factory=list)  # (requests, prompt tokens, last TTFT)
@@ -57,6 +56,7 @@ class Samples:
     # (prefill tokens, streams decoding meanwhile, the largest gap of any, their ITL, the prefill's TTFT)
     admitted: int | None = None                                          # streams admitted at once (None: not probed)
     probe_streams: int = 0                                               # the burst size of that probe
+    reprobed: list[str] = field(default_factory=list)  # a probe point's name per extra repeat (its repeats disagreed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,29 +106,12 @@ def step_s(cal: MeshCalibration, running: int) -> float:
 
 def fit_prefill(points: list[tuple[float, float]]) -> tuple[float, float, float]:
     """Least squares TTFT(n) = intercept + linear · n + attention · n² / 2 over (n, TTFT) points,
-    with linear, attention >= 0 (the best of the fits with either set to 0 when the free fit gives
-    a negative one; a straight line with fewer than three lengths); returns (intercept, linear, attention)."""
+    linear, attention >= 0 (nonnegative_fit; a straight line with fewer than three lengths);
+    returns (intercept, linear, attention)."""
     n = np.array([p[0] for p in points], dtype=float)
-    t = np.array([p[1] for p in points], dtype=float)
-    columns = {"linear": n, "attention": n * n / 2}
-    best: tuple[float, tuple[float, float, float]] | None = None
-    for used in (("linear", "attention"), ("linear",), ("attention",)):
-        if len(set(n.tolist())) <= len(used):
-            continue
-        a = np.column_stack([np.ones_like(n), *(columns[u] for u in used)])
-        coef = np.linalg.lstsq(a, t, rcond=None)[0]
-        if (coef[1:] < 0).any():
-            continue
-        got = dict(zip(used, coef[1:].tolist(), strict=True))
-        residual = float(np.sum((a @ coef - t) ** 2))
-        if best is None or residual < best[0]:
-            best = (residual, (float(coef[0]), got.get("linear", 0.0), got.get("attention", 0.0)))
-        if len(used) == 2:
-            break  # the free fit is feasible: it is the least-squares one
-    if best is None:
-        intercept, slope = fit_line(points)
-        return intercept, max(0.0, slope), 0.0
-    return best[1]
+    x = np.column_stack([np.ones_like(n), n, n * n / 2])
+    intercept, linear, attention = nonnegative_fit(x, np.array([p[1] for p in points], dtype=float), free=1)
+    return float(intercept), float(linear), float(attention)
 
 
 def beside_medians(stall: list[tuple[float, float, float, float, float]]) -> dict[tuple[float, float], float]:
@@ -148,24 +131,6 @@ def fit_beside(points: list[tuple[float, float, float]]) -> tuple[float, float]:
         x = x[:, :1]
     coef = nonnegative_fit(x, np.array([e for _, _, e in points], dtype=float))
     return float(coef[0]), float(coef[1]) if len(coef) > 1 else 0.0
-
-
-def nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares y = x @ coef with coef >= 0, for one or two columns: the free fit, else the
-    best fit with one coefficient (the others 0)."""
-    if not len(y):
-        return np.zeros(x.shape[1])
-    coef = np.linalg.lstsq(x, y, rcond=None)[0]
-    if (coef >= 0).all():
-        return coef
-    best: tuple[float, np.ndarray] | None = None
-    for j in range(x.shape[1]):
-        one, column = np.zeros(x.shape[1]), x[:, j]
-        one[j] = max(0.0, float(column @ y) / float(column @ column)) if column.any() else 0.0
-        residual = float(np.sum((x @ one - y) ** 2))
-        if best is None or residual < best[0]:
-            best = (residual, one)
-    return best[1]  # type: ignore[index]
 
 
 def fit_hits(samples: Samples, attention: float, fitted_lone: list[float]) -> tuple[float, float]:
@@ -188,17 +153,22 @@ def fit_hits(samples: Samples, attention: float, fitted_lone: list[float]) -> tu
 def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshCalibration:
     """Inverts the model above. `engine_decode_s_per_seq` (the in-process lower bound) splits the
     per-stream ITL slope into the engine's part and the mesh's per-token overhead."""
-    if len({n for n, _ in samples.ttft}) < 2 or len({k for k, _ in samples.itl}) < 2:
+    # NOTE: the hit probe's lone requests are lone requests too (16 and 512 fresh tokens, sent after the
+    # TTFT probe): more repeats of the short lengths, which set the per-request base; in runs F-I the TTFT
+    # probe's short lengths alone put it 2.5-8 ms above them and above what the trace's requests saw
+    lone_ttft = medians(samples.ttft + [(uncached, t) for (_, uncached, _), t in zip(samples.hit, samples.hit_lone)])
+    itls, itl_long = medians(samples.itl), medians(samples.itl_long)
+    if len(lone_ttft) < 2 or len(itls) < 2:
         raise ValueError("need TTFT at two prompt lengths and ITL at two stream counts at least")
-    intercept, per_token, attention = fit_prefill(samples.ttft)
+    intercept, per_token, attention = fit_prefill(lone_ttft)
     workers = max(1, samples.workers)
 
     def work(n: float) -> float:
         return n * per_token + attention * n * n / 2
 
     busy = max(0.0, _median([(last - intercept - work(n)) / (m - 1) for m, n, last in samples.burst if m > 1]))
-    lone_itl = [itl for k, itl in samples.itl if k == 1]
-    step_one = lone_itl[0] if lone_itl else fit_line(samples.itl)[0] + fit_line(samples.itl)[1]
+    lone_itl = [itl for k, itl in itls if k == 1]
+    step_one = lone_itl[0] if lone_itl else sum(fit_line(itls))
     parallel = 0.0
     if workers > 1:
         slowdowns = [1.0 + (last - intercept - work(n) - (m - 1) * busy) / (work(n) + step_one)
@@ -211,7 +181,7 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
     def spread(k: float) -> float:  # busy workers when k streams run at once
         return min(k, workers)
 
-    points = [(k / spread(k), itl / slowdown(spread(k))) for k, itl in samples.itl]
+    points = [(k / spread(k), itl / slowdown(spread(k))) for k, itl in itls]
     base, per_stream = fit_line(points)
     if per_stream < 0:  # NOTE: a flat, noisy ITL: a step cannot get cheaper with more streams
         base, per_stream = statistics.fmean(y for _, y in points), 0.0
@@ -221,20 +191,20 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
 
     x0 = samples.itl_context
     per_context = max(0.0, _median([(itl / slowdown(spread(k)) - step(k / spread(k))) / (k / spread(k) * (x - x0))
-                                    for k, x, itl in samples.itl_long if x > x0]))
+                                    for k, x, itl in itl_long if x > x0]))
     per_seq = max(0.0, per_stream - per_context * x0)  # without the context (noise can make it negative)
     engine = per_seq if engine_decode_s_per_seq is None else min(per_seq, engine_decode_s_per_seq)
     hit, cached_pair = fit_hits(samples, attention, [intercept + work(uncached) for _, uncached, _ in samples.hit])
     overhead = max(0.0, intercept - step(1) - busy)
-    medians = beside_medians(samples.stall)
-    lone = {n: t for (n, k), t in medians.items() if k == 0}
+    beside = beside_medians(samples.stall)
+    lone = {n: t for (n, k), t in beside.items() if k == 0}
 
     def prefill(n: float) -> float:  # a lone prefill's work: as the stall probe measured it, else from the fit
         return max(0.0, lone[n] - overhead - busy - step(1)) if n in lone else work(n)
 
     extras = [(prefill(n), k / spread(k),
                (ttft - overhead - busy) / slowdown(spread(k)) - step(k / spread(k) + 1) - prefill(n))
-              for (n, k), ttft in medians.items() if k > 0]
+              for (n, k), ttft in beside.items() if k > 0]
     share, per_stream_s = fit_beside(extras)
     stalls = []
     for tokens, k, gap, itl, _ in samples.stall:
@@ -255,37 +225,11 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         prefill_share=share,
         prefill_s_per_stream=per_stream_s,
         admission_limit=admitted,
-        noise=noise_quantiles(_spread(samples.ttft_raw)),
+        noise=noise_quantiles(around_median(samples.ttft)),
         attention_s_per_pair=attention,
         decode_s_per_context_token=per_context,
         host_parallelism=parallel,
     )
-
-
-def noise_quantiles(ratios: list[float], count: int = 10) -> tuple[float, ...]:
-    """The `count` quantiles of `ratios` at (i + 0.5) / count (deciles by default: each stands for a
-    tenth of the requests, so one outlier among the probes is not given to a tenth of them),
-    interpolated, scaled so the median is 1."""
-    if not ratios:
-        return ()
-    ordered = sorted(ratios)
-
-    def at(q: float) -> float:
-        pos = q * (len(ordered) - 1)
-        low = int(pos)
-        high = min(low + 1, len(ordered) - 1)
-        return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-    middle = statistics.median(ordered)
-    return tuple(at((i + 0.5) / count) / middle for i in range(count)) if middle > 0 else ()
-
-
-def _spread(points: list[tuple[float, float]]) -> list[float]:
-    """Each lone TTFT over the median of those at its prompt length."""
-    by_length: dict[float, list[float]] = {}
-    for n, t in points:
-        by_length.setdefault(n, []).append(t)
-    return [t / statistics.median(by_length[n]) for n, t in points if statistics.median(by_length[n]) > 0]
 
 
 def _or(value: float | None, default: float) -> float:
@@ -294,43 +238,6 @@ def _or(value: float | None, default: float) -> float:
 
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
-
-
-def itl_point(streams: int, itls: list[float]) -> tuple[float, float]:
-    """One ITL sample: the median over the streams of a run (NaN ITLs, from 1-token answers, skipped)."""
-    values = [x for x in itls if not math.isnan(x)]
-    if not values:
-        raise ValueError(f"no stream of the {streams}-stream run produced two tokens")
-    return float(streams), statistics.median(values)
-
-
-def steady_itl(token_times: list[list[float]], tokens: list[int] | None = None) -> float:
-    """Mean gap between tokens while every stream of a run was decoding (after the last first
-    token, before the first last token), the median over streams; NaN if that window is empty.
-    `token_times` are chunk arrival times; the gateway coalesces a slow reader's tokens into one
-    chunk, so with `tokens` (each stream's token count) a stream's chunk gap is scaled by its
-    chunks per token."""
-    start, end = max(t[0] for t in token_times), min(t[-1] for t in token_times)
-    means = []
-    for i, times in enumerate(token_times):
-        inside = [t for t in times if start <= t <= end]
-        per_chunk = tokens[i] / len(times) if tokens and times and tokens[i] >= len(times) else 1.0
-        if len(inside) >= 3:
-            means.append((inside[-1] - inside[0]) / (len(inside) - 1) / per_chunk)
-    return statistics.median(means) if means else math.nan
-
-
-def largest_gap(token_times: list[float], start: float, end: float) -> float:
-    """The largest gap between consecutive token arrivals that overlaps [start, end]."""
-    gaps = [b - a for a, b in zip(token_times, token_times[1:], strict=False) if b >= start and a <= end]
-    return max(gaps, default=0.0)
-
-
-def admitted_before_first_finish(first_token_s: list[float], finish_s: list[float]) -> int:
-    """Streams of a burst that got their first token before any stream of it finished: those the
-    mesh admitted at once (the others waited for a slot)."""
-    first_finish = min(finish_s, default=math.inf)
-    return sum(t < first_finish for t in first_token_s if not math.isnan(t))
 
 
 def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list[str]:

@@ -2,14 +2,17 @@
 through its gateway, and prints the `kvmesh sim` flags that reproduce it (model: meshcal.py).
 
 Probes, in order (prompts are random token ids with a per-run nonce, so nothing is cached unless
-a probe means it to be):
-1. TTFT of lone requests against uncached prompt length (median of `repeats` per length);
+a probe means it to be). Each probe point runs `repeats` times, the points of a probe taking
+turns, and up to `extra_repeats` more times while its repeats disagree (`spread_limit`); the fit
+takes each point's median:
+1. TTFT of lone requests against uncached prompt length;
 2. prefix hits: a long prompt, then 0.2 s later the same again, or its first part followed by
    `hit_new_tokens` new ones; the second TTFT, less that of a fresh prompt of its uncached tokens
    sent right after it, against its cached tokens and its (new, cached) token pairs;
-3. ITL against the number of concurrent streams (short prompts, `stream_tokens` each): the mean
-   gap while all k streams decode, median over streams, then over `repeats` runs; then
-   `context_streams` streams with long prompts: how much slower they decode is the context's cost;
+3. ITL against the number of concurrent streams (short prompts, `stream_tokens` each; k streams per
+   decode worker, k × `workers` in all where k > 1): the mean gap while all of them decode, median
+   over streams; taking turns with them, `context_streams` per worker with long prompts: how much
+   slower they decode is the context's cost;
 4. CPU sharing: while k streams decode (k in `stall_streams`, 0 included, taking turns), one
    uncached prompt of each of `stall_lengths` arrives; its TTFT against the lone one's at that
    length, and the streams' largest gap during its prefill against their ITL;
@@ -33,13 +36,18 @@ import os
 import random
 import statistics
 import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from .calibrate import lower_bound
 from .client import Target, new_client, served_model, stream_one, unreachable
-from .meshcal import (
-    Samples, admitted_before_first_finish, beside_medians, describe, fit, itl_point, largest_gap, steady_itl,
-)
+from .meshcal import Samples, beside_medians, describe, fit
+from .meshspread import bootstrap, spread_lines, term_ranges
+from .meshstats import medians, unsettled
+from .meshstreams import admitted_before_first_finish, itl_point, largest_gap, steady_itl
 from .replay import VOCAB
 from .report import Outcome
 
@@ -48,7 +56,7 @@ from .report import Outcome
 class ProbeConfig:
     lengths: tuple[int, ...] = (64, 256, 512, 1024, 1536)
     repeats: int = 3
-    streams: tuple[int, ...] = (1, 4, 8, 16)
+    streams: tuple[int, ...] = (1, 4, 8, 16)      # per decode worker, as is context_streams
     stream_tokens: int = 64
     stall_streams: tuple[int, ...] = (0, 8, 16, 32)  # streams decoding beside a prefill (0: its lone TTFT)
     stall_lengths: tuple[int, ...] = (512, 1536)     # uncached prompt lengths of that prefill
@@ -58,6 +66,8 @@ class ProbeConfig:
     hit_new_tokens: tuple[int, ...] = (512,)  # new tokens after a cached prefix (the hit probe's second shape)
     workers: int = 1                  # decode workers behind the gateway (> 1: probe how they share the host)
     admission_probe: int = 0          # burst size; 0 = skip the probe
+    extra_repeats: int = 4            # more repeats, at most, of a probe point whose repeats disagree
+    spread_limit: float = 0.15        # ... by more than this (half the interquartile range over the median)
 
 
 class _Prompts:
@@ -79,14 +89,7 @@ async def probe(target: Target, config: ProbeConfig) -> Samples:
         await prober.ttft()
         await prober.hits()
         await prober.itl()
-        for _ in range(config.repeats):
-            # NOTE: stream counts and lengths take turns (as in ttft()), so the host's noise bends no one point
-            for k in config.stall_streams:
-                for n in config.stall_lengths:
-                    prober.samples.stall.append(await prober.stall(k, n))
-            prober.samples.burst.append(await prober.burst())
-            if config.workers > 1:
-                prober.samples.pair.append(await prober.pair())
+        await prober.sharing()
         prober.samples.workers = config.workers
         if config.admission_probe:
             await prober.admission()
@@ -107,45 +110,84 @@ class _Prober:
             raise RuntimeError(f"calibration request failed with status {outcome.status}")
         return outcome
 
-    async def ttft(self) -> None:
-        # NOTE: the lengths take turns, so a burst of the host's noise hits them alike, not one length
-        by_length: dict[int, list[tuple[float, float]]] = {n: [] for n in self.config.lengths}
+    def per_worker(self, streams: int) -> int:
+        """`streams` streams on each decode worker (one stream is one): with several workers the
+        per-stream terms then get the signal they get on one."""
+        return streams if streams <= 1 else streams * self.config.workers
+
+    async def repeated(self, runs: dict[Hashable, Callable[[], Awaitable[Any]]],
+                       value: Callable[[Any], float]) -> dict[Hashable, list[Any]]:
+        """Every probe point `repeats` times, the points taking turns, then again while their repeats
+        disagree (the `value` of each: relative_spread > `spread_limit`), at most `extra_repeats`
+        more times each; the records of each point's runs."""
+        # NOTE: taking turns, a burst of the host's noise hits a few repeats of several points, not every
+        # repeat of one; a point whose repeats still disagree (a burst hit two of five) gets more of them
+        records: dict[Hashable, list[Any]] = {key: [] for key in runs}
         for _ in range(self.config.repeats):
-            for n in self.config.lengths:
-                o = await self.one(self.prompt(n), 2)
-                by_length[n].append((n - o.cached_tokens, o.ttft_s))
-        for points in by_length.values():
-            self.samples.ttft_raw += points
-            self.samples.ttft.append((statistics.median(p[0] for p in points), statistics.median(p[1] for p in points)))
+            for key, run in runs.items():
+                records[key].append(await run())
+        for _ in range(self.config.extra_repeats):
+            for key in unsettled({k: [value(r) for r in rs] for k, rs in records.items()}, self.config.spread_limit):
+                records[key].append(await runs[key]())
+                self.samples.reprobed.append(str(key))
+        return records
+
+    async def ttft(self) -> None:
+        async def lone(n: int) -> tuple[float, float]:
+            o = await self.one(self.prompt(n), 2)
+            return n - o.cached_tokens, o.ttft_s
+
+        records = await self.repeated({n: partial(lone, n) for n in self.config.lengths}, lambda r: r[1])
+        self.samples.ttft += [point for points in records.values() for point in points]
 
     async def hits(self) -> None:
         # NOTE: two shapes taking turns: the whole prompt again (the cost per cached token), and a
         # cached prefix followed by new tokens (their attention over the cached ones)
         news = [n for n in self.config.hit_new_tokens if 0 < n < self.longest]
         shapes = [(self.longest, 0), *((self.longest - n, n) for n in news)]
-        for _ in range(self.config.repeats):
-            for prefix, new in shapes:
-                first = self.prompt(prefix)
-                await self.one(first, 2)
-                # NOTE: a trace's hits find prefixes cached long before, not while the first turn is handed back
-                await asyncio.sleep(self.config.hit_pause_s)
-                again = await self.one(first + self.prompt(new), 2)
-                uncached = prefix + new - again.cached_tokens
-                lone = await self.one(self.prompt(max(1, uncached)), 2)  # the same noise, no hit
-                self.samples.hit.append((again.cached_tokens, uncached, again.ttft_s))
-                self.samples.hit_lone.append(lone.ttft_s)
+
+        async def hit(prefix: int, new: int) -> tuple[float, float, float, float]:
+            first = self.prompt(prefix)
+            await self.one(first, 2)
+            # NOTE: a trace's hits find prefixes cached long before, not while the first turn is handed back
+            await asyncio.sleep(self.config.hit_pause_s)
+            again = await self.one(first + self.prompt(new), 2)
+            uncached = prefix + new - again.cached_tokens
+            lone = await self.one(self.prompt(max(1, uncached)), 2)  # the same noise, no hit
+            return again.cached_tokens, uncached, again.ttft_s, lone.ttft_s
+
+        records = await self.repeated({shape: partial(hit, *shape) for shape in shapes}, lambda r: r[2])
+        for cached, uncached, ttft, lone in (r for rs in records.values() for r in rs):
+            self.samples.hit.append((cached, uncached, ttft))
+            self.samples.hit_lone.append(lone)
 
     async def itl(self) -> None:
-        itls: dict[int, list[float]] = {k: [] for k in self.config.streams}
-        for _ in range(self.config.repeats):
-            for k in self.config.streams:  # taking turns, as in ttft()
-                itls[k].append(await self.steady(k, 32))
-        self.samples.itl += [(k, statistics.median(values)) for k, values in itls.items()]
-        self.samples.itl_context = 32 + self.config.stream_tokens / 2
-        k = self.config.context_streams
+        # NOTE: the long-context streams take turns with the short ones too (a burst once took all their repeats)
+        runs: dict[Hashable, Callable[[], Awaitable[float]]] = {
+            self.per_worker(k): partial(self.steady, self.per_worker(k), 32) for k in self.config.streams}
+        k = self.per_worker(self.config.context_streams)
         if k:
-            long = [await self.steady(k, self.longest) for _ in range(self.config.repeats)]
-            self.samples.itl_long.append((k, self.longest + self.config.stream_tokens / 2, statistics.median(long)))
+            runs["long"] = partial(self.steady, k, self.longest)
+        records = await self.repeated(runs, lambda itl: itl)
+        self.samples.itl += [(key, itl) for key, itls in records.items() if key != "long" for itl in itls]
+        self.samples.itl_context = 32 + self.config.stream_tokens / 2
+        context = self.longest + self.config.stream_tokens / 2
+        self.samples.itl_long += [(k, context, itl) for itl in records.get("long", [])]
+
+    async def sharing(self) -> None:
+        """The CPU-sharing, request-work and (several workers) host-sharing probes, taking turns."""
+        # NOTE: stream counts in all, not per worker: the trace keeps a few streams per worker running, and
+        # 64 beside a prefill on two workers (run J) loaded the 2-core host with their SSE traffic, which the
+        # fit took as 1.9 ms per stream beside the prefill and the sim's capacity as 20 req/s (real: 30; 29 without it)
+        runs: dict[Hashable, Callable[[], Awaitable[tuple]]] = {
+            (k, n): partial(self.stall, k, n) for k in self.config.stall_streams for n in self.config.stall_lengths}
+        runs["burst"] = self.burst
+        if self.config.workers > 1:
+            runs["pair"] = self.pair
+        records = await self.repeated(runs, lambda r: r[-1])
+        self.samples.burst += records.pop("burst")
+        self.samples.pair += records.pop("pair", [])
+        self.samples.stall += [r for rs in records.values() for r in rs]
 
     async def steady(self, k: int, prompt_tokens: int) -> float:
         """The ITL of k streams with `prompt_tokens`-token prompts, sent at once (see steady_itl)."""
@@ -194,12 +236,19 @@ class _Prober:
         self.samples.probe_streams = n
 
 
-def beside_line(samples: Samples) -> str:
-    """The CPU-sharing probe's median TTFTs, by prefill length, then streams beside it."""
-    medians = beside_medians(samples.stall)
-    return "prefill TTFT beside streams: " + "; ".join(
-        f"{n:.0f} tokens " + ", ".join(f"{k:.0f}: {t * 1e3:.0f} ms" for (m, k), t in medians.items() if m == n)
-        for n in sorted({n for n, _ in medians}))
+def probe_lines(samples: Samples) -> list[str]:
+    """The probes' medians (lone TTFT by length, ITL by streams, a prefill's TTFT beside streams)
+    and the points re-probed because their repeats disagreed."""
+    beside = beside_medians(samples.stall)
+    reprobed = Counter(samples.reprobed)
+    return [
+        "TTFT by uncached prompt tokens: " + ", ".join(f"{n:.0f}: {t * 1e3:.1f} ms" for n, t in medians(samples.ttft)),
+        "ITL by concurrent streams: " + ", ".join(f"{k:.0f}: {t * 1e3:.2f} ms" for k, t in medians(samples.itl)),
+        "prefill TTFT beside streams: " + "; ".join(
+            f"{n:.0f} tokens " + ", ".join(f"{k:.0f}: {t * 1e3:.0f} ms" for (m, k), t in beside.items() if m == n)
+            for n in sorted({n for n, _ in beside})),
+        "re-probed (repeats disagreed): " + (", ".join(f"{key} +{count}" for key, count in reprobed.items()) or "none"),
+    ]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -209,9 +258,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default="")
     p.add_argument("--lengths", default="64,256,512,1024,1536", help="uncached prompt lengths for the TTFT probe")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--streams", default="1,4,8,16", help="concurrent stream counts for the ITL probe")
+    p.add_argument("--extra-repeats", type=int, default=4,
+                   help="more repeats, at most, of a probe point whose repeats disagree (0 = never re-probe)")
+    p.add_argument("--spread-limit", type=float, default=0.15,
+                   help="re-probe a point while half its repeats' interquartile range exceeds this fraction of their median")
+    p.add_argument("--streams", default="1,4,8,16", help="concurrent stream counts per decode worker for the ITL probe")
     p.add_argument("--stream-tokens", type=int, default=64, help="output tokens per stream in the ITL probe")
-    p.add_argument("--stall-streams", default="0,8,16,32", help="stream counts decoding beside the CPU-sharing probe's prefill")
+    p.add_argument("--stall-streams", default="0,8,16,32",
+                   help="stream counts decoding beside the CPU-sharing probe's prefill (in all, not per worker)")
     p.add_argument("--stall-lengths", default="512,1536", help="uncached prompt lengths of that prefill")
     p.add_argument("--workers", type=int, default=1,
                    help="decode workers behind the gateway; > 1 also probes how they share one host's CPU")
@@ -228,7 +282,8 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     config = ProbeConfig(
         lengths=tuple(int(x) for x in args.lengths.split(",")), repeats=args.repeats,
         streams=tuple(int(x) for x in args.streams.split(",")), stream_tokens=args.stream_tokens,
-        admission_probe=args.admission_probe, workers=args.workers,
+        admission_probe=args.admission_probe, workers=args.workers, extra_repeats=args.extra_repeats,
+        spread_limit=args.spread_limit,
         stall_streams=tuple(int(x) for x in args.stall_streams.split(",")),
         stall_lengths=tuple(int(x) for x in args.stall_lengths.split(",")),
     )
@@ -244,11 +299,14 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     cal = fit(samples, lower["decode_s_per_seq"] if lower else None)
     print(f"# kvmesh sim calibrate: {target.url}, probes took {time.perf_counter() - t0:.0f} s "
           f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
-    print("# TTFT by uncached prompt tokens: " + ", ".join(f"{n:.0f}: {t * 1e3:.1f} ms" for n, t in samples.ttft))
-    print("# ITL by concurrent streams:      " + ", ".join(f"{k:.0f}: {t * 1e3:.2f} ms" for k, t in samples.itl))
-    print("# " + beside_line(samples))
+    for line in probe_lines(samples):
+        print(f"# {line}")
     for line in describe(cal, lower):
         print(line)
+    ranges = term_ranges(bootstrap(samples, engine_decode_s_per_seq=lower["decode_s_per_seq"] if lower else None))
+    print("# fit uncertainty, each term's 10th..90th percentile over refits of resampled probe repeats (meshspread.py):")
+    for line in spread_lines(cal, ranges):
+        print(f"#   {line}")
     print("kvmesh sim " + " ".join(cal.sim_flags()))
     return 0
 

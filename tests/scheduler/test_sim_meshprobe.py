@@ -1,0 +1,83 @@
+"""The calibration's probe loop (meshprobe.py) against a fake mesh: points take turns, and a point
+whose repeats a burst of noise made disagree is probed again until its median is right."""
+
+import asyncio
+
+import pytest
+
+from kvmesh.scheduler.sim.meshcal import fit_prefill
+from kvmesh.scheduler.sim.meshprobe import ProbeConfig, _Prober
+from kvmesh.scheduler.sim.meshstats import medians
+from kvmesh.scheduler.sim.report import Outcome
+
+
+class FakeMesh(_Prober):
+    """TTFT = 10 ms + 20 µs per prompt token; the `slow` requests (by arrival order) take 30 ms more."""
+
+    def __init__(self, config: ProbeConfig, slow: set[int]) -> None:
+        super().__init__(None, None, "fake", config)
+        self.slow, self.sent = slow, []
+
+    async def one(self, tokens, max_tokens, times=None):  # noqa: ANN001, ARG002
+        self.sent.append(len(tokens))
+        ttft = 0.010 + 2e-5 * len(tokens) + (0.030 if len(self.sent) in self.slow else 0.0)
+        return Outcome(0.0, len(tokens), max_tokens, ttft, ttft + 0.001)
+
+    async def steady(self, k, prompt_tokens):  # noqa: ANN001
+        self.sent.append((k, prompt_tokens))
+        return 1e-3 * k
+
+
+def lone_ttft_fit(config: ProbeConfig, slow: set[int]) -> tuple[list[int], tuple[float, float, float]]:
+    mesh = FakeMesh(config, slow)
+    asyncio.run(mesh.ttft())
+    return mesh.sent, fit_prefill(medians(mesh.samples.ttft))
+
+
+def test_the_lengths_take_turns_and_a_noiseless_mesh_is_probed_repeats_times():
+    sent, fitted = lone_ttft_fit(ProbeConfig(lengths=(64, 512, 1536), repeats=3), set())
+    assert sent == [64, 512, 1536] * 3
+    assert fitted == pytest.approx((0.010, 2e-5, 0.0), abs=1e-12)
+
+
+def test_a_point_whose_repeats_a_burst_bent_is_probed_again_until_its_median_is_right():
+    # the burst slows three of the 64-token point's five repeats (requests 7, 10, 13)
+    config = ProbeConfig(lengths=(64, 512, 1536), repeats=5)
+    sent, fitted = lone_ttft_fit(config, {7, 10, 13})
+    assert sent[15:] == [64] * 4  # the 64-token point (only) got the extra repeats
+    assert fitted == pytest.approx((0.010, 2e-5, 0.0), abs=1e-12)
+    _, without = lone_ttft_fit(ProbeConfig(lengths=(64, 512, 1536), repeats=5, extra_repeats=0), {7, 10, 13})
+    assert without[0] > 0.02  # five repeats and their median alone: the burst moves the intercept 3x
+
+
+def test_the_long_context_streams_take_turns_with_the_short_ones():
+    mesh = FakeMesh(ProbeConfig(lengths=(64, 1536), streams=(1, 4), repeats=2, context_streams=8), set())
+    asyncio.run(mesh.itl())
+    assert mesh.sent == [(1, 32), (4, 32), (8, 1536)] * 2
+    assert mesh.samples.itl == [(1, 1e-3), (1, 1e-3), (4, 4e-3), (4, 4e-3)]
+    assert mesh.samples.itl_long == [(8, 1536 + 32, 8e-3)] * 2
+
+
+def test_with_two_workers_the_itl_stream_counts_are_per_worker_and_a_lone_stream_stays_one():
+    mesh = FakeMesh(ProbeConfig(lengths=(64, 1536), streams=(1, 4), repeats=1, context_streams=8, workers=2), set())
+    asyncio.run(mesh.itl())
+    assert mesh.sent == [(1, 32), (8, 32), (16, 1536)]
+    assert [k for k, _ in mesh.samples.itl] == [1, 8] and mesh.samples.itl_long[0][0] == 16
+
+
+def test_the_streams_beside_a_prefill_are_counted_in_all_not_per_worker():
+    config = ProbeConfig(stall_streams=(0, 8), stall_lengths=(512,), repeats=1, workers=2, burst=2)
+    mesh = FakeMesh(config, set())
+    calls = []
+
+    async def stall(streams, tokens):
+        calls.append((streams, tokens))
+        return float(tokens), float(streams), 0.0, 0.0, 0.02
+
+    async def pair():
+        return 2.0, 1536.0, 0.1
+
+    mesh.stall, mesh.pair = stall, pair
+    asyncio.run(mesh.sharing())
+    assert calls == [(0, 512), (8, 512)]
+    assert [(n, k) for n, k, *_ in mesh.samples.stall] == [(512, 0), (512, 8)] and mesh.samples.pair == [(2.0, 1536.0, 0.1)]
