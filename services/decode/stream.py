@@ -18,7 +18,7 @@ from opentelemetry import trace
 
 from kvmesh.engine.outputs import RequestOutput
 from kvmesh.runtime.errors import InvalidArgument
-from kvmesh.runtime.grpcutil import error_status
+from kvmesh.runtime.grpcutil import error_status, unpacked
 from kvmesh.runtime.pb import common_pb2, decode_pb2
 from kvmesh.runtime.telemetry import extract_context, tracer
 
@@ -120,14 +120,8 @@ class StreamSession:
         try:
             async for msg in requests:
                 metrics.STREAM_FRAMES.labels(msg.WhichOneof("msg") or "empty").inc()
-                if msg.WhichOneof("msg") == "batch":
-                    frames = msg.batch.frames
-                    if any(f.WhichOneof("msg") == "batch" for f in frames):
-                        raise InvalidArgument("a batch frame inside a batch frame")
-                    for frame in frames:
-                        self._handle(frame)
-                else:
-                    self._handle(msg)
+                for frame in unpacked(msg):
+                    self._handle(frame)
         finally:
             self._reading = False
             self._wake.set()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,17 @@ DRAIN_S = 2.0  # how long a failed client-streaming call reads on before it answ
 # stream"): each side that can read packed frames says so in its metadata (the client in the
 # call's, the server in its initial metadata) and is then sent them.
 BATCH_METADATA = ("kvmesh-batch", "1")
+
+
+def unpacked(frame: Any) -> Sequence[Any]:
+    """The frames a stream frame stands for: a `batch` frame's own (in order), else itself.
+    A batch inside a batch is InvalidArgument."""
+    if frame.WhichOneof("msg") != "batch":
+        return (frame,)
+    frames = frame.batch.frames
+    if any(f.WhichOneof("msg") == "batch" for f in frames):
+        raise InvalidArgument("a batch frame inside a batch frame")
+    return frames
 
 
 def peer_batches(metadata) -> bool:  # noqa: ANN001 - grpc.aio.Metadata or a sequence of pairs

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from kvmesh.runtime.errors import InvalidArgument, ResourceExhausted
-from kvmesh.runtime.grpcutil import error_status
+from kvmesh.runtime.errors import ResourceExhausted
+from kvmesh.runtime.grpcutil import error_status, unpacked
 from kvmesh.runtime.pb import scheduler_pb2
 from kvmesh.runtime.telemetry import extract_context
 
@@ -77,14 +77,8 @@ class RouteStreamSession:
         try:
             async for msg in requests:
                 metrics.ROUTE_STREAM_FRAMES.labels(msg.WhichOneof("msg") or "empty").inc()
-                if msg.WhichOneof("msg") == "batch":
-                    frames = msg.batch.frames
-                    if any(f.WhichOneof("msg") == "batch" for f in frames):
-                        raise InvalidArgument("a batch frame inside a batch frame")
-                    for frame in frames:
-                        self._handle(frame)
-                else:
-                    self._handle(msg)
+                for frame in unpacked(msg):
+                    self._handle(frame)
         except Exception as exc:  # noqa: BLE001 - answered as the stream's status
             self._error = exc
             self._outbox.put_nowait(None)
