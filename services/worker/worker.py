@@ -2,15 +2,15 @@
 
 The engine is not thread-safe, so one `EngineLoop` thread owns it: it runs queued commands
 between steps and calls `engine.step()` while there is work. The asyncio side submits commands
-with `await loop.call(fn)` or, by name, `await loop.call("cached_prefix_blocks", tokens)` (named
-commands: `commands.py`; the engine process, `engineproc.py`, takes only those) (bounded by
-`call_timeout_s`) and receives each request's outputs
-through an `OutputStream` or a `deliver` callback, all of one step's outputs in one hand-over to
-the event loop. `progress` counts the steps that advanced a request and `progress_at` says when
-the last one did (the watchdog and the heartbeat read them); `stats` reads the engine's counts at
-the moment it is read, from any thread (see `EngineLoop.stats`); a step that advanced nothing (e.g.
-a prefill worker whose blocks are all held by requests waiting for release) makes the thread
-wait for the next command instead of spinning with the GIL held.
+with `await loop.call(fn)`, or by name, `await loop.call("cached_prefix_blocks", tokens)` (bounded
+by `call_timeout_s`; named commands: `commands.py`, all that the engine process of
+`engineproc.py` takes), and receives each request's outputs through an `OutputStream` or a
+`deliver` callback, all of one step's outputs in one hand-over to the event loop. `progress`
+counts the steps that advanced a request and `progress_at` says when the last one did (the
+watchdog and the heartbeat read them); `stats` reads the engine's counts at the moment it is
+read, from any thread (see `EngineLoop.stats`); a step that advanced nothing (e.g. a prefill
+worker whose blocks are all held by requests waiting for release) makes the thread wait for the
+next command instead of spinning with the GIL held.
 """
 
 from __future__ import annotations
