@@ -28,7 +28,9 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def engine():
-    proc = await EngineProcess.spawn("kvmesh.decode.enginehost", decode_settings(engine_process=True))
+    # NOTE: a step budget for all eight prompts at once: they decode together however the adds straddle steps
+    proc = await EngineProcess.spawn("kvmesh.decode.enginehost",
+                                     decode_settings(engine_process=True, max_num_batched_tokens=128))
     proc.start()
     yield proc
     await proc.stop()
