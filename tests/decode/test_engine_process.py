@@ -146,3 +146,4 @@ async def test_a_killed_engine_fails_its_requests_and_takes_the_worker_out_of_se
                 await app.loop.call("has_unfinished_requests")
     finally:
         await asyncio.wait_for(app.stop(), 15)
+
