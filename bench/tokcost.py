@@ -6,8 +6,9 @@ Starts `kvmesh up --prefill 0 --decode 1` (gateway, scheduler, one decode worker
 drives it with streamed chat requests from a client in its own process, and reads each mesh
 process's CPU time (user + system, all threads, via psutil) before and after the load. Then runs
 the in-process engine (its own process too) on the same prompt token ids and reads its CPU time
-the same way. Prints CPU µs per output token per process (and, inside the decode worker, its engine thread's
-share), the mesh total over the engine's, and the throughput ratio. CPU time per token is much less sensitive to a loaded machine than wall
+the same way. Prints CPU µs per output token per process (a worker's row includes its engine
+process's CPU, setting `engine_process`) and the decode worker's engine thread's (or engine process's)
+share, the mesh total over the engine's, and the throughput ratio. CPU time per token is much less sensitive to a loaded machine than wall
 time; the throughput ratio is not, so compare it only within one run.
 """
 
@@ -128,21 +129,48 @@ def run_engine(model: str, requests: int, concurrency: int, max_tokens: int) -> 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _engine_thread_cpu(proc) -> float | None:
-    """CPU time of a worker's engine thread (the OS thread named `*-engine`); None when it has none."""
+def _engine_processes(proc) -> list:
+    """A worker's engine process (setting `engine_process`: `python -m kvmesh.<role>.enginehost`), if any."""
+    import psutil
+
+    try:
+        return [c for c in proc.children(recursive=True) if any(a.endswith(".enginehost") for a in c.cmdline())]
+    except psutil.Error:
+        return []
+
+
+def _engine_cpu(proc) -> tuple[str, float] | None:
+    """("process" | "thread", CPU s) of a worker's engine: its engine process, or its engine
+    thread (the OS thread named `*-engine`); None when it has neither."""
+    children = _engine_processes(proc)
+    if children:
+        return "process", sum(_own_cpu(c) for c in children)
     for t in proc.threads():
         try:
             comm = Path(f"/proc/{proc.pid}/task/{t.id}/comm").read_text().strip()
         except OSError:
             continue
         if comm.endswith("-engine"):
-            return t.user_time + t.system_time
+            return "thread", t.user_time + t.system_time
     return None
 
 
-def _cpu(proc) -> float:
+def _own_cpu(proc) -> float:
     t = proc.cpu_times()
     return t.user + t.system
+
+
+def _cpu(proc) -> float:
+    """A mesh process's CPU time, its children's (a worker's engine process) included."""
+    import psutil
+
+    total = _own_cpu(proc)
+    for child in proc.children(recursive=True):
+        try:
+            total += _own_cpu(child)
+        except psutil.Error:
+            pass
+    return total
 
 
 # -- the mesh ---------------------------------------------------------------------------------
@@ -165,12 +193,13 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
                 time.sleep(0.5)  # the warm-up's (or the last level's) hand-backs finish
                 before, counts = {name: _cpu(p) for name, p in procs.items()}, _store_counts(store)
                 frames = _frame_counts(procs)
-                engines_before = {name: _engine_thread_cpu(p) for name, p in procs.items()}
+                engines_before = {name: _engine_cpu(p) for name, p in procs.items()}
                 load = run_client(mesh.gateway_url, served, requests, c, max_tokens)
                 time.sleep(0.5)  # hand-backs of the last turns are part of the cost
                 cpu = {name: _cpu(p) - before[name] for name, p in procs.items()}
-                engine_cpu = {name: _engine_thread_cpu(p) - engines_before[name] for name, p in procs.items()
-                              if engines_before[name] is not None}
+                engine_cpu = {f"{name}: its engine {kind}": cpu - engines_before[name][1]
+                              for name, p in procs.items() if engines_before[name] is not None
+                              for kind, cpu in [_engine_cpu(p)]}
                 store_delta = {k: v - counts[k] for k, v in _store_counts(store).items()}
                 frame_delta = {k: v - frames.get(k, 0.0) for k, v in _frame_counts(procs).items()}
                 results[c] = {**load, "cpu_s": cpu, "engine_thread_cpu_s": engine_cpu, "store": store_delta,
@@ -237,7 +266,8 @@ def report(c: int, mesh: dict, engine: dict) -> None:
         print(f"| {name} | {us:.0f} |")
     print(f"| **mesh total** | **{total:.0f}** |")
     for name, cpu in sorted(mesh.get("engine_thread_cpu_s", {}).items()):
-        print(f"| {name}: its engine thread | {cpu / tokens * 1e6:.0f} |")
+        share = cpu / max(1e-9, mesh["cpu_s"].get(name.split(":")[0], 0.0))
+        print(f"| {name} | {cpu / tokens * 1e6:.0f} ({share:.0%} of the process row) |")
     print(f"| in-process engine, same prompts | {eng:.0f} |")
     if mesh.get("store"):
         st = mesh["store"]

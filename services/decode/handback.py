@@ -2,8 +2,8 @@
 
 Only the blocks the store lacks leave: each turn's block hashes are looked up first (the leading
 run the store holds, under no lease: nobody fetches these blocks) and the rest are pinned in the
-engine (one short command between steps), copied and encoded on a worker thread - never on the
-engine thread - and put with a two-phase `KvStore.Put` per owner shard
+engine (one short command between steps), copied beside the step loop (`offload`) and encoded on a
+worker thread - never on the engine's step loop - and put with a two-phase `KvStore.Put` per owner shard
 (`runtime/kvshardclient.py`; one store is one shard). Turns that wait together are handed back
 together: one `LookupChains` per shard asks about all of them (a unary Lookup per turn cost the
 store ~0.5-0.9 ms of gRPC each) and their blocks share one pin, one copy and one Put per shard (a
@@ -25,6 +25,7 @@ from kvmesh.runtime.blockhash import BlockHasher
 from kvmesh.runtime.kvshardclient import NO_LEASE, Chain, ShardedStore
 from kvmesh.runtime.pb import common_pb2
 from kvmesh.runtime.telemetry import tracer
+from kvmesh.worker.engineproc import EngineProcess
 from kvmesh.worker.worker import EngineLoop
 
 from . import metrics
@@ -51,7 +52,7 @@ class Handback:
     """`offer(tokens)` from the event loop when a turn ends; one task puts turns to the store."""
 
     def __init__(
-        self, store: ShardedStore, spec: common_pb2.ModelSpec, producer_id: str, loop: EngineLoop, hasher: BlockHasher,
+        self, store: ShardedStore, spec: common_pb2.ModelSpec, producer_id: str, loop: EngineLoop | EngineProcess, hasher: BlockHasher,
         max_queue: int = 16, window_s: float = 0.05,
     ) -> None:
         self.store = store
@@ -115,11 +116,12 @@ class Handback:
         turns = [turn for turn in turns if turn.held < len(turn.hashes)]
         if not turns:
             return
-        pinned = await self._loop.call(lambda engine: _pin_all(engine, turns))
+        pinned = await self._loop.call("pin_turns", [[turn.tokens, turn.held] for turn in turns])
         try:
-            chains = await asyncio.to_thread(self._encode, pinned, turns)
+            blocks = await self._loop.offload("read_turns", pinned)
         finally:
-            self._loop.call_nowait(lambda engine: [engine.unpin_blocks(ids) for ids in pinned])
+            self._loop.call_nowait("unpin_turns", pinned)
+        chains = await asyncio.to_thread(self._encode, blocks, turns)
         chains = [chain for chain in chains if chain.blocks]
         if not chains:
             return
@@ -131,26 +133,14 @@ class Handback:
         self.blocks_stored += count
         metrics.HANDBACK_BLOCKS.inc(count)
 
-    def _encode(self, pinned: list[list[int]], turns: list[Turn]) -> list[Chain]:
-        """Worker thread: each turn's pinned blocks as a chain of wire blocks after its held ones."""
+    def _encode(self, turn_blocks: list[list], turns: list[Turn]) -> list[Chain]:
+        """Worker thread: each turn's blocks ([2, L, block_size, H, D] each) as a chain of wire
+        blocks after its held ones."""
         chains = []
-        for ids, turn in zip(pinned, turns):
-            blocks = self._loop.engine.read_blocks(ids)  # [2, L, block_size, H, D] each
+        for blocks, turn in zip(turn_blocks, turns):
             start = turn.held
             chains.append(Chain([kvtensor.encode_block(kv, encoding=kvwire.RAW, block_hash=turn.hashes[start + i],
                                                        block_index=start + i) for i, kv in enumerate(blocks)],
                                 turn.parent_hash))
         return chains
 
-
-def _pin_all(engine, turns: list[Turn]) -> list[list[int]]:  # noqa: ANN001 - the engine, on its thread
-    """Engine thread: pins each turn's cached blocks after its held ones; all or none."""
-    pinned: list[list[int]] = []
-    try:
-        for turn in turns:
-            pinned.append(engine.pin_cached_blocks(turn.tokens, turn.held))
-    except Exception:
-        for ids in pinned:
-            engine.unpin_blocks(ids)
-        raise
-    return pinned

@@ -16,9 +16,11 @@ from kvmesh.runtime.pb import decode_pb2_grpc
 from kvmesh.runtime.telemetry import TracingServerInterceptor
 from kvmesh.worker.app import WorkerApp, announce, serve_worker, start_engine, worker_main
 from kvmesh.worker.storereader import StoreReader
+from kvmesh.worker.engineproc import EngineProcess
 from kvmesh.worker.worker import EngineLoop
 
 from . import metrics
+from .commands import COMMANDS
 from .config import DecodeSettings
 from .handback import Handback
 from .prewarm import PREWARM_TIMEOUT_S, Prewarm
@@ -30,7 +32,8 @@ log = logging.getLogger(__name__)
 
 async def start(settings: DecodeSettings, bus: Bus | None = None) -> WorkerApp:
     """Build the engine (off the event loop), start the gRPC server and the heartbeat."""
-    parts = await start_engine("decode", settings)
+    host = "kvmesh.decode.enginehost" if settings.engine_process else None
+    parts = await start_engine("decode", settings, COMMANDS, host)
     loop, worker_id, spec, tls, channels = parts.loop, parts.worker_id, parts.spec, parts.tls, parts.channels
     handback = None
     shards = ShardDirectory.from_setting(settings.kvstore)
@@ -64,7 +67,7 @@ async def start(settings: DecodeSettings, bus: Bus | None = None) -> WorkerApp:
                      metrics_port, extra_close)
 
 
-async def _refresh_gauges(loop: EngineLoop, interval_s: float) -> None:
+async def _refresh_gauges(loop: EngineLoop | EngineProcess, interval_s: float) -> None:
     seen_query = seen_hit = 0
     while True:
         s = loop.stats

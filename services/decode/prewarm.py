@@ -13,15 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
-import torch
 from nats.aio.msg import Msg
 from prometheus_client import Counter
 
 from kvmesh.runtime.bus import KV_PREWARM_SUBJECT, Bus
 from kvmesh.runtime.pb import events_pb2
 from kvmesh.worker.storereader import READ_ERRORS, StoreReader, read_error_detail
+from kvmesh.worker.engineproc import EngineProcess
 from kvmesh.worker.worker import EngineLoop
 
 log = logging.getLogger(__name__)
@@ -31,26 +30,10 @@ PREWARM_TIMEOUT_S = 10.0  # deadline of each store call a pre-warm makes (it run
 PREWARM_BLOCKS = Counter("kvmesh_decode_prewarm_blocks_total", "KV blocks fetched from the store to pre-warm the prefix cache")
 
 
-def import_by_hash(engine: Any, hashes: list[bytes], blocks: list[torch.Tensor], start_block: int) -> int:
-    """On the engine thread: caches `blocks` (each [2, L, block_size, Hkv, D]) as blocks
-    `start_block..` of the prefix `hashes`, tokens unknown. Returns how many are now cached
-    (stored now or already there), stopping at the first that finds no evictable block."""
-    manager, cached = engine.block_manager, 0
-    for i, kv in enumerate(blocks):
-        index = start_block + i
-        if not manager.is_cached(hashes[index]):
-            block_id = manager.import_block(hashes[index], None, hashes[index - 1] if index else None)
-            if block_id is None:
-                break
-            engine.runner.write_block(block_id, kv)
-        cached += 1
-    return cached
-
-
 class Prewarm:
     """Answers pre-warm requests for `worker_id` with blocks read by `store` (None: no KV store)."""
 
-    def __init__(self, loop: EngineLoop, store: StoreReader | None) -> None:
+    def __init__(self, loop: EngineLoop | EngineProcess, store: StoreReader | None) -> None:
         self._loop = loop
         self._store = store
         self._tasks: set[asyncio.Task[None]] = set()
@@ -88,7 +71,7 @@ class Prewarm:
                 skip = next((i for i, h in enumerate(hashes) if h not in done), len(hashes))
                 blocks = await self._store.read(hashes, skip)
                 reply.blocks_fetched += len(blocks)
-                cached = await self._loop.call(lambda engine, h=hashes, b=blocks, s=skip: import_by_hash(engine, h, b, s))
+                cached = await self._loop.call("import_by_hash", hashes, blocks, skip)
                 done.update(hashes[skip : skip + cached])
                 if cached < len(blocks):
                     raise ValueError(f"the prefix cache is full after {len(done)} blocks")

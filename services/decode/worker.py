@@ -29,11 +29,12 @@ from kvmesh.runtime.offload import Offload
 from kvmesh.runtime.pb import common_pb2, prefill_pb2, prefill_pb2_grpc
 from kvmesh.runtime.telemetry import inject_metadata
 from kvmesh.worker import kvtensor
+from kvmesh.worker.engineproc import EngineProcess
 from kvmesh.worker.worker import EngineLoop
 
-from . import metrics
+from . import commands, metrics
 from .handback import Handback
-from .receive import KvReceiver, PendingKv, fill_prefix
+from .receive import KvReceiver, PendingKv
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class _Received:
 
 class DecodeWorker:
     def __init__(
-        self, loop: EngineLoop, spec: common_pb2.ModelSpec, worker_id: str, endpoint: str,
+        self, loop: EngineLoop | EngineProcess, spec: common_pb2.ModelSpec, worker_id: str, endpoint: str,
         channels: ChannelPool, prefill_timeout_s: float = 30.0, handback: Handback | None = None,
         kv_encoding: int = kvwire.RAW, codec: Offload | None = None,
     ) -> None:
@@ -157,7 +158,7 @@ class DecodeWorker:
             raise
         state.in_engine = True
         if state.aborted:  # NOTE: aborted while it was being added
-            self.loop.call_nowait(lambda engine: engine.abort_request(engine_id))
+            self.loop.call_nowait("abort_request", engine_id)
         return True
 
     def finished(self, job: GenerateJob, out: RequestOutput | None) -> None:
@@ -182,7 +183,7 @@ class DecodeWorker:
     async def _compile_grammar(self, kind: str, spec: str) -> None:
         """A bad grammar is refused before any prefill; a good one is cached for the engine."""
         try:
-            await asyncio.to_thread(self.loop.engine.constraints.precompile, kind, spec)
+            await self.loop.offload("precompile_grammar", kind, spec)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from exc
 
@@ -192,8 +193,7 @@ class DecodeWorker:
             return False
         state.aborted = True
         if state.in_engine:
-            engine_id = state.engine_id
-            self.loop.call_nowait(lambda engine: engine.abort_request(engine_id))
+            self.loop.call_nowait("abort_request", state.engine_id)
         return True
 
     async def drain(self, timeout_s: float) -> None:
@@ -202,34 +202,26 @@ class DecodeWorker:
             await asyncio.sleep(0.05)
 
     async def _add(self, job: GenerateJob, engine_id: str, received: _Received | None, deliver: Callable) -> None:
-        bs, counters, prompt = self.block_size, self.counters, job.prompt
-
-        def add(engine) -> None:
-            kv = None
-            if received is not None:
-                local = engine.export_cached_blocks(prompt[: received.start_block * bs])
-                if len(local) >= received.start_block:
-                    kv = fill_prefix(received.kv, local[: received.start_block])
-                else:  # NOTE: our cached prefix was evicted meanwhile; recompute here.
-                    counters.prefill_fallbacks += 1
-            engine.add_request(engine_id, prompt, job.params, computed_kv=kv, detokenize=job.detokenize)
-            if kv is None:
-                counters.local_prefills += 1
-                metrics.LOCAL_PREFILLS.inc()
-            else:
-                counters.remote_prefills += 1
-                metrics.REMOTE_PREFILLS.inc()
-
+        kv, start_block = (received.kv, received.start_block) if received is not None else (None, 0)
         try:
-            await self.loop.add_request(engine_id, add, deliver=deliver)
+            how = await self.loop.start_request(engine_id, deliver, "add_prefilled", engine_id, job.prompt, job.params,
+                                                job.detokenize, kv, start_block)
         except ValueError as exc:  # ContextLengthError included
             raise InvalidArgument(str(exc)) from exc
+        if how == commands.REMOTE:
+            self.counters.remote_prefills += 1
+            metrics.REMOTE_PREFILLS.inc()
+        else:
+            if how == commands.EVICTED:  # NOTE: our cached prefix was evicted meanwhile; prefilled here
+                self.counters.prefill_fallbacks += 1
+            self.counters.local_prefills += 1
+            metrics.LOCAL_PREFILLS.inc()
 
     async def _remote_prefill(self, job: GenerateJob) -> _Received | None:
         """Ask the prefill worker to push the prompt's KV; None means prefill locally."""
         bs, prompt = self.block_size, job.prompt
         num_tokens = len(prompt) - 1
-        cached = await self.loop.call(lambda engine: engine.cached_prefix_blocks(prompt))
+        cached = await self.loop.call("cached_prefix_blocks", prompt)
         start_block = min(cached, num_tokens // bs)
         if start_block * bs >= num_tokens:
             return None  # everything is in the local prefix cache (or nothing to prefill)

@@ -19,6 +19,8 @@ from kvmesh.runtime.heap import fix_mmap_threshold, trim_heap
 from kvmesh.runtime.process import init_process, run_service
 from kvmesh.runtime.shutdown import GracefulShutdown
 from kvmesh.runtime.telemetry import Telemetry
+from .commands import BASE_COMMANDS, Command
+from .engineproc import EngineProcess
 from .heartbeat import HeartbeatInfo, Heartbeater
 from .watchdog import watch_engine
 from .settings import WorkerSettings, bound_cpu_kernel_caches, engine_config
@@ -80,7 +82,7 @@ class WorkerApp:
     server stops (e.g. the decode worker's KV hand-back queue)."""
 
     settings: WorkerSettings
-    loop: EngineLoop
+    loop: EngineLoop | EngineProcess
     worker: Any
     server: GrpcServer
     heartbeater: Heartbeater
@@ -117,24 +119,33 @@ class WorkerApp:
 
 @dataclass(slots=True)
 class EngineParts:
-    """What both workers build first: the engine on its own thread, identity, KV spec, channels."""
+    """What both workers build first: the engine on its own thread (or in its own process: then
+    `engine` is an `EngineInfo`), identity, KV spec, channels."""
 
     engine: Any
-    loop: EngineLoop
+    loop: EngineLoop | EngineProcess
     worker_id: str
     spec: Any  # common_pb2.ModelSpec
     tls: TlsConfig | None
     channels: ChannelPool
 
 
-async def start_engine(role: str, settings: WorkerSettings) -> EngineParts:
-    """Builds the engine off the event loop and starts its thread."""
-    from kvmesh.engine.llm import LLMEngine  # noqa: PLC0415 - torch, only in worker processes
+async def start_engine(
+    role: str, settings: WorkerSettings, commands: dict[str, Command] = BASE_COMMANDS, host_module: str | None = None,
+) -> EngineParts:
+    """Builds the engine off the event loop and starts its thread; with `host_module` (a role's
+    `enginehost`), in a process of its own instead (`engineproc.py`)."""
+    if host_module is not None:
+        loop = await EngineProcess.spawn(host_module, settings)
+        engine = loop.engine
+    else:
+        from kvmesh.engine.llm import LLMEngine  # noqa: PLC0415 - torch, only in worker processes
 
-    bound_cpu_kernel_caches(settings.cpu_kernel_cache_entries)
-    engine = await asyncio.to_thread(LLMEngine, engine_config(settings))
-    loop = EngineLoop(engine, name=f"{role}-engine", step_delay_s=settings.step_delay_s,
-                      step_slowdown=settings.step_slowdown, call_timeout_s=settings.engine_call_timeout_s)
+        bound_cpu_kernel_caches(settings.cpu_kernel_cache_entries)
+        engine = await asyncio.to_thread(LLMEngine, engine_config(settings))
+        loop = EngineLoop(engine, name=f"{role}-engine", step_delay_s=settings.step_delay_s,
+                          step_slowdown=settings.step_slowdown, call_timeout_s=settings.engine_call_timeout_s,
+                          commands=commands)
     loop.start()
     spec = kvwire.model_spec(engine.hasher.model_id, engine.model_args, engine.hasher.dtype, engine.block_size)
     tls = TlsConfig.from_settings(settings)

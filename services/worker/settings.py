@@ -38,7 +38,7 @@ class WorkerSettings(MeshSettings):
     drain_grace_s: float = Field(10.0, description="how long in-flight requests may finish on shutdown")
     torch_threads: int = Field(0, description="torch intra-op threads (0 = torch's default: one per core)")
     step_delay_s: float = Field(0.0, description="testing aid: sleep after every engine step (e.g. a deliberately slow canary candidate)")
-    engine_call_timeout_s: float = Field(60.0, gt=0.0, description="how long a request waits for the engine thread to answer a command before UNAVAILABLE")
+    engine_call_timeout_s: float = Field(60.0, gt=0.0, description="how long a request waits for the engine (thread or process) to answer a command before UNAVAILABLE")
     engine_stall_s: float = Field(30.0, gt=0.0, description="watchdog: no engine step progress for this long while work is pending = stalled (NOT_SERVING, deregistered)")
     step_slowdown: float = Field(1.0, ge=1.0, description="testing aid: every engine step takes this many times as long (sleeps the difference)")
     cpu_kernel_cache_entries: int = Field(256, ge=1, description="CPU: oneDNN/ideep kernels cached per input shape (each cache; unless LRU_CACHE_CAPACITY / ONEDNN_PRIMITIVE_CACHE_CAPACITY are set)")

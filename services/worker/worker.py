@@ -2,13 +2,15 @@
 
 The engine is not thread-safe, so one `EngineLoop` thread owns it: it runs queued commands
 between steps and calls `engine.step()` while there is work. The asyncio side submits commands
-with `await loop.call(fn)` (bounded by `call_timeout_s`) and receives each request's outputs
-through an `OutputStream` or a `deliver` callback, all of one step's outputs in one hand-over to
-the event loop. `progress` counts the steps that advanced a request and `progress_at` says when
-the last one did (the watchdog and the heartbeat read them); `stats` reads the engine's counts at
-the moment it is read, from any thread (see `EngineLoop.stats`); a step that advanced nothing (e.g.
-a prefill worker whose blocks are all held by requests waiting for release) makes the thread
-wait for the next command instead of spinning with the GIL held.
+with `await loop.call(fn)`, or by name, `await loop.call("cached_prefix_blocks", tokens)` (bounded
+by `call_timeout_s`; named commands: `commands.py`, all that the engine process of
+`engineproc.py` takes), and receives each request's outputs through an `OutputStream` or a
+`deliver` callback, all of one step's outputs in one hand-over to the event loop. `progress`
+counts the steps that advanced a request and `progress_at` says when the last one did (the
+watchdog and the heartbeat read them); `stats` reads the engine's counts at the moment it is
+read, from any thread (see `EngineLoop.stats`); a step that advanced nothing (e.g. a prefill
+worker whose blocks are all held by requests waiting for release) makes the thread wait for the
+next command instead of spinning with the GIL held.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kvmesh.runtime.errors import Unavailable
 from kvmesh.runtime.process import name_os_thread
+
+from .commands import BASE_COMMANDS, Command
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -89,8 +93,10 @@ class EngineLoop:
         sleep: Callable[[float], None] = time.sleep,
         call_timeout_s: float = 60.0,
         idle_wait_s: float = 0.05,
+        commands: Mapping[str, Command] = BASE_COMMANDS,
     ) -> None:
         self.engine = engine
+        self.commands = commands
         self.call_timeout_s = call_timeout_s
         self.idle_wait_s = idle_wait_s
         self.step_delay_s = step_delay_s
@@ -131,12 +137,18 @@ class EngineLoop:
         await asyncio.to_thread(self._thread.join, 10.0)
         log.info("engine loop stopped after %d steps", self.num_steps)
 
-    async def call(self, fn: Callable[[Any], T], timeout_s: float | None = None) -> T:
-        """Run `fn(engine)` on the engine thread between steps; its result or exception comes back.
-        Raises Unavailable when the engine thread does not answer within `timeout_s` (default
-        `call_timeout_s`): a stuck engine fails its callers instead of hanging them."""
+    def _bind(self, fn: Callable[..., T] | str, args: tuple) -> Callable[[Any], T]:
+        command = self.commands[fn] if isinstance(fn, str) else fn
+        return (lambda engine: command(engine, *args)) if args else command
+
+    async def call(self, fn: Callable[..., T] | str, *args: Any, timeout_s: float | None = None) -> T:
+        """Run `fn(engine, *args)` (`fn` a callable or the name of a command) on the engine thread
+        between steps; its result or exception comes back. Raises Unavailable when the engine
+        thread does not answer within `timeout_s` (default `call_timeout_s`): a stuck engine fails
+        its callers instead of hanging them."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        fn = self._bind(fn, args)
 
         def run() -> None:
             try:
@@ -153,8 +165,9 @@ class EngineLoop:
         except TimeoutError:
             raise Unavailable(f"the engine did not answer within {wait_s:g} s") from None
 
-    def call_nowait(self, fn: Callable[[Any], Any]) -> None:
-        """Fire-and-forget `fn(engine)` on the engine thread (errors are logged)."""
+    def call_nowait(self, fn: Callable[..., Any] | str, *args: Any) -> None:
+        """Fire-and-forget `fn(engine, *args)` on the engine thread (errors are logged)."""
+        fn = self._bind(fn, args)
 
         def run() -> None:
             try:
@@ -184,6 +197,23 @@ class EngineLoop:
 
         await self.call(run)
         return stream
+
+    async def offload(self, command: str, *args: Any) -> Any:
+        """A named command that is safe beside a step (a grammar compile, a copy of pinned blocks),
+        on a worker thread: the engine thread keeps stepping."""
+        return await asyncio.to_thread(self.commands[command], self.engine, *args)
+
+    async def start_request(self, request_id: str, deliver: Callable[[Any], None], command: str, *args: Any) -> Any:
+        """Run the named command that adds `request_id` to the engine; its outputs (or an engine
+        failure) then go to `deliver` on the event loop. Returns the command's result."""
+        sub, add = _Subscription(deliver, None), self.commands[command]
+
+        def run(engine: Any) -> Any:
+            result = add(engine, *args)
+            self._subs[request_id] = sub
+            return result
+
+        return await self.call(run)
 
     def cancel(self, request_id: str) -> None:
         """Abort the request in the engine and stop delivering its outputs."""

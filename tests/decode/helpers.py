@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
 
 from kvmesh.decode.config import DecodeSettings
 from kvmesh.runtime.pb import common_pb2, decode_pb2
 from kvmesh.worker.settings import engine_config
 
+# NOTE: these tests run the engine on a thread unless KVMESH_DECODE_ENGINE_PROCESS says otherwise: an
+# engine process takes ~5 s to start on 2 cores (20x this folder's time). The process path has its
+# own tests (test_engine_process.py), is the default in tests/e2e and tests/conform, and this whole
+# folder passes with KVMESH_DECODE_ENGINE_PROCESS=true.
+ENGINE_PROCESS = os.environ.get("KVMESH_DECODE_ENGINE_PROCESS", "false")
 BLOCK_SIZE = 4
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33]  # 13 tokens: 3 blocks of KV
 
@@ -15,6 +21,7 @@ def decode_settings(**overrides) -> DecodeSettings:
     base = dict(
         model="tiny", nats_url="", port=0, metrics_port=-1, block_size=BLOCK_SIZE, num_kv_blocks=64,
         max_num_batched_tokens=8, max_model_len=48, drain_grace_s=0.0, prefill_timeout_s=10.0,
+        engine_process=ENGINE_PROCESS,
     )
     return DecodeSettings(**{**base, **overrides})
 

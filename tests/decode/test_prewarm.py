@@ -57,12 +57,12 @@ async def test_a_joining_worker_fetches_the_prefix_over_nats_and_serves_it_from_
     bus = await Bus.connect(nats_server.url, "test-scheduler")
     try:
         hashes = new.loop.engine.hasher.hashes(PROMPT)  # 3 full blocks
-        assert await new.loop.call(lambda engine: engine.cached_prefix_blocks(PROMPT)) == 0
+        assert await new.loop.call("cached_prefix_blocks", PROMPT) == 0
         reply = await bus.request(KV_PREWARM_SUBJECT.format(worker_id="d-new"), request_for(hashes),
                                   events_pb2.PrewarmReply, timeout_s=30)
         assert (reply.blocks_requested, reply.blocks_fetched, reply.blocks_cached, reply.error) == (3, 3, 3, "")
         assert reply.seconds > 0
-        assert await new.loop.call(lambda engine: engine.cached_prefix_blocks(PROMPT)) == 3
+        assert await new.loop.call("cached_prefix_blocks", PROMPT) == 3
         hit_before = new.loop.stats.prefix_hit_tokens
         async with grpc.aio.insecure_channel(new.endpoint) as channel:
             tokens, _ = await collect(decode_pb2_grpc.DecodeWorkerStub(channel), generate_request(max_tokens=6))

@@ -141,36 +141,42 @@ async def test_a_generate_cancelled_while_it_is_being_added_leaves_the_engine() 
             while await busy.read() != grpc.aio.EOF:
                 pass
         for _ in range(4):  # NOTE: ~2 s; the 40 tokens it asked for take 16 s here
-            if not await app.loop.call(lambda engine: engine.has_unfinished_requests()):
+            if not await app.loop.call("has_unfinished_requests"):
                 break
             await asyncio.sleep(0.1)
-        assert not await app.loop.call(lambda engine: engine.has_unfinished_requests())
+        assert not await app.loop.call("has_unfinished_requests")
         assert app.worker.num_inflight == 0
     finally:
         await app.stop()
 
 
-async def test_an_engine_failure_ends_its_requests_internal_without_the_exception_text(decode, stub) -> None:
+async def test_an_engine_failure_ends_its_requests_internal_without_the_exception_text() -> None:
     """The caller learns that the worker failed (INTERNAL, the exception's type), not the
     exception's own text (paths, tensor shapes), which stays in the worker's log; the stream and
-    the worker go on."""
-    engine = decode.loop.engine
+    the worker go on. (The engine's step is replaced here, so the engine runs on a thread of this
+    process: an engine process reports a failed step as the same RuntimeError, docs/engine-process.md.)"""
+    app = await start(decode_settings(engine_process=False))
+    engine = app.loop.engine
     real_step = engine.step
 
     def failing_step():
         engine.step = real_step
         raise RuntimeError("secret detail /opt/weights shape [4, 8]")
 
-    client = Client(stub)
-    engine.step = failing_step
-    client.generate("r", max_tokens=8)
-    deltas, _ = await client.run({"r"})
-    last = deltas["r"][-1]
-    assert last.error_code == grpc.StatusCode.INTERNAL.value[0]
-    assert last.error_message == "internal error: RuntimeError"
-    client.generate("after", max_tokens=3)
-    deltas, _ = await client.run({"after"})
-    await client.close()
+    try:
+        async with grpc.aio.insecure_channel(app.endpoint) as channel:
+            client = Client(decode_pb2_grpc.DecodeWorkerStub(channel))
+            engine.step = failing_step
+            client.generate("r", max_tokens=8)
+            deltas, _ = await client.run({"r"})
+            last = deltas["r"][-1]
+            assert last.error_code == grpc.StatusCode.INTERNAL.value[0]
+            assert last.error_message == "internal error: RuntimeError"
+            client.generate("after", max_tokens=3)
+            deltas, _ = await client.run({"after"})
+            await client.close()
+    finally:
+        await app.stop()
     assert deltas["after"][-1].finish_reason == "length"
 
 

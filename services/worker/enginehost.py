@@ -1,0 +1,203 @@
+"""The engine process: builds the engine from the worker's settings and steps it (child side).
+
+Started by `engineproc.EngineProcess.spawn` as `python -m <role's host module> --fd N` (e.g.
+`kvmesh.decode.enginehost`), never by forking the worker. It talks to the worker over the
+socket `N` only (frames: `enginewire`), on its main thread: it runs the commands that arrived,
+steps the engine while it has work, and sends ONE `step` frame per step with every request's
+output, the stats, the progress count and the KV cache events. Commands marked off-loop (a
+grammar compile, a copy of pinned blocks) run on a side thread and answer when done.
+
+It exits when the worker says `stop`, when the socket reaches EOF (the worker died), or, on
+Linux, with SIGKILL when its parent dies (PR_SET_PDEATHSIG). SIGINT/SIGTERM are ignored: a
+Ctrl-C or a supervisor's signal to the process group must not kill the engine under a worker
+that is draining; the worker stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import select
+import signal
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kvmesh.runtime.heap import fix_mmap_threshold
+from kvmesh.runtime.process import name_os_thread
+
+from . import enginewire as wire
+from .commands import Command
+from .settings import WorkerSettings, bound_cpu_kernel_caches, engine_config
+
+log = logging.getLogger(__name__)
+
+
+class FrameSocket:
+    """Blocking frames over a stream socket; `send` is safe from several threads."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buf = bytearray()
+        self._send_lock = threading.Lock()
+
+    def send(self, frames: list[bytes]) -> None:
+        with self._send_lock:
+            self.sock.sendall(b"".join(frames))
+
+    def poll(self, timeout: float | None) -> list[tuple[dict, bytearray]]:
+        """Complete frames that arrived within `timeout` (None = wait for one); EOFError at EOF."""
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        while ready:
+            try:
+                chunk = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+            if not chunk:
+                raise EOFError("the worker closed the engine socket")
+            self._buf += chunk
+        frames = []
+        while len(self._buf) >= wire.PREFIX.size:
+            header_len, blobs_len = wire.PREFIX.unpack_from(self._buf)
+            end = wire.PREFIX.size + header_len + blobs_len
+            if len(self._buf) < end:
+                break
+            frames.append(wire.split(memoryview(self._buf)[wire.PREFIX.size : end], header_len))
+            del self._buf[:end]
+        return frames
+
+    def recv(self) -> tuple[dict, bytearray]:
+        while not (frames := self.poll(None)):
+            pass
+        return frames[0]
+
+
+class EngineHost:
+    """The step loop of the engine process; see the module docstring."""
+
+    def __init__(self, engine: Any, conn: FrameSocket, commands: Mapping[str, Command], step_delay_s: float = 0.0,
+                 step_slowdown: float = 1.0, idle_wait_s: float = 0.05) -> None:
+        self.engine = engine
+        self.conn = conn
+        self.commands = commands
+        self.step_delay_s = step_delay_s
+        self.step_slowdown = step_slowdown
+        self.idle_wait_s = idle_wait_s
+        self.progress = 0
+        self._events = hasattr(engine, "take_kv_events")
+        self._side = ThreadPoolExecutor(2, thread_name_prefix="engine-side")
+        self._stalled = False
+
+    def run(self) -> None:
+        name_os_thread("engine")
+        try:
+            while True:
+                busy = self.engine.has_unfinished_requests()
+                timeout = None if not busy else self.idle_wait_s if self._stalled else 0.0
+                frames = self.conn.poll(timeout)
+                replies, stop = self._run_commands(frames)
+                if busy or frames:
+                    replies.append(self._step())
+                if replies:
+                    self.conn.send(replies)
+                if stop:
+                    return
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            log.info("the worker is gone; the engine process exits")
+        finally:
+            self._side.shutdown(wait=False, cancel_futures=True)
+
+    def _run_commands(self, frames: list[tuple[dict, bytearray]]) -> tuple[list[bytes], bool]:
+        replies: list[bytes] = []
+        for header, blobs in frames:
+            if header["k"] == "stop":
+                return replies, True
+            if header.get("t"):
+                self._side.submit(self._answer_off_loop, header, blobs)
+            else:
+                replies.append(self._answer(header, blobs))
+        return replies, False
+
+    def _answer(self, header: dict, blobs: bytearray) -> bytes:
+        try:
+            result = self.commands[header["n"]](self.engine, *wire.unpack(header["a"], blobs))
+            out: list[bytes] = []
+            return wire.frame({"k": "reply", "i": header["i"], "v": wire.pack(result, out)}, out)
+        except Exception as exc:  # noqa: BLE001 - handed to the caller
+            return wire.frame({"k": "reply", "i": header["i"], "x": wire.error_to_wire(exc)})
+
+    def _answer_off_loop(self, header: dict, blobs: bytearray) -> None:
+        try:
+            self.conn.send([self._answer(header, blobs)])
+        except OSError:
+            pass  # the worker is gone; the step loop sees it too
+
+    def _step(self) -> bytes:
+        started = time.perf_counter()
+        header: dict[str, Any] = {"k": "step"}
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - the worker fails the requests; this process lives on
+            log.exception("engine step failed")
+            header["x"] = wire.error_to_wire(exc)
+            outputs = []
+        self._stalled = not outputs and "x" not in header
+        if outputs:
+            self.progress += 1
+        header["o"] = [wire.output_to_wire(o) for o in outputs]
+        header["s"] = wire.stats_to_wire(self.engine.stats())
+        header["p"] = self.progress
+        header["w"] = self.engine.has_unfinished_requests()
+        if self._events and (events := self.engine.take_kv_events()):
+            header["e"] = wire.events_to_wire(events)
+        delay = self.step_delay_s + (self.step_slowdown - 1.0) * (time.perf_counter() - started)
+        if delay > 0:
+            time.sleep(delay)
+        return wire.frame(header)
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent dies (Linux); exit now if it already has."""
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent or parent == 1:
+        os._exit(1)
+
+
+def main(settings_cls: type[WorkerSettings], commands: Mapping[str, Command], argv: Sequence[str] | None = None) -> int:
+    """The engine process's entry point (a role's `python -m ...enginehost`)."""
+    args = argparse.ArgumentParser(description="kvmesh engine process (started by a worker)")
+    args.add_argument("--fd", type=int, required=True, help="the socket to the worker")
+    fd = args.parse_args(argv).fd
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    conn = FrameSocket(socket.socket(fileno=fd))
+    hello, _ = conn.recv()
+    settings = settings_cls(**hello["settings"])
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s")
+    fix_mmap_threshold(settings.malloc_mmap_threshold_kib * 1024)
+    bound_cpu_kernel_caches(settings.cpu_kernel_cache_entries)
+    try:
+        from kvmesh.engine.llm import LLMEngine  # noqa: PLC0415
+
+        engine = LLMEngine(engine_config(settings))
+    except Exception as exc:  # noqa: BLE001 - the worker reports it and exits
+        log.exception("building the engine failed")
+        conn.send([wire.frame({"k": "fail", "x": wire.error_to_wire(exc)})])
+        return 1
+    conn.send([wire.frame({
+        "k": "ready", "block_size": engine.block_size, "max_model_len": engine.max_model_len,
+        "model_id": engine.hasher.model_id, "dtype": engine.hasher.dtype, "pid": os.getpid(),
+        "s": wire.stats_to_wire(engine.stats()),
+    })])
+    EngineHost(engine, conn, commands, settings.step_delay_s, settings.step_slowdown).run()
+    return 0
