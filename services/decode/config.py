@@ -22,8 +22,8 @@ class DecodeSettings(WorkerSettings):
     )
     kvstore_put_timeout_s: float = Field(10.0, description="deadline for one KvStore.Put")
     engine_process: bool = Field(
-        True, description="run the engine in a child process (one message per step; false = on a thread of this one, "
-        "which shares the GIL with gRPC and asyncio: docs/engine-process.md)"
+        False, description="run the engine in a child process, one message per step (false = on a thread of this one, "
+        "which shares the GIL with gRPC and asyncio; no gain measured on CPU: docs/engine-process.md)"
     )
     stream_interval: int = Field(
         1, ge=1, description="token stream: send a request's tokens once this many are pending (its first token and its end at once)"

@@ -17,12 +17,14 @@ from .conftest import Service, assert_conforms, assert_fails_only, broken_suite,
 DRAIN = REGISTRY.clauses[-1].id   # SIGTERMs the worker: runs last
 
 
-@pytest.fixture(scope="module")
-def worker(nats, tmp_path_factory) -> Iterator[tuple[Service, str, int]]:  # noqa: ANN001
+@pytest.fixture(scope="module", params=["engine thread", "engine process"])
+def worker(request, nats, tmp_path_factory) -> Iterator[tuple[Service, str, int]]:  # noqa: ANN001
+    """The decode worker, with its engine on a thread (the default) and in its own process."""
     port, store_port = free_port(), free_port()
     service = Service("decode", ["--port", str(port), "--metrics-port", "-1", "--worker-id", "decode-conform",
                                  "--torch-threads", "1", "--kvstore", f"127.0.0.1:{store_port}"],
-                      {"KVMESH_NATS_URL": nats.url, "KVMESH_DECODE_PREFILL_TIMEOUT_S": "5"},
+                      {"KVMESH_NATS_URL": nats.url, "KVMESH_DECODE_PREFILL_TIMEOUT_S": "5",
+                       "KVMESH_DECODE_ENGINE_PROCESS": str(request.param == "engine process").lower()},
                       tmp_path_factory.mktemp("decode") / "decode.log")
     service.wait_grpc(f"127.0.0.1:{port}")
     yield service, f"127.0.0.1:{port}", store_port
