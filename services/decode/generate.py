@@ -11,7 +11,7 @@ from opentelemetry import trace
 
 from kvmesh.engine.outputs import RequestOutput, TokenLogprob
 from kvmesh.runtime.telemetry import tracer
-from kvmesh.worker.worker import OutputStream
+from kvmesh.worker.delivery import OutputStream
 
 from . import metrics
 from .worker import DecodeWorker, GenerateJob

@@ -33,6 +33,7 @@ from kvmesh.runtime.blockhash import BlockHasher
 from kvmesh.runtime.errors import Unavailable
 
 from . import enginewire as wire
+from .delivery import call_each
 from .settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -254,11 +255,7 @@ class EngineProcess:
                 log.exception("delivering an engine output failed")
         if "e" in header and self.step_hooks:
             self.engine.kv_events = wire.events_from_wire(header["e"])
-        for hook in self.step_hooks:
-            try:
-                hook(self.engine, outputs)
-            except Exception:  # noqa: BLE001
-                log.exception("engine step hook failed")
+        call_each(((hook, (self.engine, outputs)) for hook in self.step_hooks), "engine step hook")
         self.engine.kv_events = []
 
     def _fail_all(self, exc: Exception, abort: bool) -> None:

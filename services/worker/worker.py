@@ -28,51 +28,16 @@ from kvmesh.runtime.errors import Unavailable
 from kvmesh.runtime.process import name_os_thread
 
 from .commands import BASE_COMMANDS, Command
+from .delivery import OutputStream, call_each
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class OutputStream:
-    """What the engine thread hands one request: items in order, exceptions re-raised."""
-
-    def __init__(self) -> None:
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
-
-    def put(self, item: Any) -> None:
-        self._queue.put_nowait(item)
-
-    async def next_batch(self) -> list[Any]:
-        """Everything pending (at least one item); raises the first exception delivered."""
-        items = [await self._queue.get()]
-        while not self._queue.empty():
-            items.append(self._queue.get_nowait())
-        for item in items:
-            if isinstance(item, BaseException):
-                raise item
-        return items
 
 
 @dataclass(slots=True)
 class _Subscription:
     deliver: Callable[[Any], None]  # runs on the event loop
     on_output: Callable[[Any, Any], Any] | None  # runs on the engine thread
-
-
-def _dispatch(items: list[tuple[Callable[[Any], None], Any]]) -> None:
-    for deliver, item in items:
-        try:
-            deliver(item)
-        except Exception:  # noqa: BLE001 - one consumer's bug must not starve the others
-            log.exception("delivering an engine output failed")
-
-
-def _run_all(fns: list[Callable[[], Any]]) -> None:
-    for fn in fns:
-        try:
-            fn()
-        except Exception:  # noqa: BLE001 - one caller's callback must not starve the others
-            log.exception("delivering an engine result failed")
 
 
 class EngineLoop:
@@ -249,7 +214,7 @@ class EngineLoop:
             if len(held) == 1:
                 self._deliver(held[0])
             elif held:
-                self._deliver(lambda: _run_all(held))
+                self._deliver(lambda: call_each(((fn, ()) for fn in held), "delivering an engine result"))
 
     def _run(self) -> None:
         name_os_thread(self._thread.name)
@@ -295,7 +260,7 @@ class EngineLoop:
             for request_id in list(self._subs):
                 self.engine.abort_request(request_id)
             self._subs.clear()
-            self._deliver(lambda: _dispatch(failed))
+            self._deliver(lambda: call_each(((d, (exc,)) for d, exc in failed), "delivering an engine failure"))
             self._stalled_step = False
             return
         self._stalled_step = not outputs
@@ -315,9 +280,5 @@ class EngineLoop:
                 item = exc
             items.append((sub.deliver, item))
         if items:
-            self._deliver(lambda: _dispatch(items))
-        for hook in self.step_hooks:
-            try:
-                hook(self.engine, outputs)
-            except Exception:  # noqa: BLE001
-                log.exception("engine step hook failed")
+            self._deliver(lambda: call_each(((d, (item,)) for d, item in items), "delivering an engine output"))
+        call_each(((hook, (self.engine, outputs)) for hook in self.step_hooks), "engine step hook")
