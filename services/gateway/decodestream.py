@@ -15,7 +15,6 @@ import logging
 
 import grpc
 
-from kvmesh.runtime.grpcutil import peer_batches
 from kvmesh.runtime.pb import decode_pb2, decode_pb2_grpc
 
 from .bidicall import BidiCall
@@ -99,11 +98,10 @@ class DecodeStream(BidiCall):
 
     def __init__(self, endpoint: str, stub: decode_pb2_grpc.DecodeWorkerStub) -> None:
         self._feeds: dict[str, RequestFeed] = {}
-        self.packs: bool | None = None  # the worker reads packed frames (its initial metadata); None before its first message
         super().__init__(endpoint, stub.Stream, "decode-stream")
 
-    def _pack(self, messages: list[decode_pb2.StreamRequest]) -> decode_pb2.StreamRequest | None:
-        return decode_pb2.StreamRequest(batch=decode_pb2.StreamBatch(frames=messages)) if self.packs else None
+    def _batch(self, messages: list[decode_pb2.StreamRequest]) -> decode_pb2.StreamRequest:
+        return decode_pb2.StreamRequest(batch=decode_pb2.StreamBatch(frames=messages))
 
     @property
     def num_open(self) -> int:
@@ -129,9 +127,7 @@ class DecodeStream(BidiCall):
     async def _read(self) -> None:
         error = StreamFailed(grpc.StatusCode.UNAVAILABLE, "the token stream ended")
         try:
-            async for out in self._call:
-                if self.packs is None:  # NOTE: the initial metadata came with the first message
-                    self.packs = peer_batches(await self._call.initial_metadata())
+            async for out in self._frames():
                 feeds = self._feeds
                 for delta in out.deltas:
                     feed = feeds.get(delta.request_id)

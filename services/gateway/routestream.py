@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 
 import grpc
 
-from kvmesh.runtime.grpcutil import BATCH_METADATA, peer_batches
+from kvmesh.runtime.grpcutil import BATCH_METADATA
 from kvmesh.runtime.pb import scheduler_pb2, scheduler_pb2_grpc
 
 from .bidicall import BidiCall
@@ -43,11 +43,10 @@ class RouteStream(BidiCall):
 
     def __init__(self, endpoint: str, stub: scheduler_pb2_grpc.SchedulerStub) -> None:
         self._waiting: dict[str, asyncio.Future[scheduler_pb2.RouteResponse]] = {}
-        self.packs: bool | None = None  # the scheduler reads packed frames (its initial metadata); None before its first answer
         super().__init__(endpoint, lambda frames: stub.Routes(frames, metadata=(BATCH_METADATA,)), "route-stream")
 
-    def _pack(self, messages: list[scheduler_pb2.RouteStreamRequest]) -> scheduler_pb2.RouteStreamRequest | None:
-        return scheduler_pb2.RouteStreamRequest(batch=scheduler_pb2.RouteStreamBatch(frames=messages)) if self.packs else None
+    def _batch(self, messages: list[scheduler_pb2.RouteStreamRequest]) -> scheduler_pb2.RouteStreamRequest:
+        return scheduler_pb2.RouteStreamRequest(batch=scheduler_pb2.RouteStreamBatch(frames=messages))
 
     @property
     def num_waiting(self) -> int:
@@ -94,11 +93,7 @@ class RouteStream(BidiCall):
     async def _read(self) -> None:
         error = route_error(grpc.StatusCode.UNAVAILABLE, "the route stream ended")
         try:
-            async for frame in self._call:
-                if self.packs is None:
-                    # NOTE: read once an answer came with it: awaiting the initial metadata before
-                    # any answer turned an older scheduler's UNIMPLEMENTED into INTERNAL at times.
-                    self.packs = peer_batches(await self._call.initial_metadata())
+            async for frame in self._frames():
                 for out in frame.batch or (frame,):
                     self._answer(out)
         except grpc.aio.AioRpcError as exc:

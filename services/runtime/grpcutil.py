@@ -54,6 +54,15 @@ def unpacked(frame: Any) -> Sequence[Any]:
     return frames
 
 
+async def take_ready(queue: asyncio.Queue) -> list[Any]:
+    """What a stream's writer sends next: the first item to arrive and everything queued behind
+    it, up to and including None (the end of the stream)."""
+    ready = [await queue.get()]
+    while ready[-1] is not None and not queue.empty():
+        ready.append(queue.get_nowait())
+    return ready
+
+
 def peer_batches(metadata) -> bool:  # noqa: ANN001 - grpc.aio.Metadata or a sequence of pairs
     """True when `metadata` says its sender reads packed frames."""
     return any(tuple(item) == BATCH_METADATA for item in metadata or ())

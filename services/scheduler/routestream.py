@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from kvmesh.runtime.errors import ResourceExhausted
-from kvmesh.runtime.grpcutil import error_status, unpacked
+from kvmesh.runtime.grpcutil import error_status, take_ready, unpacked
 from kvmesh.runtime.pb import scheduler_pb2
 from kvmesh.runtime.telemetry import extract_context
 
@@ -50,7 +50,7 @@ class RouteStreamSession:
         reader = asyncio.create_task(self._read(requests), name="route-stream-reader")
         try:
             while True:
-                ready = await self._ready()
+                ready = await take_ready(self._outbox)
                 if self.batch_replies and len(ready) > 1:
                     yield scheduler_pb2.RouteStreamResponse(batch=[r for r in ready if r is not None])
                 else:
@@ -65,13 +65,6 @@ class RouteStreamSession:
             reader.cancel()
             for task in list(self._routing.values()):
                 task.cancel()
-
-    async def _ready(self) -> list[scheduler_pb2.RouteStreamResponse | None]:
-        """The answers ready now (at least one), up to and including the end (None)."""
-        ready = [await self._outbox.get()]
-        while ready[-1] is not None and not self._outbox.empty():
-            ready.append(self._outbox.get_nowait())
-        return ready
 
     async def _read(self, requests: AsyncIterator[scheduler_pb2.RouteStreamRequest]) -> None:
         try:
