@@ -38,7 +38,7 @@ def run(engine, prompts, params, tag: str) -> tuple[float, float]:
     import tokcost
 
     cpu0, t0 = time.thread_time(), time.perf_counter()
-    tokens = tokcost.closed_loop(engine, prompts, params, 32, tag=f"{tag}-")
+    tokens, _ = tokcost.closed_loop(engine, prompts, params, 32, tag=f"{tag}-")
     return (time.thread_time() - cpu0) / tokens * 1e6, (time.perf_counter() - t0) / tokens * 1e6
 
 

@@ -33,7 +33,12 @@ def messages(i: int) -> list[dict]:
 
 
 # -- the client (its own process) -------------------------------------------------------------
-async def _client(url: str, model: str, requests: int, concurrency: int, max_tokens: int) -> dict:
+def _bodies(model: str, requests: int, max_tokens: int) -> list[dict]:
+    return [{"model": model, "messages": messages(i), "max_tokens": max_tokens, "temperature": 0, "stream": True,
+             "stream_options": {"include_usage": True}, "ignore_eos": True} for i in range(requests)]
+
+
+async def _httpx_client(url: str, bodies: list[dict], concurrency: int) -> dict:
     import httpx
 
     sem = asyncio.Semaphore(concurrency)
@@ -41,10 +46,8 @@ async def _client(url: str, model: str, requests: int, concurrency: int, max_tok
     failures = 0
     chunks = 0  # SSE chunks with content (a slow reader's tokens coalesce, so it can be < tokens)
 
-    async def one(client: httpx.AsyncClient, i: int) -> None:
+    async def one(client: httpx.AsyncClient, body: dict) -> None:
         nonlocal tokens, failures, chunks
-        body = {"model": model, "messages": messages(i), "max_tokens": max_tokens, "temperature": 0,
-                "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
         async with sem:
             async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as reply:
                 usage = None
@@ -60,16 +63,29 @@ async def _client(url: str, model: str, requests: int, concurrency: int, max_tok
 
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one(client, i) for i in range(requests)))
-        wall = time.perf_counter() - t0
-    return {"tokens": tokens, "wall_s": wall, "failures": failures, "chunks": chunks, "requests": requests}
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(one(client, body) for body in bodies))
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    return {"tokens": tokens, "wall_s": wall, "failures": failures, "chunks": chunks, "requests": len(bodies),
+            "client_cpu_s": cpu}
+
+
+def client_child(kind: str, url: str, model: str, requests: int, concurrency: int, max_tokens: int) -> dict:
+    bodies = _bodies(model, requests, max_tokens)
+    if kind == "httpx":
+        return asyncio.run(_httpx_client(url, bodies, concurrency))
+    import sseload
+
+    return sseload.main_sync(url, bodies, concurrency)
+
+
+CLIENT = "raw"  # the load generator: "raw" (bench/sseload.py) or "httpx" (`--client-kind`)
 
 
 def run_client(url: str, model: str, requests: int, concurrency: int, max_tokens: int) -> dict:
     """Runs the load in a child process; returns its result."""
     argv = [sys.executable, __file__, "--client", url, "--served", model, "--requests", str(requests),
-            "--concurrency", str(concurrency), "--max-tokens", str(max_tokens)]
+            "--concurrency", str(concurrency), "--max-tokens", str(max_tokens), "--client-kind", CLIENT]
     done = subprocess.run(argv, check=False, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the load client exited {done.returncode}:\n{done.stderr[-3000:]}")
@@ -95,23 +111,24 @@ def engine_child(model: str, requests: int, concurrency: int, max_tokens: int) -
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     me = psutil.Process()
     cpu0, t0 = _cpu(me), time.perf_counter()
-    tokens = closed_loop(engine, prompts, params, concurrency)
-    return {"tokens": tokens, "wall_s": time.perf_counter() - t0, "cpu_s": _cpu(me) - cpu0}
+    tokens, steps = closed_loop(engine, prompts, params, concurrency)
+    return {"tokens": tokens, "wall_s": time.perf_counter() - t0, "cpu_s": _cpu(me) - cpu0, "steps": steps}
 
 
-def closed_loop(engine, prompts: list[list[int]], params, concurrency: int, tag: str = "r") -> int:
+def closed_loop(engine, prompts: list[list[int]], params, concurrency: int, tag: str = "r") -> tuple[int, int]:
     """Runs every prompt on the in-process engine, `concurrency` at a time (a finished request's
-    successor joins the next step, as a client with zero turnaround would); the output tokens."""
-    pending, inflight, tokens = list(enumerate(prompts)), 0, 0
+    successor joins the next step, as a client with zero turnaround would); (output tokens, steps)."""
+    pending, inflight, tokens, steps = list(enumerate(prompts)), 0, 0, 0
     while pending or engine.has_unfinished_requests():
         while pending and inflight < concurrency:
             i, prompt = pending.pop(0)
             engine.add_request(f"{tag}{i}", prompt, params)
             inflight += 1
+        steps += 1
         for out in engine.step():
             tokens += len(out.new_token_ids)
             inflight -= out.finished
-    return tokens
+    return tokens, steps
 
 
 def _chat_ids(tok, msgs: list[dict]) -> list[int]:
@@ -190,7 +207,7 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
             store = _store_endpoint(procs)
             run_client(mesh.gateway_url, served, 8, 8, 8)  # warm up
             for c in concurrencies:
-                time.sleep(0.5)  # the warm-up's (or the last level's) hand-backs finish
+                time.sleep(0.6)  # the warm-up's (or the last level's) hand-backs finish, its steps are counted
                 before, counts = {name: _cpu(p) for name, p in procs.items()}, _store_counts(store)
                 frames = _frame_counts(procs)
                 engines_before = {name: _engine_cpu(p) for name, p in procs.items()}
@@ -201,6 +218,7 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
                               for name, p in procs.items() if engines_before[name] is not None
                               for kind, cpu in [_engine_cpu(p)]}
                 store_delta = {k: v - counts[k] for k, v in _store_counts(store).items()}
+                time.sleep(0.6)  # NOTE: the engine step counter is refreshed with the gauges (every heartbeat, 0.5 s)
                 frame_delta = {k: v - frames.get(k, 0.0) for k, v in _frame_counts(procs).items()}
                 results[c] = {**load, "cpu_s": cpu, "engine_thread_cpu_s": engine_cpu, "store": store_delta,
                               "frames": frame_delta}
@@ -209,7 +227,8 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
     return results
 
 
-_FRAME_METRICS = ("kvmesh_scheduler_route_stream_frames_total", "kvmesh_decode_stream_frames_total")
+_FRAME_METRICS = ("kvmesh_scheduler_route_stream_frames_total", "kvmesh_decode_stream_frames_total",
+                  "kvmesh_decode_engine_steps_total")
 
 
 def _frame_counts(procs: dict) -> dict[str, float]:
@@ -226,7 +245,7 @@ def _frame_counts(procs: dict) -> dict[str, float]:
         with urllib.request.urlopen(url, timeout=10) as reply:
             for line in reply.read().decode().splitlines():
                 if line.startswith(_FRAME_METRICS):
-                    kind = line.split('kind="', 1)[1].split('"', 1)[0]
+                    kind = line.split('kind="', 1)[1].split('"', 1)[0] if 'kind="' in line else "engine steps"
                     out[f"{name} {kind}"] = float(line.rsplit(" ", 1)[1])
     return out
 
@@ -274,9 +293,16 @@ def report(c: int, mesh: dict, engine: dict) -> None:
         calls = f" in {st['lookup_calls']} calls" if "lookup_calls" in st else ""
         print(f"KV store: {st['lookups']} Lookups (turns handed back){calls}, {st['puts']} Puts, {st['blocks']:+d} blocks held")
     decode = sum(us for name, us in per.items() if name.startswith("decode"))
-    if mesh.get("frames"):
+    frames = {k: v for k, v in mesh.get("frames", {}).items() if not k.endswith("engine steps")}
+    if frames:
         requests = max(1, mesh.get("requests", 0))
-        print("frames read per request: " + ", ".join(f"{k} {v / requests:.2f}" for k, v in sorted(mesh["frames"].items()) if v))
+        print("frames read per request: " + ", ".join(f"{k} {v / requests:.2f}" for k, v in sorted(frames.items()) if v))
+    steps = sum(v for k, v in mesh.get("frames", {}).items() if k.endswith("engine steps"))
+    if steps and engine.get("steps"):
+        print(f"tokens per engine step (the mean batch): mesh {tokens / steps:.1f}, in-process engine "
+              f"{engine['tokens'] / engine['steps']:.1f}")
+    if "client_cpu_s" in mesh:
+        print(f"the load client (not in the mesh total): {mesh['client_cpu_s'] / tokens * 1e6:.0f} µs per token")
     if mesh.get("chunks"):
         print(f"SSE content chunks per token: {mesh['chunks'] / tokens:.2f} (below 1: a reader fell behind and its tokens "
               f"coalesced); gateway CPU per chunk: {mesh['cpu_s']['gateway'] / mesh['chunks'] * 1e6:.0f} µs")
@@ -291,21 +317,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--concurrency", default="32,64", help="comma-separated concurrency levels")
     p.add_argument("--set", action="append", default=[], metavar="SERVICE.FIELD=VALUE", help="mesh settings")
+    p.add_argument("--client-kind", choices=["raw", "httpx"], default="raw",
+                   help="the load generator: raw HTTP/1.1 on uvloop (bench/sseload.py, the lean one) or httpx")
     p.add_argument("--client", help=argparse.SUPPRESS)
     p.add_argument("--served", help=argparse.SUPPRESS)
     p.add_argument("--engine-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.client:
-        print(json.dumps(asyncio.run(_client(args.client, args.served, args.requests, int(args.concurrency), args.max_tokens))))
+        print(json.dumps(client_child(args.client_kind, args.client, args.served, args.requests, int(args.concurrency),
+                                      args.max_tokens)))
         return 0
     if args.engine_child:
         print(json.dumps(engine_child(args.model, args.requests, int(args.concurrency), args.max_tokens)))
         return 0
+    global CLIENT
+    CLIENT = args.client_kind
     levels = [int(c) for c in args.concurrency.split(",")]
     load_before = os.getloadavg()[0]
     mesh = measure_mesh(args.model, args.requests, levels, args.max_tokens, args.set)
     print(f"{args.requests} streamed chat requests x {args.max_tokens} tokens, model {args.model}, "
-          f"{os.cpu_count()} CPUs, niceness {os.nice(0)}, load average {load_before:.1f} before the mesh, "
+          f"{os.cpu_count()} CPUs, niceness {os.nice(0)}, {CLIENT} load client, load average {load_before:.1f} before the mesh, "
           f"{os.getloadavg()[0]:.1f} after it")
     for c in levels:
         report(c, mesh[c], run_engine(args.model, args.requests, c, args.max_tokens))

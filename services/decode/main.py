@@ -68,9 +68,12 @@ async def start(settings: DecodeSettings, bus: Bus | None = None) -> WorkerApp:
 
 
 async def _refresh_gauges(loop: EngineLoop | EngineProcess, interval_s: float) -> None:
-    seen_query = seen_hit = 0
+    seen_query = seen_hit = seen_steps = 0
     while True:
         s = loop.stats
+        steps = loop.num_steps
+        metrics.ENGINE_STEPS.inc(max(0, steps - seen_steps))
+        seen_steps = steps
         metrics.RUNNING.set(s.num_running)
         metrics.WAITING.set(s.num_waiting)
         metrics.KV_BLOCKS_FREE.set(s.num_free_blocks)

@@ -19,6 +19,7 @@ REMOTE_PREFILLS = Counter("kvmesh_decode_remote_prefill_requests", "requests who
 LOCAL_PREFILLS = Counter("kvmesh_decode_local_prefill_requests", "requests prefilled on this worker")
 STREAM_FRAMES = Counter("kvmesh_decode_stream_frames", "frames read on token streams by kind: generate, abort, or batch (several in one)", ["kind"])
 GENERATED_TOKENS = Counter("kvmesh_decode_generated_tokens", "tokens generated")
+ENGINE_STEPS = Counter("kvmesh_decode_engine_steps", "engine steps run (generated tokens / steps = the mean batch)")
 QUEUE_WAIT = Histogram("kvmesh_decode_queue_wait_seconds", "Generate received -> first engine step", buckets=LATENCY_BUCKETS)
 TTFT = Histogram("kvmesh_decode_ttft_seconds", "Generate received -> first token", buckets=LATENCY_BUCKETS)
 HANDBACK_BLOCKS = Counter("kvmesh_decode_kv_handback_blocks", "blocks handed to the KV store on finish")

@@ -38,9 +38,11 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 class RequestFeed:
     """What one request has received and not yet read (merged); `read()` waits for more."""
 
-    __slots__ = ("token_ids", "logprobs", "prompt_logprobs", "finish_reason", "usage", "cached_tokens", "error", "_waiter")
+    __slots__ = ("token_ids", "logprobs", "prompt_logprobs", "finish_reason", "usage", "cached_tokens", "error", "_waiter",
+                 "_loop")
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop  # NOTE: get_running_loop() per read costs a getpid() syscall on Python 3.11
         self.token_ids: list[int] = []
         self.logprobs: list = []  # common_pb2.TokenLogprob
         self.prompt_logprobs: list = []  # common_pb2.TokenLogprob of prompt tokens 1.. (echo), taken once
@@ -55,21 +57,29 @@ class RequestFeed:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def push(self, delta: decode_pb2.RequestDelta) -> None:
-        self.token_ids.extend(delta.token_ids)
+    def push(self, delta: decode_pb2.RequestDelta) -> bool:
+        """Take in `delta`; True when it ends the request (finished or failed)."""
+        ids = delta.token_ids
+        if ids:
+            self.token_ids.extend(ids)
         if delta.logprobs:
             self.logprobs.extend(delta.logprobs)
         if delta.prompt_logprobs:
             self.prompt_logprobs.extend(delta.prompt_logprobs)
-        if self.cached_tokens is None and (delta.token_ids or delta.finish_reason):
+        finish = delta.finish_reason
+        if self.cached_tokens is None and (ids or finish):
             self.cached_tokens = delta.cached_tokens
+        ended = True
         if delta.error_code:
             code = _CODES.get(delta.error_code, grpc.StatusCode.UNKNOWN)
             self.error = StreamFailed(code, delta.error_message, delta.retry_after_s or None)
-        elif delta.finish_reason:
-            self.finish_reason = delta.finish_reason
+        elif finish:
+            self.finish_reason = finish
             self.usage = delta.usage
+        else:
+            ended = False
         self._wake()
+        return ended
 
     def fail(self, error: StreamFailed) -> None:
         if self.error is None and not self.finish_reason:
@@ -80,7 +90,7 @@ class RequestFeed:
         """(new token ids, their logprobs, finish reason or ""); raises StreamFailed after the
         tokens that came before the failure were read."""
         while not self.token_ids and not self.finish_reason and self.error is None:
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self._loop.create_future()
             try:
                 await self._waiter
             finally:
@@ -98,6 +108,7 @@ class DecodeStream(BidiCall):
 
     def __init__(self, endpoint: str, stub: decode_pb2_grpc.DecodeWorkerStub) -> None:
         self._feeds: dict[str, RequestFeed] = {}
+        self._loop = asyncio.get_running_loop()
         super().__init__(endpoint, stub.Stream, "decode-stream")
 
     def _batch(self, messages: list[decode_pb2.StreamRequest]) -> decode_pb2.StreamRequest:
@@ -108,7 +119,7 @@ class DecodeStream(BidiCall):
         return len(self._feeds)
 
     def open(self, request: decode_pb2.GenerateRequest) -> RequestFeed:
-        feed = RequestFeed()
+        feed = RequestFeed(self._loop)
         if self.closed:
             feed.fail(StreamFailed(grpc.StatusCode.UNAVAILABLE, "the token stream is closed"))
             return feed
@@ -133,8 +144,7 @@ class DecodeStream(BidiCall):
                     feed = feeds.get(delta.request_id)
                     if feed is None:
                         continue  # aborted or forgotten: late tokens are dropped
-                    feed.push(delta)
-                    if delta.finish_reason or delta.error_code:
+                    if feed.push(delta):
                         del feeds[delta.request_id]
         except grpc.aio.AioRpcError as exc:
             error = StreamFailed(exc.code(), exc.details() or "the token stream failed")
