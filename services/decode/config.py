@@ -26,5 +26,10 @@ class DecodeSettings(WorkerSettings):
         "which shares the GIL with gRPC and asyncio; no gain measured on CPU: docs/engine-process.md)"
     )
     stream_interval: int = Field(
-        1, ge=1, description="token stream: send a request's tokens once this many are pending (its first token and its end at once)"
+        4, ge=1, description="token stream under load: send a request's tokens once this many are pending (its first "
+        "token and its end at once; 1 = every token at once, always): docs/token-stream.md"
+    )
+    stream_interval_from: int = Field(
+        16, ge=1, description="stream_interval holds tokens only while at least this many requests run on the worker; "
+        "below it every token goes out at once (low-load latency as with 1)"
     )

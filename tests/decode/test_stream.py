@@ -82,7 +82,7 @@ async def test_errors_and_aborts_end_one_request_not_the_stream(decode, stub, re
 
 
 async def test_stream_interval_holds_tokens_but_never_the_first_or_the_end(reference) -> None:
-    app = await start(decode_settings(stream_interval=4))
+    app = await start(decode_settings(stream_interval=4, stream_interval_from=1))
     try:
         async with grpc.aio.insecure_channel(app.endpoint) as channel:
             client = Client(decode_pb2_grpc.DecodeWorkerStub(channel))
@@ -95,6 +95,30 @@ async def test_stream_interval_holds_tokens_but_never_the_first_or_the_end(refer
     assert sizes[0] == 1 and all(s >= 4 for s in sizes[1:-1]) and sum(sizes) == 10
     assert deltas["r"][-1].finish_reason == "length"
     assert [t for d in deltas["r"] for t in d.token_ids] == greedy(reference, PROMPT, 10)
+
+
+async def test_stream_interval_holds_nothing_below_its_load_and_holds_tokens_above_it(reference) -> None:
+    """stream_interval applies only while stream_interval_from requests run on the worker: one
+    request alone gets every token in its own delta (low-load latency unchanged); three together
+    get them held four at a time."""
+    app = await start(decode_settings(stream_interval=4, stream_interval_from=3, step_delay_s=0.02))  # NOTE: the writer keeps up
+    try:
+        async with grpc.aio.insecure_channel(app.endpoint) as channel:
+            client = Client(decode_pb2_grpc.DecodeWorkerStub(channel))
+            client.generate("alone", max_tokens=10)
+            alone, _ = await client.run({"alone"})
+            for rid in ("a", "b", "c"):
+                client.generate(rid, max_tokens=24)
+            together, _ = await client.run({"a", "b", "c"})
+            await client.close()
+    finally:
+        await app.stop()
+    assert [len(d.token_ids) for d in alone["alone"]] == [1] * 10
+    assert [t for d in alone["alone"] for t in d.token_ids] == greedy(reference, PROMPT, 10)
+    for rid in ("a", "b", "c"):
+        sizes = [len(d.token_ids) for d in together[rid]]
+        assert sum(sizes) == 24 and [t for d in together[rid] for t in d.token_ids] == greedy(reference, PROMPT, 24)
+        assert max(sizes) >= 4, sizes  # held while all three ran
 
 
 async def test_a_reused_request_id_never_gets_the_cancelled_calls_output(reference) -> None:
