@@ -7,14 +7,16 @@ stream, the KV hand-back) runs Python on another thread of the same process. Eve
 releases the GIL and takes it back, so whenever the loop thread holds it the engine waits, and
 every hand-over costs both threads CPU. This runs the in-process engine on the same closed-loop
 load as bench/tokcost.py (128 requests x 128 tokens at concurrency 32), alternately alone and
-beside a thread that does event-loop-like Python work in short bursts, and prints the engine
-thread's CPU and wall time per output token for each. It is the evidence for moving the engine
-into its own process (issue 13); it changes nothing in the mesh.
+beside a thread that does event-loop-like Python work in short bursts, and beside a process that
+does the same work (the other core busy, no GIL shared: what sharing the host's cores costs on its
+own), and prints the engine thread's CPU and wall time per output token for each. It is the
+evidence for moving the engine into its own process (issue 13); it changes nothing in the mesh.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import sys
 import threading
@@ -24,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-def busy_loop(stop: threading.Event) -> None:
+def busy_loop(stop) -> None:  # noqa: ANN001 - a threading or multiprocessing Event
     """Python work in ~1 ms bursts with short sleeps between, like a loaded RPC event loop."""
     x = 0
     while not stop.is_set():
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = LLMEngine(EngineConfig(model=args.model))
     params = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
     run(engine, prompts[:8], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), "warmup")
-    rows: dict[str, list[tuple[float, float]]] = {"alone": [], "beside a busy thread": []}
+    rows: dict[str, list[tuple[float, float]]] = {"alone": [], "beside a busy thread": [], "beside a busy process": []}
     for r in range(args.rounds):
         rows["alone"].append(run(engine, prompts, params, f"a{r}"))
         stop = threading.Event()
@@ -74,6 +76,14 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stop.set()
             neighbour.join()
+        stop = multiprocessing.get_context("spawn").Event()
+        other = multiprocessing.get_context("spawn").Process(target=busy_loop, args=(stop,), daemon=True)
+        other.start()
+        try:
+            rows["beside a busy process"].append(run(engine, prompts, params, f"p{r}"))
+        finally:
+            stop.set()
+            other.join()
     print(f"engine thread per output token, model {args.model}, {args.rounds} alternating rounds, "
           f"load average {os.getloadavg()[0]:.1f}")
     print("| engine thread | CPU µs per token (each round) | wall µs per token (each round) |\n|---|---|---|")
@@ -82,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         wall = ", ".join(f"{w:.0f}" for _, w in values)
         print(f"| {name} | {cpu} | {wall} |")
     mean = {name: sum(c for c, _ in v) / len(v) for name, v in rows.items()}
-    print(f"CPU beside a busy thread / alone: {mean['beside a busy thread'] / mean['alone']:.2f}x")
+    print(f"CPU beside a busy thread / alone: {mean['beside a busy thread'] / mean['alone']:.2f}x; "
+          f"beside a busy process / alone: {mean['beside a busy process'] / mean['alone']:.2f}x")
     return 0
 
 
