@@ -42,7 +42,8 @@ from kvmesh.scheduler.sim.client import Target
 from kvmesh.scheduler.sim.cluster import SimConfig
 from kvmesh.scheduler.sim.meshcost import MeshCost
 from kvmesh.scheduler.sim.meshcal import MeshCalibration, Samples, fit
-from kvmesh.scheduler.sim.meshprobe import ProbeConfig, probe, probe_lines
+from kvmesh.scheduler.sim.meshcalcli import probe_lines
+from kvmesh.scheduler.sim.meshprobe import ProbeConfig, probe
 from kvmesh.scheduler.sim.meshspread import bootstrap, spread_lines, term_ranges
 from kvmesh.scheduler.sim.replay import ReplayConfig, replay
 from kvmesh.scheduler.sim.report import RunSummary, capacity, figures, simulate
@@ -106,7 +107,8 @@ def sim_costs(cal: MeshCalibration, workers: int) -> tuple[CostModel, MeshCost]:
                     prefill_s_per_stream=cal.prefill_s_per_stream,
                     attention_s_per_pair=cal.attention_s_per_pair, host_parallelism=cal.host_parallelism,
                     attention_s_per_cached_pair=cal.attention_s_per_cached_pair,
-                    decode_s_per_context_token=cal.decode_s_per_context_token,
+                    decode_s_per_padded_token=cal.decode_s_per_padded_token,
+                    decode_padded_knee_tokens=cal.decode_padded_knee_tokens,
                     admission_limit=MAX_NUM_SEQS * workers)
     return cost, mesh
 

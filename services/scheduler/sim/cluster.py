@@ -91,7 +91,7 @@ class SimWorker:
     load_area: float = 0.0          # ∫ (running + waiting) dt, for the imbalance figure
     load_since: float = 0.0
     stall_s: float = 0.0            # decode time lost to local prefills so far (MeshCost.prefill_stall)
-    context: float = 0.0            # Σ mean context (prompt + output / 2) of the sequences decoding here
+    contexts: list[float] = field(default_factory=list)  # mean context (prompt + output / 2) of each sequence here
 
     def cached_prefix(self, hashes: tuple[bytes, ...]) -> int:
         n = 0
@@ -260,7 +260,7 @@ class Cluster:
     def _step_s(self, d: SimWorker) -> float:
         """One engine step of d now: its running sequences and their context (MeshCost)."""
         mesh = self.config.mesh
-        return self.config.cost.step_s(d.running) + mesh.token_overhead_s * d.running + mesh.decode_s_per_context_token * d.context
+        return self.config.cost.step_s(d.running) + mesh.token_overhead_s * d.running + mesh.decode_context_s(d.contexts)
 
     @staticmethod
     def _context(r: TraceRequest) -> float:
@@ -319,7 +319,7 @@ class Cluster:
             end += self._step_s(d) * self._host_slowdown()
         # NOTE: the noise stretches this request's latency only, not the worker's busy time: the
         # probes measured it on lone requests, and a stretched prefill queued behind would count it twice.
-        d.context += self._context(r)  # NOTE: after its prefill: that step's attention is the prefill's own
+        d.contexts.append(self._context(r))  # NOTE: after its prefill: that step's attention is the prefill's own
         self._at(start + (end - start + self.config.mesh.request_overhead_s) * noise, "first_token", (d, result))
 
     def _first_token(self, d: SimWorker, result: RequestResult) -> None:
@@ -342,7 +342,7 @@ class Cluster:
         self._publish(d, *d.insert(result.hashes + output))
         d.mark_load(self.now)
         d.running -= 1
-        d.context -= self._context(r)
+        d.contexts.remove(self._context(r))
         self.routers[result.router].complete(r.request_id)
         for peer in range(len(self.routers)):
             if peer != result.router:

@@ -7,10 +7,12 @@ one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy w
       = request_overhead + request_busy + n · prefill_s_per_token + attention_s_per_pair · n² / 2
         + attention_s_per_cached_pair · n · c + c · hit_s_per_token + step(1)
 - ITL (a request's mean gap between tokens) with k streams of mean context x decoding, spread over
-  b = min(k, W) workers = s(b) · (step(k / b) + decode_s_per_context_token · x · k / b),
-  step(k) = decode_s_per_step + (decode_s_per_seq + token_overhead_s) · k; the ITL probe's short
-  streams (context x0) fit a line, long ones (x1) give the context term; the other probes' streams
-  are short and take step(k) + decode_s_per_context_token · x0 · k, as the ITL probe measured them;
+  b = min(k, W) workers = s(b) · (step(k / b) + hinge(x · k / b)),
+  step(k) = decode_s_per_step + (decode_s_per_seq + token_overhead_s) · k,
+  hinge(t) = decode_s_per_padded_token · max(0, t − decode_padded_knee_tokens) (decodectx.py: a
+  worker's k / b streams of context x read k / b × x padded KV tokens); the ITL probe's short streams
+  (context x0, k / b × x0 below the knee) fit the line, long ones at several (k, x) the hinge
+  (fit_hinge); the other probes' streams are short and take step(k), as the ITL probe measured them;
 - W long prompts (n tokens) sent at once, one per worker: the last first token comes
   (W - 1) · request_busy + (s(W) - 1) · (lone prefill work + step(1)) after a lone request's;
 - a prompt whose first c tokens are cached takes c · hit_s_per_token + attention_s_per_cached_pair · n · c
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .calibrate import fit_line
+from .decodectx import fit_hinge
 from .meshstats import around_median, medians, noise_quantiles, nonnegative_fit
 
 
@@ -73,7 +76,8 @@ class MeshCalibration:
     admission_limit: int | None      # None: not probed, or more than the probe sent
     noise: tuple[float, ...] = ()    # deciles of lone TTFT / the median at its length: the host's noise
     attention_s_per_pair: float = 0.0
-    decode_s_per_context_token: float = 0.0
+    decode_s_per_padded_token: float = 0.0  # a decode step's cost per padded KV token past the knee (decodectx.py)
+    decode_padded_knee_tokens: float = 0.0
     host_parallelism: float = 0.0    # busy workers the shared host runs at full speed (0: one worker, not measured)
     prefill_s_per_stream: float = 0.0  # ... plus this many seconds per stream beside it
     attention_s_per_cached_pair: float | None = None  # per (new, cached) token pair; None: attention_s_per_pair
@@ -86,7 +90,8 @@ class MeshCalibration:
             f"--request-busy-s {self.request_busy_s:.3g}", f"--token-overhead-s {self.token_overhead_s:.3g}",
             f"--hit-s-per-token {self.hit_s_per_token:.3g}", f"--prefill-stall {self.prefill_stall:.3g}",
             f"--prefill-share {self.prefill_share:.3g}", f"--attention-s-per-pair {self.attention_s_per_pair:.3g}",
-            f"--decode-s-per-context-token {self.decode_s_per_context_token:.3g}",
+            f"--decode-s-per-padded-token {self.decode_s_per_padded_token:.3g}",
+            f"--decode-padded-knee-tokens {self.decode_padded_knee_tokens:.0f}",
             f"--prefill-s-per-stream {self.prefill_s_per_stream:.3g}",
         ]
         if self.attention_s_per_cached_pair is not None:
@@ -189,10 +194,11 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
     def step(k: float) -> float:  # at the ITL probe's context
         return base + per_stream * k
 
-    x0 = samples.itl_context
-    per_context = max(0.0, _median([(itl / slowdown(spread(k)) - step(k / spread(k))) / (k / spread(k) * (x - x0))
-                                    for k, x, itl in itl_long if x > x0]))
-    per_seq = max(0.0, per_stream - per_context * x0)  # without the context (noise can make it negative)
+    # NOTE: the hinge is fitted on what the long streams took over the short ones' line at their stream
+    # count; the short ones (k / b × x0 <= 16 × 64 padded tokens) are taken to be below its knee
+    per_padded, knee = fit_hinge([(k / spread(k) * x, itl / slowdown(spread(k)) - step(k / spread(k)))
+                                  for k, x, itl in itl_long if x > samples.itl_context])
+    per_seq = max(0.0, per_stream)
     engine = per_seq if engine_decode_s_per_seq is None else min(per_seq, engine_decode_s_per_seq)
     hit, cached_pair = fit_hits(samples, attention, [intercept + work(uncached) for _, uncached, _ in samples.hit])
     overhead = max(0.0, intercept - step(1) - busy)
@@ -227,7 +233,8 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         admission_limit=admitted,
         noise=noise_quantiles(around_median(samples.ttft)),
         attention_s_per_pair=attention,
-        decode_s_per_context_token=per_context,
+        decode_s_per_padded_token=per_padded,
+        decode_padded_knee_tokens=knee,
         host_parallelism=parallel,
     )
 
@@ -248,8 +255,8 @@ def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list
         f"(new token, earlier new token) pair and {_or(cal.attention_s_per_cached_pair, cal.attention_s_per_pair):.3g} s "
         f"per (new, cached) pair (attention), {cal.hit_s_per_token:.3g} s per cached token",
         f"#   decode step {cal.decode_s_per_step:.3g} s + {cal.decode_s_per_seq + cal.token_overhead_s:.3g} s per stream "
-        f"(of which mesh per-token overhead {cal.token_overhead_s:.3g} s) + {cal.decode_s_per_context_token:.3g} s "
-        "per token of a stream's context",
+        f"(of which mesh per-token overhead {cal.token_overhead_s:.3g} s) + {cal.decode_s_per_padded_token:.3g} s "
+        f"per padded KV token (streams × the longest context) past {cal.decode_padded_knee_tokens:.0f}",
         f"#   per-request overhead {cal.request_overhead_s:.3g} s of latency, plus {cal.request_busy_s:.3g} s of work "
         "requests queue for mesh-wide (HTTP, tokenizing, routing, gRPC set-up, hand-back)",
         f"#   a prefill takes {cal.prefill_share:.3g}x longer plus {cal.prefill_s_per_stream:.3g} s per stream decoding "
