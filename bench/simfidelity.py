@@ -109,6 +109,7 @@ def sim_costs(cal: MeshCalibration, workers: int) -> tuple[CostModel, MeshCost]:
                     attention_s_per_cached_pair=cal.attention_s_per_cached_pair,
                     decode_s_per_padded_token=cal.decode_s_per_padded_token,
                     decode_padded_knee_tokens=cal.decode_padded_knee_tokens,
+                    pause_rate_hz=cal.pause_rate_hz, pause_s=cal.pause_s,
                     admission_limit=MAX_NUM_SEQS * workers)
     return cost, mesh
 

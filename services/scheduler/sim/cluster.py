@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import random
 import zlib
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 
 from ..index import BlockIndex, EventBatch, Removed, Stored
@@ -37,6 +38,7 @@ from ..registry import HeartbeatInfo, Registry, Role
 from ..router import RouteDecision, RouteQuery, Router, RouterConfig
 from ..sticky import StickySessions
 from .meshcost import MeshCost
+from .simworker import RequestResult, SimWorker
 from .trace import TraceRequest
 
 
@@ -58,65 +60,6 @@ class SimConfig:
     pd: PdConfig = field(default_factory=PdConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     mesh: MeshCost = field(default_factory=MeshCost)
-
-
-@dataclass(slots=True)
-class RequestResult:
-    request: TraceRequest
-    decode_id: str
-    hashes: tuple[bytes, ...] = ()
-    router: int = 0                 # the replica that routed it (gets its completion)
-    cached_tokens: int = 0
-    first_token_s: float = 0.0
-    finish_s: float = 0.0
-    status: int = 200               # 429 / 504: refused or timed out in admission (MeshCost)
-    stall_mark: float = 0.0         # the worker's stall_s when this sequence's finish was last scheduled
-
-    @property
-    def ttft_s(self) -> float:
-        return self.first_token_s - self.request.arrival_s
-
-
-@dataclass(slots=True)
-class SimWorker:
-    worker_id: str
-    role: Role
-    kv_blocks: int
-    max_num_seqs: int
-    cache: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
-    running: int = 0
-    slot_queue: deque[tuple[RequestResult, RouteDecision]] = field(default_factory=deque)
-    busy_until: float = 0.0
-    seq: int = 0
-    load_area: float = 0.0          # ∫ (running + waiting) dt, for the imbalance figure
-    load_since: float = 0.0
-    stall_s: float = 0.0            # decode time lost to local prefills so far (MeshCost.prefill_stall)
-    contexts: list[float] = field(default_factory=list)  # mean context (prompt + output / 2) of each sequence here
-
-    def cached_prefix(self, hashes: tuple[bytes, ...]) -> int:
-        n = 0
-        for h in hashes:
-            if h not in self.cache:
-                break
-            n += 1
-        return n
-
-    def insert(self, hashes: tuple[bytes, ...]) -> tuple[list[bytes], list[bytes]]:
-        """Adds/touches blocks (LRU); returns (stored, removed)."""
-        stored, removed = [], []
-        for h in hashes:
-            if h in self.cache:
-                self.cache.move_to_end(h)
-            else:
-                self.cache[h] = None
-                stored.append(h)
-        while len(self.cache) > self.kv_blocks:
-            removed.append(self.cache.popitem(last=False)[0])
-        return stored, removed
-
-    def mark_load(self, now: float) -> None:
-        self.load_area += (self.running + len(self.slot_queue)) * (now - self.load_since)
-        self.load_since = now
 
 
 class Cluster:
@@ -159,6 +102,9 @@ class Cluster:
             self._at(t, "window")
         self._heartbeats()
         self._at(self.config.heartbeat_interval_s, "heartbeat")
+        if self.config.mesh.pause_rate_hz and self.config.mesh.pause_s:
+            for w in self.workers.values():
+                self._next_pause(w, random.Random(zlib.crc32(w.worker_id.encode())))
         self._pending = len(requests)
         while self._events and self._pending:
             self.now, _, kind, payload = heapq.heappop(self._events)
@@ -173,6 +119,8 @@ class Cluster:
                 self._finish(payload)  # type: ignore[arg-type]
             elif kind == "stall":
                 payload[0].stall_s += payload[1]  # type: ignore[index]
+            elif kind == "pause":
+                self._pause(*payload)  # type: ignore[misc]
             elif kind == "deliver":
                 j, batch = payload  # type: ignore[misc]
                 self.routers[j].index.apply(batch)
@@ -299,6 +247,7 @@ class Cluster:
         r, hashes = result.request, result.hashes
         d_cached = d.cached_prefix(hashes)
         noise = self._noise(r.request_id)
+        result.pause_mark = d.paused_s
         if decision.prefill is None:
             result.cached_tokens = d_cached * bs
             start = max(self.now, d.busy_until)
@@ -322,7 +271,25 @@ class Cluster:
         d.contexts.append(self._context(r))  # NOTE: after its prefill: that step's attention is the prefill's own
         self._at(start + (end - start + self.config.mesh.request_overhead_s) * noise, "first_token", (d, result))
 
+    def _next_pause(self, w: SimWorker, rng: random.Random) -> None:
+        self._at(self.now + rng.expovariate(self.config.mesh.pause_rate_hz), "pause", (w, rng))
+
+    def _pause(self, w: SimWorker, rng: random.Random) -> None:
+        """The worker stops everything for pause_s (MeshCost), if it has sequences (the probes measured
+        the pauses' rate over time spent decoding): its prefills and the first tokens and decodes of its
+        sequences all come that much later."""
+        if w.running:
+            pause = self.config.mesh.pause_s
+            w.stall_s += pause
+            w.paused_s += pause
+            w.busy_until = max(w.busy_until, self.now) + pause
+        self._next_pause(w, rng)
+
     def _first_token(self, d: SimWorker, result: RequestResult) -> None:
+        if d.paused_s > result.pause_mark:  # the worker paused since this first token was scheduled
+            self._at(self.now + d.paused_s - result.pause_mark, "first_token", (d, result))
+            result.pause_mark = d.paused_s
+            return
         result.first_token_s = self.now
         self._publish(d, *d.insert(result.hashes))
         decode_s = (result.request.output_tokens - 1) * self._step_s(d) * self._host_slowdown()

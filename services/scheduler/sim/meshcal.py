@@ -26,6 +26,9 @@ one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy w
   much over their ITL); the probe sends it beside several stream counts, 0 included (its lone
   work(n), measured beside the others), at two lengths: the term proportional to the prefill's
   work and the additive one per stream are told apart by the length (fit_beside);
+- pauses: the ITL probe's runs (4 or more streams per worker) show gaps that most of a worker's
+  streams share (meshstreams.steady_run); their count over the worker-seconds searched is the rate,
+  their mean extra gap the length, and the ITL above is measured without them;
 - admission: the number of streams that got a first token before any of a burst finished.
 `fit` inverts these formulas, so timings made by them give the parameters back exactly.
 """
@@ -60,6 +63,8 @@ class Samples:
     admitted: int | None = None                                          # streams admitted at once (None: not probed)
     probe_streams: int = 0                                               # the burst size of that probe
     reprobed: list[str] = field(default_factory=list)  # a probe point's name per extra repeat (its repeats disagreed)
+    pause_window_s: float = 0.0  # worker-seconds of the ITL probe's steady decoding searched for pauses
+    pauses: list[float] = field(default_factory=list)  # each worker pause found there: its streams' extra gap, s
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +86,8 @@ class MeshCalibration:
     host_parallelism: float = 0.0    # busy workers the shared host runs at full speed (0: one worker, not measured)
     prefill_s_per_stream: float = 0.0  # ... plus this many seconds per stream beside it
     attention_s_per_cached_pair: float | None = None  # per (new, cached) token pair; None: attention_s_per_pair
+    pause_rate_hz: float = 0.0       # a worker's pauses of all its streams at once, per second of decoding ...
+    pause_s: float = 0.0             # ... and their mean length
 
     def sim_flags(self) -> list[str]:
         """`kvmesh sim` flags that reproduce this mesh."""
@@ -96,6 +103,8 @@ class MeshCalibration:
         ]
         if self.attention_s_per_cached_pair is not None:
             flags.append(f"--attention-s-per-cached-pair {self.attention_s_per_cached_pair:.3g}")
+        if self.pause_rate_hz:
+            flags.append(f"--pause-rate-hz {self.pause_rate_hz:.3g} --pause-s {self.pause_s:.3g}")
         if self.host_parallelism:
             flags.append(f"--host-parallelism {self.host_parallelism:.3g}")
         if self.admission_limit:
@@ -236,6 +245,8 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         decode_s_per_padded_token=per_padded,
         decode_padded_knee_tokens=knee,
         host_parallelism=parallel,
+        pause_rate_hz=len(samples.pauses) / samples.pause_window_s if samples.pause_window_s else 0.0,
+        pause_s=statistics.fmean(samples.pauses) if samples.pauses else 0.0,
     )
 
 
@@ -262,6 +273,8 @@ def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list
         f"#   a prefill takes {cal.prefill_share:.3g}x longer plus {cal.prefill_s_per_stream:.3g} s per stream decoding "
         f"beside it, and stalls those streams for {cal.prefill_stall:.0%} of its time (engine and RPC loop share the "
         "worker's CPU)",
+        f"#   pauses of all a worker's streams at once: {cal.pause_rate_hz:.3g} per second of decoding, "
+        f"{cal.pause_s * 1e3:.0f} ms on average",
         "#   shared host: " + (f"runs {cal.host_parallelism:.3g} busy decode workers at full speed, more slow down"
                                if cal.host_parallelism else "not measured (one decode worker)"),
         "#   admission limit: " + (f"{cal.admission_limit} requests in flight" if cal.admission_limit

@@ -27,6 +27,10 @@
 - hit_s_per_token: what a prompt token found in the worker's prefix cache still costs;
 - prefill_stall: while a decode worker prefills locally, its running sequences stop decoding for
   this fraction of the prefill (1 = the engine and its RPC loop share one CPU, nothing overlaps);
+- pause_rate_hz, pause_s: a worker stops all its work (prefill, decode, every stream at once) for
+  pause_s, pause_rate_hz times a second while it has sequences (a Poisson process, seeded by the
+  worker's id): the mesh's correlated stalls, which the ITL probe's token times show as gaps that
+  most streams of a run share (meshstreams.correlated_pauses), at 0.4-2.3 a second of ~50 ms;
 - noise: factors on a request's latency from the start of its prefill to its first token (not on
   the worker's busy time), one per request drawn uniformly by its id (deterministic): deciles of
   the calibration's lone TTFTs over their length's median, i.e. the host's own noise (other work on a shared
@@ -66,6 +70,8 @@ class MeshCost:
     prefill_s_per_stream: float = 0.0
     host_parallelism: float = 0.0
     noise: tuple[float, ...] = ()
+    pause_rate_hz: float = 0.0
+    pause_s: float = 0.0
     admission_limit: int = 0
     admission_timeout_s: float = 30.0
     admission_queue_factor: float = 1.0

@@ -43,7 +43,7 @@ from typing import Any
 from .client import Target, new_client, served_model, stream_one
 from .meshcal import Samples
 from .meshstats import unsettled
-from .meshstreams import admitted_before_first_finish, itl_point, largest_gap, steady_itl
+from .meshstreams import admitted_before_first_finish, itl_point, largest_gap, steady_run
 from .replay import VOCAB
 from .report import Outcome
 
@@ -188,11 +188,17 @@ class _Prober:
         self.samples.stall += [r for rs in records.values() for r in rs]
 
     async def steady(self, k: int, prompt_tokens: int) -> float:
-        """The ITL of k streams with `prompt_tokens`-token prompts, sent at once (see steady_itl)."""
+        """The ITL of k streams with `prompt_tokens`-token prompts, sent at once, less the mesh's pauses
+        (see steady_run); with 4 or more streams per worker, the pauses and the time they were looked for
+        go to `samples`."""
         times: list[list[float]] = [[] for _ in range(k)]
         run = await asyncio.gather(*(self.one(self.prompt(prompt_tokens), self.config.stream_tokens, t) for t in times))
-        steady = steady_itl(times, [o.output_tokens for o in run])
-        return steady if not math.isnan(steady) else itl_point(k, [o.itl_s for o in run])[1]
+        per_worker = k / self.config.workers if k / self.config.workers >= 4 else 0.0
+        steady = steady_run(times, [o.output_tokens for o in run], per_worker)
+        if per_worker and not math.isnan(steady.itl_s):
+            self.samples.pause_window_s += steady.window_s * self.config.workers
+            self.samples.pauses += steady.pauses_s
+        return steady.itl_s if not math.isnan(steady.itl_s) else itl_point(k, [o.itl_s for o in run])[1]
 
     async def stall(self, streams: int, tokens: int) -> tuple[float, float, float, float, float]:
         """(prefill tokens, streams, the largest gap of any during the prefill, their median ITL, its TTFT)
