@@ -11,6 +11,7 @@ from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
 from kvmesh.scheduler.sim.decodectx import hinge_s
 from kvmesh.scheduler.sim.meshcost import MeshCost
 from kvmesh.scheduler.sim.meshcal import MeshCalibration, Samples, fit, fit_beside, step_s
+from kvmesh.scheduler.sim.meshprobe import ProbeConfig
 from kvmesh.scheduler.sim.meshstreams import admitted_before_first_finish, itl_point, largest_gap, steady_itl
 from kvmesh.scheduler.sim.report import outcome
 from kvmesh.scheduler.sim.trace import TraceRequest
@@ -20,7 +21,7 @@ TRUE = MeshCalibration(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, dec
                        prefill_stall=0.8, prefill_share=0.05, admission_limit=None, attention_s_per_pair=1.1e-7,
                        decode_s_per_padded_token=5.0e-7, decode_padded_knee_tokens=6000.0,
                        prefill_s_per_stream=4.0e-4, attention_s_per_cached_pair=4.0e-8)
-CONTEXT_POINTS = ((8, 512), (8, 1024), (8, 1536), (16, 1024), (16, 1536))  # the probe's default
+CONTEXT_POINTS = ProbeConfig().context_points
 SHARED = dataclasses.replace(TRUE, host_parallelism=1.5)  # 2 workers on a host that runs 1.5 at full speed
 
 

@@ -14,7 +14,7 @@ SLOPE, KNEE = 5.0e-7, 6000.0
 
 
 @pytest.mark.parametrize("padded", [
-    [4352, 8448, 12544, 16896, 25088],   # the probe's default points: one below the knee, four past it
+    [4224, 4352, 6272, 6400, 8448, 12544, 16896],  # the probe's default points: two below the knee, five past it
     [6500, 9000, 30000],                 # all past it: the knee lies below every point
     [1000, 3000, 5999, 6001, 7000],      # two just past it
 ])

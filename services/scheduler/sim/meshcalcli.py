@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="re-probe a point while half its repeats' interquartile range exceeds this fraction of their median")
     p.add_argument("--streams", default="1,4,8,16", help="concurrent stream counts per decode worker for the ITL probe")
     p.add_argument("--stream-tokens", type=int, default=64, help="output tokens per stream in the ITL probe")
-    p.add_argument("--context-points", default="8x512,8x1024,8x1536,16x1024,16x1536",
+    p.add_argument("--context-points", default=",".join(f"{k}x{n}" for k, n in ProbeConfig().context_points),
                    help="STREAMSxPROMPT_TOKENS (streams per decode worker) of the long-context ITL points, 3 or more")
     p.add_argument("--stall-streams", default="0,8,16,32",
                    help="stream counts decoding beside the CPU-sharing probe's prefill (in all, not per worker)")

@@ -57,8 +57,9 @@ class ProbeConfig:
     stall_streams: tuple[int, ...] = (0, 8, 16, 32)  # streams decoding beside a prefill (0: its lone TTFT)
     stall_lengths: tuple[int, ...] = (512, 1536)     # uncached prompt lengths of that prefill
     # (streams, prompt tokens) of the long-context ITL points: the decode step's context cost against
-    # streams × context from ~4k to ~25k padded KV tokens, the knee and the trace's range (decodectx.py)
-    context_points: tuple[tuple[int, int], ...] = ((8, 512), (8, 1024), (8, 1536), (16, 1024), (16, 1536))
+    # streams × context, 4k to 17k padded KV tokens, four of them around the knee (~4-8k on tiny) where
+    # the trace's steps are (decodectx.py); one point per (streams, length) pair
+    context_points: tuple[tuple[int, int], ...] = ((4, 1024), (8, 512), (4, 1536), (8, 768), (8, 1024), (8, 1536), (16, 1024))
     burst: int = 24
     hit_pause_s: float = 0.2          # between a prompt and its repeat (the prefix-hit probe)
     hit_new_tokens: tuple[int, ...] = (512,)  # new tokens after a cached prefix (the hit probe's second shape)
