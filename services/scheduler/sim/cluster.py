@@ -13,8 +13,9 @@ Worker model (times from the CostModel, see bench/sim_calibration.md):
 With prefill workers, the decode-first P/D decision may send the prompt to one; its KV then
 reaches the decode worker after kv_transfer_s_per_token × tokens.
 
-Mesh terms (MeshCost: per-request overhead and work, per-token overhead, CPU sharing, admission)
-are described in meshcost.py; all are off by default.
+Mesh terms (MeshCost: per-request overhead and work, per-token overhead, the decode step's context
+cost, CPU sharing, the worker's pauses, admission) are described in meshcost.py; all are off by
+default.
 With `routers` K > 1, K scheduler replicas (each its own Router: registry, index, sticky) take
 arrivals in turn; replica j sees each KV event after event_delay_s × (1 + j / (K - 1)) (its own
 lag, up to twice the first's), and its peers' routing decisions (load and predicted blocks) and
