@@ -42,7 +42,8 @@ from kvmesh.scheduler.sim.client import Target
 from kvmesh.scheduler.sim.cluster import SimConfig
 from kvmesh.scheduler.sim.meshcost import MeshCost
 from kvmesh.scheduler.sim.meshcal import MeshCalibration, Samples, fit
-from kvmesh.scheduler.sim.meshprobe import ProbeConfig, probe, probe_lines
+from kvmesh.scheduler.sim.meshcalcli import probe_lines
+from kvmesh.scheduler.sim.meshprobe import ProbeConfig, probe
 from kvmesh.scheduler.sim.meshspread import bootstrap, spread_lines, term_ranges
 from kvmesh.scheduler.sim.replay import ReplayConfig, replay
 from kvmesh.scheduler.sim.report import RunSummary, capacity, figures, simulate
@@ -84,6 +85,7 @@ class Bench:
         summary = figures(policy, workers, outcomes, self.window, self.args.slo_ttft_s)
         self.load[id(summary)] = os.getloadavg()[0]
         log(f"real {policy} x{workers} at {rate:.2f} req/s: TTFT p50 {summary.ttft_p50_s:.3f} p99 {summary.ttft_p99_s:.3f} "
+            f"ITL p50 {summary.itl_p50_s * 1e3:.2f} ms "
             f"errors {summary.errors or '-'} (load average {self.load[id(summary)]:.1f})")
         return summary
 
@@ -106,7 +108,9 @@ def sim_costs(cal: MeshCalibration, workers: int) -> tuple[CostModel, MeshCost]:
                     prefill_s_per_stream=cal.prefill_s_per_stream,
                     attention_s_per_pair=cal.attention_s_per_pair, host_parallelism=cal.host_parallelism,
                     attention_s_per_cached_pair=cal.attention_s_per_cached_pair,
-                    decode_s_per_context_token=cal.decode_s_per_context_token,
+                    decode_s_per_padded_token=cal.decode_s_per_padded_token,
+                    decode_padded_knee_tokens=cal.decode_padded_knee_tokens,
+                    pause_rate_hz=cal.pause_rate_hz, pause_s=cal.pause_s,
                     admission_limit=MAX_NUM_SEQS * workers)
     return cost, mesh
 
@@ -161,7 +165,7 @@ def run_workers(bench: Bench, workers: int, lower: CostModel | None) -> None:
             print(f"{'load':>5}{'rate':>7} | {'sim p50':>8}{'p90':>7}{'p99':>7} | "
                   + " | ".join(f"{'real#' + str(i + 1) + ' p50':>12}{'p90':>7}{'p99':>7}{'err':>5}{'load':>6}"
                                for i in range(args.runs))
-                  + f" | {'Δp50':>6}{'Δp90':>6}")
+                  + f" | {'Δp50':>6}{'Δp90':>6} | {'ITL p50 sim':>11}{'real':>6} ms")
             for load in (0.5, 0.8):
                 rate = load * base
                 s = bench.sim("kv_aware", config, rate)
@@ -171,7 +175,8 @@ def run_workers(bench: Bench, workers: int, lower: CostModel | None) -> None:
                 print(f"{load:>5.0%}{rate:>7.2f} | {s.ttft_p50_s:>8.3f}{s.ttft_p90_s:>7.3f}{s.ttft_p99_s:>7.3f} | "
                       + " | ".join(f"{r.ttft_p50_s:>12.3f}{r.ttft_p90_s:>7.3f}{r.ttft_p99_s:>7.3f}"
                                    f"{sum(n for _, n in r.errors):>5}{bench.load[id(r)]:>6.1f}" for r in reals)
-                      + f" | {pct(s.ttft_p50_s, p50):>6}{pct(s.ttft_p90_s, p90):>6}", flush=True)
+                      + f" | {pct(s.ttft_p50_s, p50):>6}{pct(s.ttft_p90_s, p90):>6} | {s.itl_p50_s * 1e3:>11.2f} "
+                      + "/".join(f"{r.itl_p50_s * 1e3:.2f}" for r in reals), flush=True)
         finally:
             mesh.stop()
     if workers == 2 and args.policies:

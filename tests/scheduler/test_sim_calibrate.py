@@ -8,8 +8,10 @@ import pytest
 from kvmesh.scheduler.policy import CostModel
 from kvmesh.scheduler.sim import sim_main
 from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
+from kvmesh.scheduler.sim.decodectx import hinge_s
 from kvmesh.scheduler.sim.meshcost import MeshCost
 from kvmesh.scheduler.sim.meshcal import MeshCalibration, Samples, fit, fit_beside, step_s
+from kvmesh.scheduler.sim.meshprobe import ProbeConfig
 from kvmesh.scheduler.sim.meshstreams import admitted_before_first_finish, itl_point, largest_gap, steady_itl
 from kvmesh.scheduler.sim.report import outcome
 from kvmesh.scheduler.sim.trace import TraceRequest
@@ -17,7 +19,9 @@ from kvmesh.scheduler.sim.trace import TraceRequest
 TRUE = MeshCalibration(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4,
                        request_overhead_s=0.031, request_busy_s=0.004, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5,
                        prefill_stall=0.8, prefill_share=0.05, admission_limit=None, attention_s_per_pair=1.1e-7,
-                       decode_s_per_context_token=1.3e-7, prefill_s_per_stream=4.0e-4, attention_s_per_cached_pair=4.0e-8)
+                       decode_s_per_padded_token=5.0e-7, decode_padded_knee_tokens=6000.0,
+                       prefill_s_per_stream=4.0e-4, attention_s_per_cached_pair=4.0e-8)
+CONTEXT_POINTS = ProbeConfig().context_points
 SHARED = dataclasses.replace(TRUE, host_parallelism=1.5)  # 2 workers on a host that runs 1.5 at full speed
 
 
@@ -31,7 +35,7 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
         return max(1.0, busy / cal.host_parallelism) if cal.host_parallelism else 1.0
 
     def step(k, context=64.0):  # k streams of this mean context (the ITL probe's: 64)
-        return step_s(cal, k) + cal.decode_s_per_context_token * context * k
+        return step_s(cal, k) + hinge_s(k * context, cal.decode_s_per_padded_token, cal.decode_padded_knee_tokens)
 
     def ttft(uncached, cached=0):
         return cal.request_overhead_s + cal.request_busy_s + work(uncached, cached) + cached * cal.hit_s_per_token + step(1)
@@ -41,7 +45,8 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
     samples.hit = [(1520, 16, ttft(16, 1520)), (1024, 512, ttft(512, 1024))]  # the whole prompt again; prefix + new
     samples.hit_lone = [ttft(16), ttft(512)]
     samples.itl = [(k, slowdown(min(k, workers)) * step(k / min(k, workers))) for k in (1, 4, 8, 16)]
-    samples.itl_long = [(8, 1568.0, slowdown(min(8, workers)) * step(8 / min(8, workers), 1568.0))]
+    long = [(k * workers, p + 32.0) for k, p in CONTEXT_POINTS]  # k streams per worker, p-token prompts
+    samples.itl_long = [(k, x, slowdown(min(k, workers)) * step(k / min(k, workers), x)) for k, x in long]
     samples.burst = [(24, 32, ttft(32) + 23 * cal.request_busy_s)]
     if workers > 1:
         lone = ttft(1536)
@@ -62,7 +67,8 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
 def test_fit_gives_back_the_parameters_of_timings_made_by_the_model(cal, workers):
     got = fit(formula_samples(cal, workers), engine_decode_s_per_seq=cal.decode_s_per_seq)
     assert got.admission_limit is None and set(got.noise) == {1.0}  # one lone request per length: no spread
-    for name in ("prefill_s_per_token", "attention_s_per_pair", "decode_s_per_step", "decode_s_per_seq", "decode_s_per_context_token",
+    for name in ("prefill_s_per_token", "attention_s_per_pair", "decode_s_per_step", "decode_s_per_seq", "decode_s_per_padded_token",
+                 "decode_padded_knee_tokens",
                  "request_overhead_s", "request_busy_s", "token_overhead_s", "hit_s_per_token", "prefill_stall",
                  "prefill_share", "prefill_s_per_stream", "host_parallelism", "attention_s_per_cached_pair"):
         assert getattr(got, name) == pytest.approx(getattr(cal, name), rel=1e-9, abs=1e-15), name
@@ -116,16 +122,18 @@ def test_fit_gives_back_the_parameters_the_simulator_ran_with():
 
 def test_fit_gives_back_the_context_cost_of_simulated_decode_steps():
     cost = CostModel(decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4)
-    config = SimConfig(num_workers=1, cost=cost, mesh=MeshCost(decode_s_per_context_token=1.3e-7))
-    samples = formula_samples(dataclasses.replace(TRUE, decode_s_per_context_token=1.3e-7, token_overhead_s=0.0))
+    config = SimConfig(num_workers=1, cost=cost, mesh=MeshCost(decode_s_per_padded_token=5.0e-7, decode_padded_knee_tokens=6000.0))
+    samples = formula_samples(dataclasses.replace(TRUE, token_overhead_s=0.0))
     samples.itl, samples.itl_context = [], 32 + 20 / 2  # streams of 32 prompt + 20 output tokens: mean context 42
     for k in (1, 4, 8):
         burst = [TraceRequest(0.0, f"k{k}-{j}", "", 32, 20, (10_000 + 10 * j, 10_001 + 10 * j)) for j in range(k)]
         samples.itl.append(itl_point(k, [o.itl_s for o in sim_outcomes(config, burst)]))
-    long = [TraceRequest(0.0, f"x{j}", "", 1536, 200, tuple(range(100 * j, 100 * j + 96))) for j in range(4)]
-    samples.itl_long = [(4, 1536 + 100, itl_point(4, [o.itl_s for o in sim_outcomes(config, long)])[1])]
+    samples.itl_long = []
+    for k, p in CONTEXT_POINTS:  # k streams of p prompt + 200 output tokens: mean context p + 100
+        long = [TraceRequest(0.0, f"x{j}", "", p, 200, tuple(range(1000 * j, 1000 * j + p // 16))) for j in range(k)]
+        samples.itl_long.append((k, p + 100, itl_point(k, [o.itl_s for o in sim_outcomes(config, long)])[1]))
     got = fit(samples, engine_decode_s_per_seq=cost.decode_s_per_seq)
-    assert got.decode_s_per_context_token == pytest.approx(1.3e-7, rel=1e-9)
+    assert (got.decode_s_per_padded_token, got.decode_padded_knee_tokens) == pytest.approx((5.0e-7, 6000.0), rel=1e-9)
     assert (got.decode_s_per_step, got.decode_s_per_seq) == pytest.approx((cost.decode_s_per_step, cost.decode_s_per_seq), rel=1e-9)
 
 
@@ -166,7 +174,7 @@ def test_fit_gives_back_how_the_simulated_shared_host_slows_busy_workers():
     cost = CostModel(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4)
     config = SimConfig(num_workers=2, cost=cost, mesh=MeshCost(host_parallelism=1.5, attention_s_per_pair=1.1e-7))
     cal = dataclasses.replace(TRUE, request_overhead_s=0.0, request_busy_s=0.0, token_overhead_s=0.0, host_parallelism=1.5,
-                              decode_s_per_context_token=0.0)
+                              decode_s_per_padded_token=0.0)
     samples = formula_samples(cal, workers=2)  # lone requests, hits, stalls: as the model says; now from the sim:
     pair = [TraceRequest(0.0, f"p{j}", "", 1536, 1, tuple(range(100 * j, 100 * j + 96))) for j in range(2)]
     samples.pair = [(2, 1536, max(o.ttft_s for o in sim_outcomes(config, pair)))]  # round robin: one per worker

@@ -51,7 +51,7 @@ def test_replay_prints_the_sim_tables(gateway, tmp_path, capsys):
 
 def test_calibration_probes_the_mesh(gateway):
     config = ProbeConfig(lengths=(32, 256), repeats=1, streams=(1, 2), stream_tokens=8, stall_streams=(0, 2), burst=4,
-                         stall_lengths=(256,), hit_new_tokens=(128,), admission_probe=0, context_streams=2, extra_repeats=0)
+                         stall_lengths=(256,), hit_new_tokens=(128,), admission_probe=0, context_points=((2, 256),), extra_repeats=0)
     samples = asyncio.run(probe(Target(gateway, timeout_s=60.0), config))
     assert [n for n, _ in samples.ttft] == [32, 256] and all(t > 0 for _, t in samples.ttft)
     assert [k for k, _ in samples.itl] == [1, 2] and all(t > 0 for _, t in samples.itl)

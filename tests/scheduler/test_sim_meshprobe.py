@@ -51,15 +51,16 @@ def test_a_point_whose_repeats_a_burst_bent_is_probed_again_until_its_median_is_
 
 
 def test_the_long_context_streams_take_turns_with_the_short_ones():
-    mesh = FakeMesh(ProbeConfig(lengths=(64, 1536), streams=(1, 4), repeats=2, context_streams=8), set())
+    config = ProbeConfig(lengths=(64, 1536), streams=(1, 4), repeats=2, context_points=((8, 512), (8, 1536), (16, 1024)))
+    mesh = FakeMesh(config, set())
     asyncio.run(mesh.itl())
-    assert mesh.sent == [(1, 32), (4, 32), (8, 1536)] * 2
+    assert mesh.sent == [(1, 32), (4, 32), (8, 512), (8, 1536), (16, 1024)] * 2
     assert mesh.samples.itl == [(1, 1e-3), (1, 1e-3), (4, 4e-3), (4, 4e-3)]
-    assert mesh.samples.itl_long == [(8, 1536 + 32, 8e-3)] * 2
+    assert mesh.samples.itl_long == [(8, 512 + 32, 8e-3)] * 2 + [(8, 1536 + 32, 8e-3)] * 2 + [(16, 1024 + 32, 16e-3)] * 2
 
 
 def test_with_two_workers_the_itl_stream_counts_are_per_worker_and_a_lone_stream_stays_one():
-    mesh = FakeMesh(ProbeConfig(lengths=(64, 1536), streams=(1, 4), repeats=1, context_streams=8, workers=2), set())
+    mesh = FakeMesh(ProbeConfig(lengths=(64, 1536), streams=(1, 4), repeats=1, context_points=((8, 1536),), workers=2), set())
     asyncio.run(mesh.itl())
     assert mesh.sent == [(1, 32), (8, 32), (16, 1536)]
     assert [k for k, _ in mesh.samples.itl] == [1, 8] and mesh.samples.itl_long[0][0] == 16

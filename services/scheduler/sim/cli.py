@@ -21,7 +21,7 @@ from .trace import (
     SyntheticConfig, TraceRequest, mean_rate, read_jsonl, scale_rate, synthetic, without_output_blocks, write_jsonl,
 )
 
-SUBCOMMANDS = {"calibrate": ("meshprobe", "calibrate_main"), "replay": ("replay", "replay_main")}
+SUBCOMMANDS = {"calibrate": ("meshcalcli", "calibrate_main"), "replay": ("replay", "replay_main")}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,7 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mesh: all decode workers share one host (`kvmesh up` on one machine) that runs this many "
                    "busy ones at full speed (0 = a host each)")
     p.add_argument("--decode-s-per-context-token", type=float, default=mesh.decode_s_per_context_token,
-                   help="mesh: added to a decode step per token of each running sequence's context")
+                   help="mesh: added to a decode step per token of each running sequence's context (the old, linear model)")
+    p.add_argument("--decode-s-per-padded-token", type=float, default=mesh.decode_s_per_padded_token,
+                   help="mesh: added to a decode step per padded KV token (running x the longest context) past the knee")
+    p.add_argument("--decode-padded-knee-tokens", type=float, default=mesh.decode_padded_knee_tokens,
+                   help="mesh: padded KV tokens a decode step reads at no extra cost (`kvmesh sim calibrate` fits both)")
+    p.add_argument("--pause-rate-hz", type=float, default=mesh.pause_rate_hz,
+                   help="mesh: a busy worker pauses all its work this many times a second (Poisson) ...")
+    p.add_argument("--pause-s", type=float, default=mesh.pause_s, help="mesh: ... for this long each time")
     p.add_argument("--attention-s-per-pair", type=float, default=mesh.attention_s_per_pair,
                    help="mesh: prefill's quadratic part, per (new prompt token, earlier token) pair")
     p.add_argument("--attention-s-per-cached-pair", type=float, default=mesh.attention_s_per_cached_pair,
@@ -121,6 +128,8 @@ def _sim_config(args: argparse.Namespace, n: int, routers: int = 1) -> SimConfig
             host_parallelism=args.host_parallelism, attention_s_per_pair=args.attention_s_per_pair,
             attention_s_per_cached_pair=args.attention_s_per_cached_pair,
             decode_s_per_context_token=args.decode_s_per_context_token,
+            pause_rate_hz=args.pause_rate_hz, pause_s=args.pause_s,
+            decode_s_per_padded_token=args.decode_s_per_padded_token, decode_padded_knee_tokens=args.decode_padded_knee_tokens,
             noise=tuple(float(x) for x in args.ttft_noise.split(",") if x),
             admission_limit=args.admission_limit, admission_timeout_s=args.admission_timeout_s,
         ),

@@ -13,8 +13,9 @@ Worker model (times from the CostModel, see bench/sim_calibration.md):
 With prefill workers, the decode-first P/D decision may send the prompt to one; its KV then
 reaches the decode worker after kv_transfer_s_per_token × tokens.
 
-Mesh terms (MeshCost: per-request overhead and work, per-token overhead, CPU sharing, admission)
-are described in meshcost.py; all are off by default.
+Mesh terms (MeshCost: per-request overhead and work, per-token overhead, the decode step's context
+cost, CPU sharing, the worker's pauses, admission) are described in meshcost.py; all are off by
+default.
 With `routers` K > 1, K scheduler replicas (each its own Router: registry, index, sticky) take
 arrivals in turn; replica j sees each KV event after event_delay_s × (1 + j / (K - 1)) (its own
 lag, up to twice the first's), and its peers' routing decisions (load and predicted blocks) and
@@ -26,8 +27,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import random
 import zlib
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 
 from ..index import BlockIndex, EventBatch, Removed, Stored
@@ -37,6 +39,7 @@ from ..registry import HeartbeatInfo, Registry, Role
 from ..router import RouteDecision, RouteQuery, Router, RouterConfig
 from ..sticky import StickySessions
 from .meshcost import MeshCost
+from .simworker import RequestResult, SimWorker
 from .trace import TraceRequest
 
 
@@ -58,65 +61,6 @@ class SimConfig:
     pd: PdConfig = field(default_factory=PdConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     mesh: MeshCost = field(default_factory=MeshCost)
-
-
-@dataclass(slots=True)
-class RequestResult:
-    request: TraceRequest
-    decode_id: str
-    hashes: tuple[bytes, ...] = ()
-    router: int = 0                 # the replica that routed it (gets its completion)
-    cached_tokens: int = 0
-    first_token_s: float = 0.0
-    finish_s: float = 0.0
-    status: int = 200               # 429 / 504: refused or timed out in admission (MeshCost)
-    stall_mark: float = 0.0         # the worker's stall_s when this sequence's finish was last scheduled
-
-    @property
-    def ttft_s(self) -> float:
-        return self.first_token_s - self.request.arrival_s
-
-
-@dataclass(slots=True)
-class SimWorker:
-    worker_id: str
-    role: Role
-    kv_blocks: int
-    max_num_seqs: int
-    cache: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
-    running: int = 0
-    slot_queue: deque[tuple[RequestResult, RouteDecision]] = field(default_factory=deque)
-    busy_until: float = 0.0
-    seq: int = 0
-    load_area: float = 0.0          # ∫ (running + waiting) dt, for the imbalance figure
-    load_since: float = 0.0
-    stall_s: float = 0.0            # decode time lost to local prefills so far (MeshCost.prefill_stall)
-    context: float = 0.0            # Σ mean context (prompt + output / 2) of the sequences decoding here
-
-    def cached_prefix(self, hashes: tuple[bytes, ...]) -> int:
-        n = 0
-        for h in hashes:
-            if h not in self.cache:
-                break
-            n += 1
-        return n
-
-    def insert(self, hashes: tuple[bytes, ...]) -> tuple[list[bytes], list[bytes]]:
-        """Adds/touches blocks (LRU); returns (stored, removed)."""
-        stored, removed = [], []
-        for h in hashes:
-            if h in self.cache:
-                self.cache.move_to_end(h)
-            else:
-                self.cache[h] = None
-                stored.append(h)
-        while len(self.cache) > self.kv_blocks:
-            removed.append(self.cache.popitem(last=False)[0])
-        return stored, removed
-
-    def mark_load(self, now: float) -> None:
-        self.load_area += (self.running + len(self.slot_queue)) * (now - self.load_since)
-        self.load_since = now
 
 
 class Cluster:
@@ -159,6 +103,9 @@ class Cluster:
             self._at(t, "window")
         self._heartbeats()
         self._at(self.config.heartbeat_interval_s, "heartbeat")
+        if self.config.mesh.pause_rate_hz and self.config.mesh.pause_s:
+            for w in self.workers.values():
+                self._next_pause(w, random.Random(zlib.crc32(w.worker_id.encode())))
         self._pending = len(requests)
         while self._events and self._pending:
             self.now, _, kind, payload = heapq.heappop(self._events)
@@ -173,6 +120,8 @@ class Cluster:
                 self._finish(payload)  # type: ignore[arg-type]
             elif kind == "stall":
                 payload[0].stall_s += payload[1]  # type: ignore[index]
+            elif kind == "pause":
+                self._pause(*payload)  # type: ignore[misc]
             elif kind == "deliver":
                 j, batch = payload  # type: ignore[misc]
                 self.routers[j].index.apply(batch)
@@ -260,7 +209,7 @@ class Cluster:
     def _step_s(self, d: SimWorker) -> float:
         """One engine step of d now: its running sequences and their context (MeshCost)."""
         mesh = self.config.mesh
-        return self.config.cost.step_s(d.running) + mesh.token_overhead_s * d.running + mesh.decode_s_per_context_token * d.context
+        return self.config.cost.step_s(d.running) + mesh.token_overhead_s * d.running + mesh.decode_context_s(d.contexts)
 
     @staticmethod
     def _context(r: TraceRequest) -> float:
@@ -299,6 +248,7 @@ class Cluster:
         r, hashes = result.request, result.hashes
         d_cached = d.cached_prefix(hashes)
         noise = self._noise(r.request_id)
+        result.pause_mark = d.paused_s
         if decision.prefill is None:
             result.cached_tokens = d_cached * bs
             start = max(self.now, d.busy_until)
@@ -319,10 +269,28 @@ class Cluster:
             end += self._step_s(d) * self._host_slowdown()
         # NOTE: the noise stretches this request's latency only, not the worker's busy time: the
         # probes measured it on lone requests, and a stretched prefill queued behind would count it twice.
-        d.context += self._context(r)  # NOTE: after its prefill: that step's attention is the prefill's own
+        d.contexts.append(self._context(r))  # NOTE: after its prefill: that step's attention is the prefill's own
         self._at(start + (end - start + self.config.mesh.request_overhead_s) * noise, "first_token", (d, result))
 
+    def _next_pause(self, w: SimWorker, rng: random.Random) -> None:
+        self._at(self.now + rng.expovariate(self.config.mesh.pause_rate_hz), "pause", (w, rng))
+
+    def _pause(self, w: SimWorker, rng: random.Random) -> None:
+        """The worker stops everything for pause_s (MeshCost), if it has sequences (the probes measured
+        the pauses' rate over time spent decoding): its prefills and the first tokens and decodes of its
+        sequences all come that much later."""
+        if w.running:
+            pause = self.config.mesh.pause_s
+            w.stall_s += pause
+            w.paused_s += pause
+            w.busy_until = max(w.busy_until, self.now) + pause
+        self._next_pause(w, rng)
+
     def _first_token(self, d: SimWorker, result: RequestResult) -> None:
+        if d.paused_s > result.pause_mark:  # the worker paused since this first token was scheduled
+            self._at(self.now + d.paused_s - result.pause_mark, "first_token", (d, result))
+            result.pause_mark = d.paused_s
+            return
         result.first_token_s = self.now
         self._publish(d, *d.insert(result.hashes))
         decode_s = (result.request.output_tokens - 1) * self._step_s(d) * self._host_slowdown()
@@ -342,7 +310,7 @@ class Cluster:
         self._publish(d, *d.insert(result.hashes + output))
         d.mark_load(self.now)
         d.running -= 1
-        d.context -= self._context(r)
+        d.contexts.remove(self._context(r))
         self.routers[result.router].complete(r.request_id)
         for peer in range(len(self.routers)):
             if peer != result.router:

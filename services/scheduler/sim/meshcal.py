@@ -7,10 +7,12 @@ one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy w
       = request_overhead + request_busy + n · prefill_s_per_token + attention_s_per_pair · n² / 2
         + attention_s_per_cached_pair · n · c + c · hit_s_per_token + step(1)
 - ITL (a request's mean gap between tokens) with k streams of mean context x decoding, spread over
-  b = min(k, W) workers = s(b) · (step(k / b) + decode_s_per_context_token · x · k / b),
-  step(k) = decode_s_per_step + (decode_s_per_seq + token_overhead_s) · k; the ITL probe's short
-  streams (context x0) fit a line, long ones (x1) give the context term; the other probes' streams
-  are short and take step(k) + decode_s_per_context_token · x0 · k, as the ITL probe measured them;
+  b = min(k, W) workers = s(b) · (step(k / b) + hinge(x · k / b)),
+  step(k) = decode_s_per_step + (decode_s_per_seq + token_overhead_s) · k,
+  hinge(t) = decode_s_per_padded_token · max(0, t − decode_padded_knee_tokens) (decodectx.py: a
+  worker's k / b streams of context x read k / b × x padded KV tokens); the ITL probe's short streams
+  (context x0, k / b × x0 below the knee) fit the line, long ones at several (k, x) the hinge
+  (fit_hinge); the other probes' streams are short and take step(k), as the ITL probe measured them;
 - W long prompts (n tokens) sent at once, one per worker: the last first token comes
   (W - 1) · request_busy + (s(W) - 1) · (lone prefill work + step(1)) after a lone request's;
 - a prompt whose first c tokens are cached takes c · hit_s_per_token + attention_s_per_cached_pair · n · c
@@ -24,6 +26,9 @@ one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy w
   much over their ITL); the probe sends it beside several stream counts, 0 included (its lone
   work(n), measured beside the others), at two lengths: the term proportional to the prefill's
   work and the additive one per stream are told apart by the length (fit_beside);
+- pauses: the ITL probe's runs (4 or more streams per worker) show gaps that most of a worker's
+  streams share (meshstreams.steady_run); their count over the worker-seconds searched is the rate,
+  their mean extra gap the length, and the ITL above is measured without them;
 - admission: the number of streams that got a first token before any of a burst finished.
 `fit` inverts these formulas, so timings made by them give the parameters back exactly.
 """
@@ -36,6 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .calibrate import fit_line
+from .decodectx import fit_hinge
 from .meshstats import around_median, medians, noise_quantiles, nonnegative_fit
 
 
@@ -57,6 +63,8 @@ class Samples:
     admitted: int | None = None                                          # streams admitted at once (None: not probed)
     probe_streams: int = 0                                               # the burst size of that probe
     reprobed: list[str] = field(default_factory=list)  # a probe point's name per extra repeat (its repeats disagreed)
+    pause_window_s: float = 0.0  # worker-seconds of the ITL probe's steady decoding searched for pauses
+    pauses: list[float] = field(default_factory=list)  # each worker pause found there: its streams' extra gap, s
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +81,13 @@ class MeshCalibration:
     admission_limit: int | None      # None: not probed, or more than the probe sent
     noise: tuple[float, ...] = ()    # deciles of lone TTFT / the median at its length: the host's noise
     attention_s_per_pair: float = 0.0
-    decode_s_per_context_token: float = 0.0
+    decode_s_per_padded_token: float = 0.0  # a decode step's cost per padded KV token past the knee (decodectx.py)
+    decode_padded_knee_tokens: float = 0.0
     host_parallelism: float = 0.0    # busy workers the shared host runs at full speed (0: one worker, not measured)
     prefill_s_per_stream: float = 0.0  # ... plus this many seconds per stream beside it
     attention_s_per_cached_pair: float | None = None  # per (new, cached) token pair; None: attention_s_per_pair
+    pause_rate_hz: float = 0.0       # a worker's pauses of all its streams at once, per second of decoding ...
+    pause_s: float = 0.0             # ... and their mean length
 
     def sim_flags(self) -> list[str]:
         """`kvmesh sim` flags that reproduce this mesh."""
@@ -86,11 +97,14 @@ class MeshCalibration:
             f"--request-busy-s {self.request_busy_s:.3g}", f"--token-overhead-s {self.token_overhead_s:.3g}",
             f"--hit-s-per-token {self.hit_s_per_token:.3g}", f"--prefill-stall {self.prefill_stall:.3g}",
             f"--prefill-share {self.prefill_share:.3g}", f"--attention-s-per-pair {self.attention_s_per_pair:.3g}",
-            f"--decode-s-per-context-token {self.decode_s_per_context_token:.3g}",
+            f"--decode-s-per-padded-token {self.decode_s_per_padded_token:.3g}",
+            f"--decode-padded-knee-tokens {self.decode_padded_knee_tokens:.0f}",
             f"--prefill-s-per-stream {self.prefill_s_per_stream:.3g}",
         ]
         if self.attention_s_per_cached_pair is not None:
             flags.append(f"--attention-s-per-cached-pair {self.attention_s_per_cached_pair:.3g}")
+        if self.pause_rate_hz:
+            flags.append(f"--pause-rate-hz {self.pause_rate_hz:.3g} --pause-s {self.pause_s:.3g}")
         if self.host_parallelism:
             flags.append(f"--host-parallelism {self.host_parallelism:.3g}")
         if self.admission_limit:
@@ -189,10 +203,11 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
     def step(k: float) -> float:  # at the ITL probe's context
         return base + per_stream * k
 
-    x0 = samples.itl_context
-    per_context = max(0.0, _median([(itl / slowdown(spread(k)) - step(k / spread(k))) / (k / spread(k) * (x - x0))
-                                    for k, x, itl in itl_long if x > x0]))
-    per_seq = max(0.0, per_stream - per_context * x0)  # without the context (noise can make it negative)
+    # NOTE: the hinge is fitted on what the long streams took over the short ones' line at their stream
+    # count; the short ones (k / b × x0 <= 16 × 64 padded tokens) are taken to be below its knee
+    per_padded, knee = fit_hinge([(k / spread(k) * x, itl / slowdown(spread(k)) - step(k / spread(k)))
+                                  for k, x, itl in itl_long if x > samples.itl_context])
+    per_seq = max(0.0, per_stream)
     engine = per_seq if engine_decode_s_per_seq is None else min(per_seq, engine_decode_s_per_seq)
     hit, cached_pair = fit_hits(samples, attention, [intercept + work(uncached) for _, uncached, _ in samples.hit])
     overhead = max(0.0, intercept - step(1) - busy)
@@ -227,8 +242,11 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         admission_limit=admitted,
         noise=noise_quantiles(around_median(samples.ttft)),
         attention_s_per_pair=attention,
-        decode_s_per_context_token=per_context,
+        decode_s_per_padded_token=per_padded,
+        decode_padded_knee_tokens=knee,
         host_parallelism=parallel,
+        pause_rate_hz=len(samples.pauses) / samples.pause_window_s if samples.pause_window_s else 0.0,
+        pause_s=statistics.fmean(samples.pauses) if samples.pauses else 0.0,
     )
 
 
@@ -248,13 +266,15 @@ def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list
         f"(new token, earlier new token) pair and {_or(cal.attention_s_per_cached_pair, cal.attention_s_per_pair):.3g} s "
         f"per (new, cached) pair (attention), {cal.hit_s_per_token:.3g} s per cached token",
         f"#   decode step {cal.decode_s_per_step:.3g} s + {cal.decode_s_per_seq + cal.token_overhead_s:.3g} s per stream "
-        f"(of which mesh per-token overhead {cal.token_overhead_s:.3g} s) + {cal.decode_s_per_context_token:.3g} s "
-        "per token of a stream's context",
+        f"(of which mesh per-token overhead {cal.token_overhead_s:.3g} s) + {cal.decode_s_per_padded_token:.3g} s "
+        f"per padded KV token (streams × the longest context) past {cal.decode_padded_knee_tokens:.0f}",
         f"#   per-request overhead {cal.request_overhead_s:.3g} s of latency, plus {cal.request_busy_s:.3g} s of work "
         "requests queue for mesh-wide (HTTP, tokenizing, routing, gRPC set-up, hand-back)",
         f"#   a prefill takes {cal.prefill_share:.3g}x longer plus {cal.prefill_s_per_stream:.3g} s per stream decoding "
         f"beside it, and stalls those streams for {cal.prefill_stall:.0%} of its time (engine and RPC loop share the "
         "worker's CPU)",
+        f"#   pauses of all a worker's streams at once: {cal.pause_rate_hz:.3g} per second of decoding, "
+        f"{cal.pause_s * 1e3:.0f} ms on average",
         "#   shared host: " + (f"runs {cal.host_parallelism:.3g} busy decode workers at full speed, more slow down"
                                if cal.host_parallelism else "not measured (one decode worker)"),
         "#   admission limit: " + (f"{cal.admission_limit} requests in flight" if cal.admission_limit

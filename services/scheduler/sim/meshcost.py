@@ -18,10 +18,19 @@
   does not); before, only the first, beside 4 streams, which overstated it several times;
 - token_overhead_s is added to a decode step per running sequence (per-token RPC/SSE work);
 - decode_s_per_context_token is added to a decode step per token of context of each running
-  sequence (its attention over its KV; a sequence counts prompt + output / 2);
+  sequence (its attention over its KV; a sequence counts prompt + output / 2): the old, linear
+  model, which `kvmesh sim calibrate` no longer fits;
+- decode_s_per_padded_token, decode_padded_knee_tokens: a decode step takes slope × max(0, padded −
+  knee) longer, padded = running sequences × the longest one's context, since the engine's
+  attention pads every row to the longest and costs little until that outgrows the CPU's cache
+  (decodectx.py has the measurement); what `kvmesh sim calibrate` fits;
 - hit_s_per_token: what a prompt token found in the worker's prefix cache still costs;
 - prefill_stall: while a decode worker prefills locally, its running sequences stop decoding for
   this fraction of the prefill (1 = the engine and its RPC loop share one CPU, nothing overlaps);
+- pause_rate_hz, pause_s: a worker stops all its work (prefill, decode, every stream at once) for
+  pause_s, pause_rate_hz times a second while it has sequences (a Poisson process, seeded by the
+  worker's id): the mesh's correlated stalls, which the ITL probe's token times show as gaps that
+  most streams of a run share (meshstreams.correlated_pauses), at 0.4-2.3 a second of ~50 ms;
 - noise: factors on a request's latency from the start of its prefill to its first token (not on
   the worker's busy time), one per request drawn uniformly by its id (deterministic): deciles of
   the calibration's lone TTFTs over their length's median, i.e. the host's own noise (other work on a shared
@@ -40,6 +49,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .decodectx import hinge_s, padded_tokens
+
 
 @dataclass(frozen=True, slots=True)
 class MeshCost:
@@ -51,12 +62,22 @@ class MeshCost:
     request_busy_s: float = 0.0
     token_overhead_s: float = 0.0
     decode_s_per_context_token: float = 0.0
+    decode_s_per_padded_token: float = 0.0
+    decode_padded_knee_tokens: float = 0.0
     hit_s_per_token: float = 0.0
     prefill_stall: float = 0.0
     prefill_share: float = 0.0
     prefill_s_per_stream: float = 0.0
     host_parallelism: float = 0.0
     noise: tuple[float, ...] = ()
+    pause_rate_hz: float = 0.0
+    pause_s: float = 0.0
     admission_limit: int = 0
     admission_timeout_s: float = 30.0
     admission_queue_factor: float = 1.0
+
+    def decode_context_s(self, contexts: list[float]) -> float:
+        """What the context of the sequences decoding (their mean contexts) adds to one decode step:
+        the linear term and the padded-context hinge."""
+        return (self.decode_s_per_context_token * sum(contexts)
+                + hinge_s(padded_tokens(contexts), self.decode_s_per_padded_token, self.decode_padded_knee_tokens))

@@ -1,5 +1,5 @@
-"""`kvmesh sim calibrate --url GATEWAY [--model NAME]`: measures a running mesh from the outside,
-through its gateway, and prints the `kvmesh sim` flags that reproduce it (model: meshcal.py).
+"""The probes of `kvmesh sim calibrate --url GATEWAY` (shell: meshcalcli.py): they measure a running
+mesh from the outside, through its gateway, for the model in meshcal.py.
 
 Probes, in order (prompts are random token ids with a per-run nonce, so nothing is cached unless
 a probe means it to be). Each probe point runs `repeats` times, the points of a probe taking
@@ -11,8 +11,8 @@ takes each point's median:
    sent right after it, against its cached tokens and its (new, cached) token pairs;
 3. ITL against the number of concurrent streams (short prompts, `stream_tokens` each; k streams per
    decode worker, k × `workers` in all where k > 1): the mean gap while all of them decode, median
-   over streams; taking turns with them, `context_streams` per worker with long prompts: how much
-   slower they decode is the context's cost;
+   over streams; taking turns with them, `context_points` (streams per worker, prompt tokens) with
+   long prompts: how much slower they decode, against their padded KV tokens, is the context's cost;
 4. CPU sharing: while k streams decode (k in `stall_streams`, 0 included, taking turns), one
    uncached prompt of each of `stall_lengths` arrives; its TTFT against the lone one's at that
    length, and the streams' largest gap during its prefill against their ITL;
@@ -29,25 +29,21 @@ probes, and printed as a lower bound.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import math
 import os
 import random
 import statistics
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from .calibrate import lower_bound
-from .client import Target, new_client, served_model, stream_one, unreachable
-from .meshcal import Samples, beside_medians, describe, fit
-from .meshspread import bootstrap, spread_lines, term_ranges
-from .meshstats import medians, unsettled
-from .meshstreams import admitted_before_first_finish, itl_point, largest_gap, steady_itl
+from .client import Target, new_client, served_model, stream_one
+from .meshcal import Samples
+from .meshstats import unsettled
+from .meshstreams import admitted_before_first_finish, itl_point, largest_gap, steady_run
 from .replay import VOCAB
 from .report import Outcome
 
@@ -56,11 +52,14 @@ from .report import Outcome
 class ProbeConfig:
     lengths: tuple[int, ...] = (64, 256, 512, 1024, 1536)
     repeats: int = 3
-    streams: tuple[int, ...] = (1, 4, 8, 16)      # per decode worker, as is context_streams
+    streams: tuple[int, ...] = (1, 4, 8, 16)      # per decode worker, as are context_points' streams
     stream_tokens: int = 64
     stall_streams: tuple[int, ...] = (0, 8, 16, 32)  # streams decoding beside a prefill (0: its lone TTFT)
     stall_lengths: tuple[int, ...] = (512, 1536)     # uncached prompt lengths of that prefill
-    context_streams: int = 8          # long-prompt streams for the decode step's context cost (0 = skip)
+    # (streams, prompt tokens) of the long-context ITL points: the decode step's context cost against
+    # streams × context, 4k to 17k padded KV tokens, four of them around the knee (~4-8k on tiny) where
+    # the trace's steps are (decodectx.py); one point per (streams, length) pair
+    context_points: tuple[tuple[int, int], ...] = ((4, 1024), (8, 512), (4, 1536), (8, 768), (8, 1024), (8, 1536), (16, 1024))
     burst: int = 24
     hit_pause_s: float = 0.2          # between a prompt and its repeat (the prefix-hit probe)
     hit_new_tokens: tuple[int, ...] = (512,)  # new tokens after a cached prefix (the hit probe's second shape)
@@ -165,14 +164,14 @@ class _Prober:
         # NOTE: the long-context streams take turns with the short ones too (a burst once took all their repeats)
         runs: dict[Hashable, Callable[[], Awaitable[float]]] = {
             self.per_worker(k): partial(self.steady, self.per_worker(k), 32) for k in self.config.streams}
-        k = self.per_worker(self.config.context_streams)
-        if k:
-            runs["long"] = partial(self.steady, k, self.longest)
+        for k, tokens in self.config.context_points:
+            runs[("long", k, tokens)] = partial(self.steady, self.per_worker(k), tokens)
         records = await self.repeated(runs, lambda itl: itl)
-        self.samples.itl += [(key, itl) for key, itls in records.items() if key != "long" for itl in itls]
+        self.samples.itl += [(key, itl) for key, itls in records.items() if not isinstance(key, tuple) for itl in itls]
         self.samples.itl_context = 32 + self.config.stream_tokens / 2
-        context = self.longest + self.config.stream_tokens / 2
-        self.samples.itl_long += [(k, context, itl) for itl in records.get("long", [])]
+        self.samples.itl_long += [(self.per_worker(k), tokens + self.config.stream_tokens / 2, itl)
+                                  for (_, k, tokens), itls in ((key, v) for key, v in records.items() if isinstance(key, tuple))
+                                  for itl in itls]
 
     async def sharing(self) -> None:
         """The CPU-sharing, request-work and (several workers) host-sharing probes, taking turns."""
@@ -190,11 +189,17 @@ class _Prober:
         self.samples.stall += [r for rs in records.values() for r in rs]
 
     async def steady(self, k: int, prompt_tokens: int) -> float:
-        """The ITL of k streams with `prompt_tokens`-token prompts, sent at once (see steady_itl)."""
+        """The ITL of k streams with `prompt_tokens`-token prompts, sent at once, less the mesh's pauses
+        (see steady_run); with 4 or more streams per worker, the pauses and the time they were looked for
+        go to `samples`."""
         times: list[list[float]] = [[] for _ in range(k)]
         run = await asyncio.gather(*(self.one(self.prompt(prompt_tokens), self.config.stream_tokens, t) for t in times))
-        steady = steady_itl(times, [o.output_tokens for o in run])
-        return steady if not math.isnan(steady) else itl_point(k, [o.itl_s for o in run])[1]
+        per_worker = k / self.config.workers if k / self.config.workers >= 4 else 0.0
+        steady = steady_run(times, [o.output_tokens for o in run], per_worker)
+        if per_worker and not math.isnan(steady.itl_s):
+            self.samples.pause_window_s += steady.window_s * self.config.workers
+            self.samples.pauses += steady.pauses_s
+        return steady.itl_s if not math.isnan(steady.itl_s) else itl_point(k, [o.itl_s for o in run])[1]
 
     async def stall(self, streams: int, tokens: int) -> tuple[float, float, float, float, float]:
         """(prefill tokens, streams, the largest gap of any during the prefill, their median ITL, its TTFT)
@@ -234,79 +239,3 @@ class _Prober:
         served = [o for o in outcomes if o.ok]
         self.samples.admitted = admitted_before_first_finish([o.first_token_s for o in served], [o.finish_s for o in served])
         self.samples.probe_streams = n
-
-
-def probe_lines(samples: Samples) -> list[str]:
-    """The probes' medians (lone TTFT by length, ITL by streams, a prefill's TTFT beside streams)
-    and the points re-probed because their repeats disagreed."""
-    beside = beside_medians(samples.stall)
-    reprobed = Counter(samples.reprobed)
-    return [
-        "TTFT by uncached prompt tokens: " + ", ".join(f"{n:.0f}: {t * 1e3:.1f} ms" for n, t in medians(samples.ttft)),
-        "ITL by concurrent streams: " + ", ".join(f"{k:.0f}: {t * 1e3:.2f} ms" for k, t in medians(samples.itl)),
-        "prefill TTFT beside streams: " + "; ".join(
-            f"{n:.0f} tokens " + ", ".join(f"{k:.0f}: {t * 1e3:.0f} ms" for (m, k), t in beside.items() if m == n)
-            for n in sorted({n for n, _ in beside})),
-        "re-probed (repeats disagreed): " + (", ".join(f"{key} +{count}" for key, count in reprobed.items()) or "none"),
-    ]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvmesh sim calibrate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", required=True, help="gateway base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--model", default="", help="model name (default: the gateway's first in /v1/models)")
-    p.add_argument("--api-key", default="")
-    p.add_argument("--lengths", default="64,256,512,1024,1536", help="uncached prompt lengths for the TTFT probe")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--extra-repeats", type=int, default=4,
-                   help="more repeats, at most, of a probe point whose repeats disagree (0 = never re-probe)")
-    p.add_argument("--spread-limit", type=float, default=0.15,
-                   help="re-probe a point while half its repeats' interquartile range exceeds this fraction of their median")
-    p.add_argument("--streams", default="1,4,8,16", help="concurrent stream counts per decode worker for the ITL probe")
-    p.add_argument("--stream-tokens", type=int, default=64, help="output tokens per stream in the ITL probe")
-    p.add_argument("--stall-streams", default="0,8,16,32",
-                   help="stream counts decoding beside the CPU-sharing probe's prefill (in all, not per worker)")
-    p.add_argument("--stall-lengths", default="512,1536", help="uncached prompt lengths of that prefill")
-    p.add_argument("--workers", type=int, default=1,
-                   help="decode workers behind the gateway; > 1 also probes how they share one host's CPU")
-    p.add_argument("--admission-probe", type=int, default=0,
-                   help="send this many streams at once to find the admission limit (0 = skip; use > the expected limit)")
-    p.add_argument("--engine-model", default="",
-                   help="also measure the in-process engine on this model (tiny or a directory): a lower bound")
-    return p
-
-
-def calibrate_main(argv: list[str] | None = None) -> int:
-    """Entry point for `kvmesh sim calibrate`."""
-    args = build_parser().parse_args(argv)
-    config = ProbeConfig(
-        lengths=tuple(int(x) for x in args.lengths.split(",")), repeats=args.repeats,
-        streams=tuple(int(x) for x in args.streams.split(",")), stream_tokens=args.stream_tokens,
-        admission_probe=args.admission_probe, workers=args.workers, extra_repeats=args.extra_repeats,
-        spread_limit=args.spread_limit,
-        stall_streams=tuple(int(x) for x in args.stall_streams.split(",")),
-        stall_lengths=tuple(int(x) for x in args.stall_lengths.split(",")),
-    )
-    target = Target(args.url.rstrip("/"), args.model, args.api_key)
-    t0 = time.perf_counter()
-    try:
-        samples = asyncio.run(probe(target, config))
-    except Exception as exc:  # noqa: BLE001 - only the gateway's failures are turned into a message
-        if not (unreachable(exc) or isinstance(exc, RuntimeError)):
-            raise
-        raise SystemExit(f"kvmesh sim calibrate: {target.url}: {exc}") from None
-    lower = lower_bound(args.engine_model) if args.engine_model else None
-    cal = fit(samples, lower["decode_s_per_seq"] if lower else None)
-    print(f"# kvmesh sim calibrate: {target.url}, probes took {time.perf_counter() - t0:.0f} s "
-          f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
-    for line in probe_lines(samples):
-        print(f"# {line}")
-    for line in describe(cal, lower):
-        print(line)
-    ranges = term_ranges(bootstrap(samples, engine_decode_s_per_seq=lower["decode_s_per_seq"] if lower else None))
-    print("# fit uncertainty, each term's 10th..90th percentile over refits of resampled probe repeats (meshspread.py):")
-    for line in spread_lines(cal, ranges):
-        print(f"#   {line}")
-    print("kvmesh sim " + " ".join(cal.sim_flags()))
-    return 0
-

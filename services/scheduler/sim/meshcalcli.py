@@ -1,0 +1,99 @@
+"""`kvmesh sim calibrate --url GATEWAY [--model NAME]`: the command's shell. It runs the probes
+(meshprobe.py), fits the model (meshcal.py), and prints what the probes saw, the fitted terms with
+their bootstrap ranges (meshspread.py), and the `kvmesh sim` flags that reproduce the mesh."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from collections import Counter
+
+from .calibrate import lower_bound
+from .client import Target, unreachable
+from .meshcal import Samples, beside_medians, describe, fit
+from .meshprobe import ProbeConfig, probe
+from .meshspread import bootstrap, spread_lines, term_ranges
+from .meshstats import medians
+
+
+def probe_lines(samples: Samples) -> list[str]:
+    """The probes' medians (lone TTFT by length, ITL by streams, a prefill's TTFT beside streams)
+    and the points re-probed because their repeats disagreed."""
+    beside = beside_medians(samples.stall)
+    reprobed = Counter(samples.reprobed)
+    return [
+        "TTFT by uncached prompt tokens: " + ", ".join(f"{n:.0f}: {t * 1e3:.1f} ms" for n, t in medians(samples.ttft)),
+        "ITL by concurrent streams: " + ", ".join(f"{k:.0f}: {t * 1e3:.2f} ms" for k, t in medians(samples.itl)),
+        "ITL of long-context streams (streams x mean context): " + ", ".join(
+            f"{k:.0f}x{x:.0f}: {t * 1e3:.2f} ms" for k, x, t in medians(samples.itl_long)),
+        "prefill TTFT beside streams: " + "; ".join(
+            f"{n:.0f} tokens " + ", ".join(f"{k:.0f}: {t * 1e3:.0f} ms" for (m, k), t in beside.items() if m == n)
+            for n in sorted({n for n, _ in beside})),
+        "re-probed (repeats disagreed): " + (", ".join(f"{key} +{count}" for key, count in reprobed.items()) or "none"),
+    ]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvmesh sim calibrate", description=__doc__.split("\n")[0])
+    p.add_argument("--url", required=True, help="gateway base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", default="", help="model name (default: the gateway's first in /v1/models)")
+    p.add_argument("--api-key", default="")
+    p.add_argument("--lengths", default="64,256,512,1024,1536", help="uncached prompt lengths for the TTFT probe")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--extra-repeats", type=int, default=4,
+                   help="more repeats, at most, of a probe point whose repeats disagree (0 = never re-probe)")
+    p.add_argument("--spread-limit", type=float, default=0.15,
+                   help="re-probe a point while half its repeats' interquartile range exceeds this fraction of their median")
+    p.add_argument("--streams", default="1,4,8,16", help="concurrent stream counts per decode worker for the ITL probe")
+    p.add_argument("--stream-tokens", type=int, default=64, help="output tokens per stream in the ITL probe")
+    p.add_argument("--context-points", default=",".join(f"{k}x{n}" for k, n in ProbeConfig().context_points),
+                   help="STREAMSxPROMPT_TOKENS (streams per decode worker) of the long-context ITL points, 3 or more")
+    p.add_argument("--stall-streams", default="0,8,16,32",
+                   help="stream counts decoding beside the CPU-sharing probe's prefill (in all, not per worker)")
+    p.add_argument("--stall-lengths", default="512,1536", help="uncached prompt lengths of that prefill")
+    p.add_argument("--workers", type=int, default=1,
+                   help="decode workers behind the gateway; > 1 also probes how they share one host's CPU")
+    p.add_argument("--admission-probe", type=int, default=0,
+                   help="send this many streams at once to find the admission limit (0 = skip; use > the expected limit)")
+    p.add_argument("--engine-model", default="",
+                   help="also measure the in-process engine on this model (tiny or a directory): a lower bound")
+    return p
+
+
+def calibrate_main(argv: list[str] | None = None) -> int:
+    """Entry point for `kvmesh sim calibrate`."""
+    args = build_parser().parse_args(argv)
+    config = ProbeConfig(
+        lengths=tuple(int(x) for x in args.lengths.split(",")), repeats=args.repeats,
+        streams=tuple(int(x) for x in args.streams.split(",")), stream_tokens=args.stream_tokens,
+        admission_probe=args.admission_probe, workers=args.workers, extra_repeats=args.extra_repeats,
+        spread_limit=args.spread_limit,
+        context_points=tuple(tuple(int(x) for x in point.split("x")) for point in args.context_points.split(",") if point),
+        stall_streams=tuple(int(x) for x in args.stall_streams.split(",")),
+        stall_lengths=tuple(int(x) for x in args.stall_lengths.split(",")),
+    )
+    target = Target(args.url.rstrip("/"), args.model, args.api_key)
+    t0 = time.perf_counter()
+    try:
+        samples = asyncio.run(probe(target, config))
+    except Exception as exc:  # noqa: BLE001 - only the gateway's failures are turned into a message
+        if not (unreachable(exc) or isinstance(exc, RuntimeError)):
+            raise
+        raise SystemExit(f"kvmesh sim calibrate: {target.url}: {exc}") from None
+    lower = lower_bound(args.engine_model) if args.engine_model else None
+    cal = fit(samples, lower["decode_s_per_seq"] if lower else None)
+    print(f"# kvmesh sim calibrate: {target.url}, probes took {time.perf_counter() - t0:.0f} s "
+          f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    for line in probe_lines(samples):
+        print(f"# {line}")
+    for line in describe(cal, lower):
+        print(line)
+    ranges = term_ranges(bootstrap(samples, engine_decode_s_per_seq=lower["decode_s_per_seq"] if lower else None))
+    print("# fit uncertainty, each term's 10th..90th percentile over refits of resampled probe repeats (meshspread.py):")
+    for line in spread_lines(cal, ranges):
+        print(f"#   {line}")
+    print("kvmesh sim " + " ".join(cal.sim_flags()))
+    return 0
+

@@ -1,0 +1,73 @@
+"""The simulator's per-request and per-worker state (cluster.py drives them): a request's result,
+and a worker's prefix cache (an LRU of block hashes), batch, prefill queue and the time it lost to
+stalls and pauses."""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from ..registry import Role
+from ..router import RouteDecision
+from .trace import TraceRequest
+
+
+@dataclass(slots=True)
+class RequestResult:
+    request: TraceRequest
+    decode_id: str
+    hashes: tuple[bytes, ...] = ()
+    router: int = 0                 # the replica that routed it (gets its completion)
+    cached_tokens: int = 0
+    first_token_s: float = 0.0
+    finish_s: float = 0.0
+    status: int = 200               # 429 / 504: refused or timed out in admission (MeshCost)
+    stall_mark: float = 0.0         # the worker's stall_s when this sequence's finish was last scheduled
+    pause_mark: float = 0.0         # the worker's paused_s when its first token was last scheduled
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.request.arrival_s
+
+
+@dataclass(slots=True)
+class SimWorker:
+    worker_id: str
+    role: Role
+    kv_blocks: int
+    max_num_seqs: int
+    cache: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
+    running: int = 0
+    slot_queue: deque[tuple[RequestResult, RouteDecision]] = field(default_factory=deque)
+    busy_until: float = 0.0
+    seq: int = 0
+    load_area: float = 0.0          # ∫ (running + waiting) dt, for the imbalance figure
+    load_since: float = 0.0
+    stall_s: float = 0.0            # decode time lost to local prefills and pauses so far (MeshCost)
+    paused_s: float = 0.0           # time lost to the worker's pauses so far (MeshCost.pause_rate_hz)
+    contexts: list[float] = field(default_factory=list)  # mean context (prompt + output / 2) of each sequence here
+
+    def cached_prefix(self, hashes: tuple[bytes, ...]) -> int:
+        n = 0
+        for h in hashes:
+            if h not in self.cache:
+                break
+            n += 1
+        return n
+
+    def insert(self, hashes: tuple[bytes, ...]) -> tuple[list[bytes], list[bytes]]:
+        """Adds/touches blocks (LRU); returns (stored, removed)."""
+        stored, removed = [], []
+        for h in hashes:
+            if h in self.cache:
+                self.cache.move_to_end(h)
+            else:
+                self.cache[h] = None
+                stored.append(h)
+        while len(self.cache) > self.kv_blocks:
+            removed.append(self.cache.popitem(last=False)[0])
+        return stored, removed
+
+    def mark_load(self, now: float) -> None:
+        self.load_area += (self.running + len(self.slot_queue)) * (now - self.load_since)
+        self.load_since = now

@@ -1,0 +1,53 @@
+"""The decode step's context cost (decodectx.py): a hinge in running × the longest context, which the
+calibration fits exactly from timings it made and which the simulator's step cost follows."""
+
+import pytest
+
+from kvmesh.scheduler.policy import CostModel
+from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
+from kvmesh.scheduler.sim.decodectx import fit_hinge, hinge_s, padded_tokens
+from kvmesh.scheduler.sim.meshcost import MeshCost
+from kvmesh.scheduler.sim.report import outcome
+from kvmesh.scheduler.sim.trace import TraceRequest
+
+SLOPE, KNEE = 5.0e-7, 6000.0
+
+
+@pytest.mark.parametrize("padded", [
+    [4224, 4352, 6272, 6400, 8448, 12544, 16896],  # the probe's default points: two below the knee, five past it
+    [6500, 9000, 30000],                 # all past it: the knee lies below every point
+    [1000, 3000, 5999, 6001, 7000],      # two just past it
+])
+def test_the_fit_gives_back_a_hinge_from_the_timings_it_made(padded):
+    points = [(t, hinge_s(t, SLOPE, KNEE)) for t in padded]
+    assert fit_hinge(points) == pytest.approx((SLOPE, KNEE), rel=1e-9)
+
+
+def test_a_flat_itl_has_no_context_cost_and_one_point_gives_the_old_line_through_the_origin():
+    assert fit_hinge([(t, 0.0) for t in (4000, 8000, 16000)]) == (0.0, 0.0)
+    assert fit_hinge([(t, -1e-4) for t in (4000, 8000, 16000)]) == (0.0, 0.0)  # faster with long contexts: noise
+    assert fit_hinge([(12544, 2.5e-3)]) == pytest.approx((2.5e-3 / 12544, 0.0), rel=1e-12)
+    assert fit_hinge([]) == (0.0, 0.0)
+
+
+def test_padded_tokens_are_the_running_rows_times_the_longest():
+    assert padded_tokens([1536.0] + [32.0] * 15) == 16 * 1536
+    assert padded_tokens([]) == 0.0
+
+
+def itl(mesh: MeshCost, prompts: list[int], output: int = 200) -> list[float]:
+    cost = CostModel(prefill_s_per_token=1e-5, decode_s_per_step=2e-3, decode_s_per_seq=1e-4)
+    requests = [TraceRequest(0.0, f"r{j}", "", p, output, tuple(range(1000 * j, 1000 * j + p // 16))) for j, p in enumerate(prompts)]
+    return [outcome(r).itl_s for r in Cluster("round_robin", SimConfig(num_workers=1, cost=cost, mesh=mesh)).run(requests)]
+
+
+def test_the_sims_decode_step_follows_the_hinge_in_streams_times_the_longest_context():
+    mesh = MeshCost(decode_s_per_padded_token=SLOPE, decode_padded_knee_tokens=KNEE)
+    base = 2e-3 + 1e-4 * 16
+    # 16 streams of 1,536 prompt + 200 output tokens: mean context 1,636 each, 26,176 padded tokens
+    assert itl(mesh, [1536] * 16) == pytest.approx([base + SLOPE * (16 * 1636 - KNEE)] * 16, rel=1e-9)
+    # one long stream among short ones: every row padded to it, so the step costs the same
+    assert itl(mesh, [1536] + [32] * 15) == pytest.approx([base + SLOPE * (16 * 1636 - KNEE)] * 16, rel=1e-9)
+    # below the knee (4 x 1,636 = 6,544 padded: just past; 3 x 1,636 below) the context costs nothing
+    assert itl(mesh, [1536] * 3) == pytest.approx([2e-3 + 3e-4] * 3, rel=1e-9)
+    assert itl(mesh, [1536] * 4) == pytest.approx([2e-3 + 4e-4 + SLOPE * (4 * 1636 - KNEE)] * 4, rel=1e-9)
