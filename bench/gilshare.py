@@ -68,22 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, list[tuple[float, float]]] = {"alone": [], "beside a busy thread": [], "beside a busy process": []}
     for r in range(args.rounds):
         rows["alone"].append(run(engine, prompts, params, f"a{r}"))
-        stop = threading.Event()
-        neighbour = threading.Thread(target=busy_loop, args=(stop,), daemon=True)
-        neighbour.start()
-        try:
-            rows["beside a busy thread"].append(run(engine, prompts, params, f"b{r}"))
-        finally:
-            stop.set()
-            neighbour.join()
-        stop = multiprocessing.get_context("spawn").Event()
-        other = multiprocessing.get_context("spawn").Process(target=busy_loop, args=(stop,), daemon=True)
-        other.start()
-        try:
-            rows["beside a busy process"].append(run(engine, prompts, params, f"p{r}"))
-        finally:
-            stop.set()
-            other.join()
+        for row, kind in (("beside a busy thread", threading), ("beside a busy process", multiprocessing.get_context("spawn"))):
+            stop = kind.Event()
+            neighbour = (kind.Thread if kind is threading else kind.Process)(target=busy_loop, args=(stop,), daemon=True)
+            neighbour.start()
+            try:
+                rows[row].append(run(engine, prompts, params, f"{row[-7]}{r}"))
+            finally:
+                stop.set()
+                neighbour.join()
     print(f"engine thread per output token, model {args.model}, {args.rounds} alternating rounds, "
           f"load average {os.getloadavg()[0]:.1f}")
     print("| engine thread | CPU µs per token (each round) | wall µs per token (each round) |\n|---|---|---|")
