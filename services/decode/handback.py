@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from kvmesh.runtime import kvwire
 from kvmesh.worker import kvtensor
 from kvmesh.runtime.blockhash import BlockHasher
-from kvmesh.runtime.kvshardclient import NO_LEASE, Chain, ShardedStore
+from kvmesh.runtime.kvshardclient import NO_LEASE, ShardedStore
+from kvmesh.runtime.kvstoremsgs import Chain
 from kvmesh.runtime.pb import common_pb2
 from kvmesh.runtime.telemetry import tracer
 from kvmesh.worker.engineproc import EngineProcess

@@ -8,7 +8,7 @@ where lookups go once their owner is gone. `lookup_chains` asks each shard about
 sequences in one `LookupChains` call (a shard that answers UNIMPLEMENTED, an older store, gets a
 unary Lookup per sequence for UNARY_RETRY_S before the batched call is tried again). Puts carry whole chains (`Chain`: a sequence's
 consecutive blocks and the block before them), several per Put, in `blocks` messages of at most
-PUT_MESSAGE_BYTES. No torch: blocks stay protobuf `KvBlock`s here.
+PUT_MESSAGE_BYTES (kvstoremsgs.py builds the messages). No torch: blocks stay protobuf `KvBlock`s here.
 """
 
 from __future__ import annotations
@@ -25,24 +25,15 @@ import grpc
 from .errors import MeshError
 from .grpcutil import ChannelPool
 from .kvshards import Shard, ShardDirectory, contiguous_prefix, rank, split_by_owner
+from .kvstoremsgs import Chain, lookup_chains_requests, put_messages, renumbered, runs
 from .pb import common_pb2, kvstore_pb2, kvstore_pb2_grpc
 from .telemetry import inject_metadata
 
 log = logging.getLogger(__name__)
 
 MAX_HOT_TRACKED = 65_536  # hit counters kept for replication decisions
-PUT_MESSAGE_BYTES = 4 * 1024 * 1024  # block bytes per Put message (a larger block travels alone)
-LOOKUP_CHAINS_HASHES = 65_536  # hashes per LookupChains call: the most a store takes (contracts.md, K19)
 UNARY_RETRY_S = 300.0  # a shard without LookupChains gets unary Lookups this long before it is asked again
 NO_LEASE = -1.0  # lookup_chains' lease_s for "what is held" only
-
-
-@dataclass(slots=True)
-class Chain:
-    """Consecutive blocks of one sequence; `parent_hash` is the block before the first (empty: none)."""
-
-    blocks: list[common_pb2.KvBlock]
-    parent_hash: bytes = b""
 
 
 @dataclass(slots=True)
@@ -205,7 +196,7 @@ class ShardedStore:
                 continue
             groups = split_by_owner([b.header.block_hash for b in chain.blocks], shards)
             for shard, positions in groups.items():
-                by_shard.setdefault(shard, []).extend(_runs(chain, positions))
+                by_shard.setdefault(shard, []).extend(runs(chain, positions))
         results = await asyncio.gather(*(self._put_to(s, producer_id, runs) for s, runs in by_shard.items()))
         return sum(r[0] for r in results), sum(r[1] for r in results)
 
@@ -243,7 +234,7 @@ class ShardedStore:
             for shard in rank(block.header.block_hash, shards)[1 : self.replicas]:
                 by_shard.setdefault(shard, []).append(block)
         for shard, copies in by_shard.items():
-            stored, _ = await self._put_to(shard, "replica", [Chain(_renumbered(copies))])
+            stored, _ = await self._put_to(shard, "replica", [Chain(renumbered(copies))])
             self.replicated += stored
 
 
@@ -256,67 +247,3 @@ def _sharded_lookup(
     owner_of = {i: s for s, positions in groups.items() for i in positions}
     leases = {s: r.lease_id for s, r in replies.items() if r.lease_id}
     return ShardedLookup(num_blocks, [owner_of[i] for i in range(num_blocks)], leases)
-
-
-def put_messages(spec: common_pb2.ModelSpec, producer_id: str, chains: Sequence[Chain],
-                 max_bytes: int = PUT_MESSAGE_BYTES) -> list[kvstore_pb2.PutMessage]:
-    """One Put stream: open (with the first chain's parent), each chain's blocks in `blocks`
-    messages of at most `max_bytes` block bytes (a larger block travels alone; a later chain's
-    first message has `new_chain`), then a commit of them all."""
-    opened = kvstore_pb2.PutOpen(spec=spec, producer_id=producer_id, parent_hash=chains[0].parent_hash if chains else b"")
-    messages = [kvstore_pb2.PutMessage(open=opened)]
-    for n, chain in enumerate(chains):
-        batch = kvstore_pb2.KvBlockBatch(new_chain=n > 0, parent_hash=chain.parent_hash if n > 0 else b"")
-        size = 0
-        for block in chain.blocks:
-            nbytes = block.header.byte_length + block.header.scales_length
-            if batch.blocks and size + nbytes > max_bytes:
-                messages.append(kvstore_pb2.PutMessage(blocks=batch))
-                batch, size = kvstore_pb2.KvBlockBatch(), 0
-            batch.blocks.append(block)
-            size += nbytes
-        if batch.blocks:
-            messages.append(kvstore_pb2.PutMessage(blocks=batch))
-    total = sum(len(c.blocks) for c in chains)
-    messages.append(kvstore_pb2.PutMessage(commit=kvstore_pb2.PutCommit(num_blocks=total)))
-    return messages
-
-
-def lookup_chains_requests(spec: common_pb2.ModelSpec, shares: list[list[bytes]], lease_s: float,
-                           max_hashes: int = LOOKUP_CHAINS_HASHES) -> list[kvstore_pb2.LookupChainsRequest]:
-    """`shares` as LookupChains requests of at most `max_hashes` hashes each, chains in order (a
-    longer chain is asked about its first `max_hashes` blocks: a prefix held is no longer)."""
-    requests = [kvstore_pb2.LookupChainsRequest(spec=spec, lease_s=lease_s)]
-    size = 0
-    for share in shares:
-        share = share[:max_hashes]
-        if size + len(share) > max_hashes:
-            requests.append(kvstore_pb2.LookupChainsRequest(spec=spec, lease_s=lease_s))
-            size = 0
-        requests[-1].chains.append(kvstore_pb2.HashChain(block_hashes=share))
-        size += len(share)
-    return requests
-
-
-def _runs(chain: Chain, positions: list[int]) -> list[Chain]:
-    """`chain`'s blocks at `positions` (ascending) as chains of contiguous blocks, each with its parent."""
-    runs: list[Chain] = []
-    last = -2
-    for i in positions:
-        if i == last + 1:
-            runs[-1].blocks.append(chain.blocks[i])
-        else:
-            runs.append(Chain([chain.blocks[i]], chain.blocks[i - 1].header.block_hash if i else chain.parent_hash))
-        last = i
-    return runs
-
-
-def _renumbered(blocks: list[common_pb2.KvBlock]) -> list[common_pb2.KvBlock]:
-    """Copies numbered 0.. (hot blocks replicated from anywhere: their parents are not known)."""
-    copies = []
-    for i, block in enumerate(blocks):
-        copy = common_pb2.KvBlock()
-        copy.CopyFrom(block)
-        copy.header.block_index = i
-        copies.append(copy)
-    return copies

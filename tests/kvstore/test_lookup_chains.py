@@ -11,7 +11,8 @@ from kvmesh.kvstore.server import block_to_pb
 from kvmesh.kvstore.store import MAX_LOOKUP_HASHES
 from kvmesh.runtime.errors import InvalidArgument
 from kvmesh.runtime.grpcutil import ChannelPool
-from kvmesh.runtime.kvshardclient import NO_LEASE, UNARY_RETRY_S, ShardedStore, lookup_chains_requests
+from kvmesh.runtime.kvshardclient import NO_LEASE, UNARY_RETRY_S, ShardedStore
+from kvmesh.runtime.kvstoremsgs import lookup_chains_requests
 from kvmesh.runtime.kvshards import Shard, ShardDirectory
 from kvmesh.runtime.pb import common_pb2, kvstore_pb2
 

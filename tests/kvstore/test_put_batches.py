@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from kvmesh.kvstore.server import block_to_pb
-from kvmesh.runtime.kvshardclient import Chain, put_messages
+from kvmesh.runtime.kvstoremsgs import Chain, put_messages
 from kvmesh.runtime.pb import kvstore_pb2
 
 from .conftest import BLOCK_BYTES, SPEC, block, chain, h

@@ -11,7 +11,8 @@ from kvmesh.kvstore.main import start
 from kvmesh.kvstore.metrics import StoreMetrics
 from kvmesh.kvstore.server import block_to_pb
 from kvmesh.runtime.grpcutil import ChannelPool
-from kvmesh.runtime.kvshardclient import Chain, ShardedStore
+from kvmesh.runtime.kvshardclient import ShardedStore
+from kvmesh.runtime.kvstoremsgs import Chain
 from kvmesh.runtime.kvshards import Shard, ShardDirectory, contiguous_prefix, rank, split_by_owner
 from kvmesh.runtime.pb import common_pb2, events_pb2
 
