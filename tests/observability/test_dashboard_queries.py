@@ -99,7 +99,11 @@ def mesh_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
         _send_traffic(mesh.openai_client())
         _send_bad_put(mesh.spec("kvstore").grpc_endpoint)
         _hold_a_rollout(mesh.spec("canary").metrics_target)
-        time.sleep(1.5)  # the last requests' hand-back, KV events and idle evictions
+        # NOTE: the last requests' hand-back, KV events and idle evictions take ~1 s, more on a
+        # loaded host (one run in a fresh clone had no eviction scraped after a fixed 1.5 s)
+        deadline = time.time() + 15.0
+        while not prom.query("kvmesh_kvstore_evictions_total") and time.time() < deadline:
+            time.sleep(0.25)
         prom.wait_for_scrapes_after(time.time(), scrapes=3)
         down = prom.query("up == 0")
         assert not down, f"targets down: {down}"
