@@ -1,5 +1,6 @@
 """What crosses from an engine (thread or process) to the event loop: a request's `OutputStream`,
-and `call_each`, which runs a batch of consumers so that one failing never starves the rest."""
+`claim`, which finds an output's subscriber, and `call_each`, which runs a batch of consumers so
+that one failing never starves the rest."""
 
 from __future__ import annotations
 
@@ -19,6 +20,15 @@ def call_each(calls: Iterable[tuple[Callable[..., Any], tuple]], what: str) -> N
             fn(*args)
         except Exception:  # noqa: BLE001 - one consumer's bug must not starve the others
             log.exception("%s failed", what)
+
+
+def claim(subs: dict[str, Any], out: Any) -> Any | None:
+    """The subscriber of `out`'s request (None: aborted or unknown), dropped from `subs` with the
+    request's last output."""
+    sub = subs.get(out.request_id)
+    if sub is not None and out.finished:
+        del subs[out.request_id]
+    return sub
 
 
 class OutputStream:

@@ -33,7 +33,7 @@ from kvmesh.runtime.process import name_os_thread
 
 from . import enginewire as wire
 from .commands import Command
-from .settings import WorkerSettings, bound_cpu_kernel_caches, engine_config
+from .settings import WorkerSettings, bound_cpu_kernel_caches, engine_config, step_pause_s
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class EngineHost:
         header["w"] = self.engine.has_unfinished_requests()
         if self._events and (events := self.engine.take_kv_events()):
             header["e"] = wire.events_to_wire(events)
-        delay = self.step_delay_s + (self.step_slowdown - 1.0) * (time.perf_counter() - started)
+        delay = step_pause_s(self.step_delay_s, self.step_slowdown, time.perf_counter() - started)
         if delay > 0:
             time.sleep(delay)
         return wire.frame(header)

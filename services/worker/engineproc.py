@@ -33,7 +33,7 @@ from kvmesh.runtime.blockhash import BlockHasher
 from kvmesh.runtime.errors import Unavailable
 
 from . import enginewire as wire
-from .delivery import call_each
+from .delivery import call_each, claim
 from .settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -243,16 +243,8 @@ class EngineProcess:
         if "x" in header:
             self._fail_all(wire.error_from_wire(header["x"]), abort=True)
         outputs = [wire.output_from_wire(w) for w in header["o"]]
-        for out in outputs:
-            deliver = self._subs.get(out.request_id)
-            if deliver is None:
-                continue
-            if out.finished:
-                del self._subs[out.request_id]
-            try:
-                deliver(out)
-            except Exception:  # noqa: BLE001 - one consumer's bug must not starve the others
-                log.exception("delivering an engine output failed")
+        call_each(((deliver, (out,)) for out in outputs if (deliver := claim(self._subs, out)) is not None),
+                  "delivering an engine output")
         if "e" in header and self.step_hooks:
             self.engine.kv_events = wire.events_from_wire(header["e"])
         call_each(((hook, (self.engine, outputs)) for hook in self.step_hooks), "engine step hook")

@@ -50,6 +50,12 @@ class WorkerSettings(MeshSettings):
         return advertised_endpoint(self.host, self.advertise_host, bound_port)
 
 
+def step_pause_s(step_delay_s: float, step_slowdown: float, step_took_s: float) -> float:
+    """How long the testing aids `step_delay_s` and `step_slowdown` pause after a step that took
+    `step_took_s` (the engine thread and the engine process both sleep this)."""
+    return step_delay_s + (step_slowdown - 1.0) * step_took_s
+
+
 def bound_cpu_kernel_caches(entries: int) -> None:
     """Caps the per-shape kernel caches behind the engine's oneDNN packed linears on CPU; call
     before the engine's first step (an operator's own environment setting wins).

@@ -28,7 +28,8 @@ from kvmesh.runtime.errors import Unavailable
 from kvmesh.runtime.process import name_os_thread
 
 from .commands import BASE_COMMANDS, Command
-from .delivery import OutputStream, call_each
+from .settings import step_pause_s
+from .delivery import OutputStream, call_each, claim
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -247,7 +248,7 @@ class EngineLoop:
         self.num_steps += 1
         started = self._clock()
         self._step_once()
-        delay = self.step_delay_s + (self.step_slowdown - 1.0) * (self._clock() - started)
+        delay = step_pause_s(self.step_delay_s, self.step_slowdown, self._clock() - started)
         if delay > 0:
             self._sleep(delay)
 
@@ -269,11 +270,9 @@ class EngineLoop:
             self.progress_at = time.monotonic()
         items: list[tuple[Callable[[Any], None], Any]] = []
         for out in outputs:
-            sub = self._subs.get(out.request_id)
+            sub = claim(self._subs, out)
             if sub is None:
                 continue
-            if out.finished:
-                del self._subs[out.request_id]
             try:
                 item = sub.on_output(self.engine, out) if sub.on_output else out
             except Exception as exc:  # noqa: BLE001 - handed to the request's consumer
