@@ -96,9 +96,6 @@ async def run(url: str, bodies: list[dict], concurrency: int) -> dict:
 
 
 def main_sync(url: str, bodies: list[dict], concurrency: int) -> dict:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a kvmesh dependency
-        return asyncio.run(run(url, bodies, concurrency))
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(run(url, bodies, concurrency))
+    from kvmesh.runtime.process import run_service  # uvloop, as the mesh's services run
+
+    return run_service(run(url, bodies, concurrency))

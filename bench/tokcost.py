@@ -79,13 +79,11 @@ def client_child(kind: str, url: str, model: str, requests: int, concurrency: in
     return sseload.main_sync(url, bodies, concurrency)
 
 
-CLIENT = "raw"  # the load generator: "raw" (bench/sseload.py) or "httpx" (`--client-kind`)
-
-
-def run_client(url: str, model: str, requests: int, concurrency: int, max_tokens: int) -> dict:
-    """Runs the load in a child process; returns its result."""
+def run_client(url: str, model: str, requests: int, concurrency: int, max_tokens: int, kind: str = "raw") -> dict:
+    """Runs the load in a child process; returns its result. `kind`: the load generator, "raw"
+    (bench/sseload.py) or "httpx"."""
     argv = [sys.executable, __file__, "--client", url, "--served", model, "--requests", str(requests),
-            "--concurrency", str(concurrency), "--max-tokens", str(max_tokens), "--client-kind", CLIENT]
+            "--concurrency", str(concurrency), "--max-tokens", str(max_tokens), "--client-kind", kind]
     done = subprocess.run(argv, check=False, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the load client exited {done.returncode}:\n{done.stderr[-3000:]}")
@@ -191,7 +189,8 @@ def _cpu(proc) -> float:
 
 
 # -- the mesh ---------------------------------------------------------------------------------
-def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens: int, settings: list[str]) -> dict:
+def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens: int, settings: list[str],
+                 client_kind: str = "raw") -> dict:
     import psutil
 
     from kvmesh.runtime.launcher import MeshOptions, free_port
@@ -205,13 +204,13 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
         try:
             procs = {r.spec.name: psutil.Process(r.proc.pid) for r in mesh.procs}
             store = _store_endpoint(procs)
-            run_client(mesh.gateway_url, served, 8, 8, 8)  # warm up
+            run_client(mesh.gateway_url, served, 8, 8, 8, client_kind)  # warm up
             for c in concurrencies:
                 time.sleep(0.6)  # the warm-up's (or the last level's) hand-backs finish, its steps are counted
                 before, counts = {name: _cpu(p) for name, p in procs.items()}, _store_counts(store)
                 frames = _frame_counts(procs)
                 engines_before = {name: _engine_cpu(p) for name, p in procs.items()}
-                load = run_client(mesh.gateway_url, served, requests, c, max_tokens)
+                load = run_client(mesh.gateway_url, served, requests, c, max_tokens, client_kind)
                 time.sleep(0.5)  # hand-backs of the last turns are part of the cost
                 cpu = {name: _cpu(p) - before[name] for name, p in procs.items()}
                 engine_cpu = {f"{name}: its engine {kind}": cpu - engines_before[name][1]
@@ -220,8 +219,9 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
                 store_delta = {k: v - counts[k] for k, v in _store_counts(store).items()}
                 time.sleep(0.6)  # NOTE: the engine step counter is refreshed with the gauges (every heartbeat, 0.5 s)
                 frame_delta = {k: v - frames.get(k, 0.0) for k, v in _frame_counts(procs).items()}
+                steps = sum(frame_delta.pop(k) for k in list(frame_delta) if k.endswith(_STEPS))
                 results[c] = {**load, "cpu_s": cpu, "engine_thread_cpu_s": engine_cpu, "store": store_delta,
-                              "frames": frame_delta}
+                              "frames": frame_delta, "engine_steps": steps}
         finally:
             mesh.stop()
     return results
@@ -229,6 +229,7 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
 
 _FRAME_METRICS = ("kvmesh_scheduler_route_stream_frames_total", "kvmesh_decode_stream_frames_total",
                   "kvmesh_decode_engine_steps_total")
+_STEPS = "engine steps"  # the kind `_frame_counts` gives the step counter (it has no kind label)
 
 
 def _frame_counts(procs: dict) -> dict[str, float]:
@@ -245,7 +246,7 @@ def _frame_counts(procs: dict) -> dict[str, float]:
         with urllib.request.urlopen(url, timeout=10) as reply:
             for line in reply.read().decode().splitlines():
                 if line.startswith(_FRAME_METRICS):
-                    kind = line.split('kind="', 1)[1].split('"', 1)[0] if 'kind="' in line else "engine steps"
+                    kind = line.split('kind="', 1)[1].split('"', 1)[0] if 'kind="' in line else _STEPS
                     out[f"{name} {kind}"] = float(line.rsplit(" ", 1)[1])
     return out
 
@@ -293,11 +294,10 @@ def report(c: int, mesh: dict, engine: dict) -> None:
         calls = f" in {st['lookup_calls']} calls" if "lookup_calls" in st else ""
         print(f"KV store: {st['lookups']} Lookups (turns handed back){calls}, {st['puts']} Puts, {st['blocks']:+d} blocks held")
     decode = sum(us for name, us in per.items() if name.startswith("decode"))
-    frames = {k: v for k, v in mesh.get("frames", {}).items() if not k.endswith("engine steps")}
-    if frames:
+    if mesh.get("frames"):
         requests = max(1, mesh.get("requests", 0))
-        print("frames read per request: " + ", ".join(f"{k} {v / requests:.2f}" for k, v in sorted(frames.items()) if v))
-    steps = sum(v for k, v in mesh.get("frames", {}).items() if k.endswith("engine steps"))
+        print("frames read per request: " + ", ".join(f"{k} {v / requests:.2f}" for k, v in sorted(mesh["frames"].items()) if v))
+    steps = mesh.get("engine_steps")
     if steps and engine.get("steps"):
         print(f"tokens per engine step (the mean batch): mesh {tokens / steps:.1f}, in-process engine "
               f"{engine['tokens'] / engine['steps']:.1f}")
@@ -330,13 +330,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.engine_child:
         print(json.dumps(engine_child(args.model, args.requests, int(args.concurrency), args.max_tokens)))
         return 0
-    global CLIENT
-    CLIENT = args.client_kind
     levels = [int(c) for c in args.concurrency.split(",")]
     load_before = os.getloadavg()[0]
-    mesh = measure_mesh(args.model, args.requests, levels, args.max_tokens, args.set)
+    mesh = measure_mesh(args.model, args.requests, levels, args.max_tokens, args.set, args.client_kind)
     print(f"{args.requests} streamed chat requests x {args.max_tokens} tokens, model {args.model}, "
-          f"{os.cpu_count()} CPUs, niceness {os.nice(0)}, {CLIENT} load client, load average {load_before:.1f} before the mesh, "
+          f"{os.cpu_count()} CPUs, niceness {os.nice(0)}, {args.client_kind} load client, load average {load_before:.1f} before the mesh, "
           f"{os.getloadavg()[0]:.1f} after it")
     for c in levels:
         report(c, mesh[c], run_engine(args.model, args.requests, c, args.max_tokens))
