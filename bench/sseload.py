@@ -23,8 +23,9 @@ async def _open(host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.Str
     return await asyncio.open_connection(host, port, limit=1 << 20)
 
 
-async def _response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
-    """(status, body, keep-alive) of one response: chunked (the stream) or with a length (an error)."""
+async def _response(reader: asyncio.StreamReader, first: list[float]) -> tuple[int, bytes, bool]:
+    """(status, body, keep-alive) of one response: chunked (the stream) or with a length (an error).
+    `first` gets the time the first content chunk arrived, if one did."""
     head = await reader.readuntil(b"\r\n\r\n")
     status = int(head.split(b" ", 2)[1])
     lower = head.lower()
@@ -35,6 +36,8 @@ async def _response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
             data = await reader.read(1 << 16)
             if not data:
                 raise ConnectionError("the gateway closed the stream mid-body")
+            if not first and b'"content":"' in data:
+                first.append(time.perf_counter())
             body += data
         return status, bytes(body), keep
     length = 0
@@ -56,11 +59,13 @@ def _usage(body: bytes) -> dict | None:
 
 async def run(url: str, bodies: list[dict], concurrency: int) -> dict:
     """Sends every body (a streamed chat request) `concurrency` at a time, each worker on its own
-    keep-alive connection; counts output tokens (from usage), failures and content chunks."""
+    keep-alive connection; counts output tokens (from usage), failures and content chunks, and keeps
+    each request's time to its first content chunk."""
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     queue = list(reversed(bodies))
     totals = {"tokens": 0, "failures": 0, "chunks": 0}
+    ttfts: list[float] = []
 
     async def worker() -> None:
         reader = writer = None
@@ -71,8 +76,9 @@ async def run(url: str, bodies: list[dict], concurrency: int) -> dict:
             try:
                 if writer is None:
                     reader, writer = await _open(host, port)
+                sent, first = time.perf_counter(), []
                 writer.write(request)
-                status, data, keep = await _response(reader)
+                status, data, keep = await _response(reader, first)
             except (OSError, asyncio.IncompleteReadError, ValueError):
                 totals["failures"] += 1
                 writer = None
@@ -83,6 +89,7 @@ async def run(url: str, bodies: list[dict], concurrency: int) -> dict:
             else:
                 totals["tokens"] += usage["completion_tokens"]
                 totals["chunks"] += data.count(b'"content":"')
+                ttfts.extend(first[0] - sent for _ in first[:1])
             if not keep:
                 writer.close()
                 writer = None
@@ -92,7 +99,7 @@ async def run(url: str, bodies: list[dict], concurrency: int) -> dict:
     t0, cpu0 = time.perf_counter(), time.process_time()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return {**totals, "wall_s": time.perf_counter() - t0, "client_cpu_s": time.process_time() - cpu0,
-            "requests": len(bodies)}
+            "requests": len(bodies), "ttft_s": sorted(ttfts)}
 
 
 def main_sync(url: str, bodies: list[dict], concurrency: int) -> dict:

@@ -303,6 +303,10 @@ def report(c: int, mesh: dict, engine: dict) -> None:
               f"{engine['tokens'] / engine['steps']:.1f}")
     if "client_cpu_s" in mesh:
         print(f"the load client (not in the mesh total): {mesh['client_cpu_s'] / tokens * 1e6:.0f} µs per token")
+    if mesh.get("ttft_s"):
+        ttft = mesh["ttft_s"]
+        print(f"client TTFT (send to first content chunk): p50 {ttft[len(ttft) // 2] * 1e3:.1f} ms, "
+              f"p90 {ttft[int(len(ttft) * 0.9)] * 1e3:.1f} ms, mean {sum(ttft) / len(ttft) * 1e3:.1f} ms")
     if mesh.get("chunks"):
         print(f"SSE content chunks per token: {mesh['chunks'] / tokens:.2f} (below 1: a reader fell behind and its tokens "
               f"coalesced); gateway CPU per chunk: {mesh['cpu_s']['gateway'] / mesh['chunks'] * 1e6:.0f} µs")

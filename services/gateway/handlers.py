@@ -21,6 +21,7 @@ from .mirror import MirrorTap
 from .prompt import PreparedPrompt, ServedModel
 from .protocol import Endpoint, GenerationRequest, Limits
 from .requestrun import RequestRun
+from .responses import SSE_DONE
 from .streaming import ClientDisconnected, EventStreamResponse, race_disconnect
 from .toolparsers import parser_for
 from .validate import INT32_MAX, INT32_MIN, parse_chat, parse_completion, parse_json
@@ -117,7 +118,7 @@ class CompletionService:
             first = await race_disconnect(request.receive, generation.next())
             run.start_rest()
             if req.stream:
-                return EventStreamResponse(run.events(first), run.close_stream, {"X-Request-Id": ids.echoed})
+                return EventStreamResponse(run.events(first), run.close_stream, {"X-Request-Id": ids.echoed}, last=SSE_DONE)
             body = await race_disconnect(request.receive, run.collect(first))
         except ClientDisconnected:
             await run.finish(aborted=True)

@@ -153,8 +153,9 @@ class RequestRun:
             await items.aclose()
         usages = [c.generation.usage for c in self.choices]
         if self.request.include_usage and all(u is not None for u in usages):
-            yield sse(self.choices[0].shaper.builder.usage_chunk(merge_usage(usages)))  # type: ignore[arg-type]
-        yield SSE_DONE
+            yield sse(self.choices[0].shaper.builder.usage_chunk(merge_usage(usages))) + SSE_DONE  # type: ignore[arg-type]
+        else:
+            yield SSE_DONE
 
     def _error_event(self, error: BaseException) -> bytes:
         self.error = error
