@@ -273,6 +273,27 @@ def _store_counts(endpoint: str) -> dict:
     return counts
 
 
+def decode_split(mesh: dict, engine: dict) -> dict[str, float]:
+    """The decode worker's CPU per token above the in-process engine's, in three parts (they add
+    up to it): the mesh's smaller batches at the in-process engine's CPU per step, its engine's
+    CPU per step above the in-process one's (the same code, on a crowded host), and the worker's
+    own CPU beside its engine (gRPC, asyncio, hand-backs). {} without a step count or an engine."""
+    tokens, steps = mesh["tokens"], mesh.get("engine_steps")
+    engines = {k: v for k, v in mesh.get("engine_thread_cpu_s", {}).items() if k.startswith("decode")}
+    if not tokens or not steps or not engine.get("steps") or not engines:
+        return {}
+    engine_cpu = sum(engines.values())
+    worker_cpu = sum(v for k, v in mesh["cpu_s"].items() if k.startswith("decode"))
+    step_inproc = engine["cpu_s"] / engine["steps"]
+    batch = tokens / steps
+    per_token_inproc = engine["cpu_s"] / engine["tokens"]
+    return {
+        "batches": (step_inproc / batch - per_token_inproc) * 1e6,
+        "CPU per step": (engine_cpu / steps - step_inproc) / batch * 1e6,
+        "beside the engine": (worker_cpu - engine_cpu) / tokens * 1e6,
+    }
+
+
 def report(c: int, mesh: dict, engine: dict) -> None:
     tokens = max(1, mesh["tokens"])
     per = {name: cpu / tokens * 1e6 for name, cpu in sorted(mesh["cpu_s"].items(), key=lambda kv: -kv[1])}
@@ -301,6 +322,9 @@ def report(c: int, mesh: dict, engine: dict) -> None:
     if steps and engine.get("steps"):
         print(f"tokens per engine step (the mean batch): mesh {tokens / steps:.1f}, in-process engine "
               f"{engine['tokens'] / engine['steps']:.1f}")
+        split = decode_split(mesh, engine)
+        if split:
+            print("decode worker above engine, split: " + ", ".join(f"{k} {v:+.0f}" for k, v in split.items()) + " µs per token")
     if "client_cpu_s" in mesh:
         print(f"the load client (not in the mesh total): {mesh['client_cpu_s'] / tokens * 1e6:.0f} µs per token")
     if mesh.get("ttft_s"):

@@ -1,0 +1,36 @@
+"""bench/tokcost.py's split of the decode worker's CPU above the in-process engine."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "tokcost.py"
+
+
+def tokcost():
+    spec = importlib.util.spec_from_file_location("tokcost", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_split_adds_up_to_the_decode_worker_above_the_engine() -> None:
+    # in-process: 1,000 tokens in 25 full steps of 40, 2 ms of CPU a step (50 µs a token)
+    engine = {"tokens": 1000, "steps": 25, "cpu_s": 0.050}
+    # mesh: the same tokens in 40 steps of 25, 2.5 ms of engine CPU a step, 30 ms more in the worker
+    mesh = {"tokens": 1000, "engine_steps": 40, "cpu_s": {"decode-0": 0.130, "gateway": 0.02},
+            "engine_thread_cpu_s": {"decode-0: its engine thread": 0.100}}
+    split = tokcost().decode_split(mesh, engine)
+    assert split["batches"] == pytest.approx(30.0)  # 2 ms / 25 tokens = 80 µs a token, not 50
+    assert split["CPU per step"] == pytest.approx(20.0)  # 0.5 ms more a step / 25 tokens
+    assert split["beside the engine"] == pytest.approx(30.0)
+    assert sum(split.values()) == pytest.approx(130.0 - 50.0)
+
+
+def test_no_split_without_a_step_count_or_an_engine() -> None:
+    engine = {"tokens": 1000, "steps": 25, "cpu_s": 0.050}
+    mesh = {"tokens": 1000, "engine_steps": 0, "cpu_s": {"decode-0": 0.130}, "engine_thread_cpu_s": {}}
+    assert tokcost().decode_split(mesh, engine) == {}
