@@ -111,6 +111,7 @@ def sim_costs(cal: MeshCalibration, workers: int) -> tuple[CostModel, MeshCost]:
                     decode_s_per_padded_token=cal.decode_s_per_padded_token,
                     decode_padded_knee_tokens=cal.decode_padded_knee_tokens,
                     pause_rate_hz=cal.pause_rate_hz, pause_s=cal.pause_s,
+                    handback_s_per_turn=cal.handback_s_per_turn, handback_s_per_token=cal.handback_s_per_token,
                     admission_limit=MAX_NUM_SEQS * workers)
     return cost, mesh
 

@@ -51,7 +51,8 @@ def test_replay_prints_the_sim_tables(gateway, tmp_path, capsys):
 
 def test_calibration_probes_the_mesh(gateway):
     config = ProbeConfig(lengths=(32, 256), repeats=1, streams=(1, 2), stream_tokens=8, stall_streams=(0, 2), burst=4,
-                         stall_lengths=(256,), hit_new_tokens=(128,), admission_probe=0, context_points=((2, 256),), extra_repeats=0)
+                         stall_lengths=(256,), hit_new_tokens=(128,), admission_probe=0, context_points=((2, 256),), extra_repeats=0,
+                         handback_points=((2, 64), (2, 256)), handback_lone_tokens=16, settle_s=0.05)
     samples = asyncio.run(probe(Target(gateway, timeout_s=60.0), config))
     assert [n for n, _ in samples.ttft] == [32, 256] and all(t > 0 for _, t in samples.ttft)
     assert [k for k, _ in samples.itl] == [1, 2] and all(t > 0 for _, t in samples.itl)
@@ -61,3 +62,4 @@ def test_calibration_probes_the_mesh(gateway):
     assert len(samples.hit_lone) == 2 and all(t > 0 for t in samples.hit_lone)
     assert [(n, k) for n, k, *_ in samples.stall] == [(256, 0), (256, 2)] and len(samples.burst) == 1
     assert all(ttft > 0 for *_, ttft in samples.stall) and samples.stall[1][2] > 0  # the streams' gap beside it
+    assert [(k, t) for k, t, _ in samples.handback] == [(2, 64 + 8), (2, 256 + 8)]  # turns per worker, tokens per turn

@@ -1,7 +1,9 @@
-"""The calibration's probe loop (meshprobe.py) against a fake mesh: points take turns, and a point
-whose repeats a burst of noise made disagree is probed again until its median is right."""
+"""The calibration's probe loop (meshprobe.py) against a fake mesh: points take turns, a point
+whose repeats a burst of noise made disagree is probed again until its median is right, and every
+run waits for the mesh to settle first."""
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -12,15 +14,19 @@ from kvmesh.scheduler.sim.report import Outcome
 
 
 class FakeMesh(_Prober):
-    """TTFT = 10 ms + 20 µs per prompt token; the `slow` requests (by arrival order) take 30 ms more."""
+    """TTFT = 10 ms + 20 µs per prompt token; the `slow` requests (by arrival order) take 30 ms more.
+    Its sleeps take no time: they are recorded in `sent` as ("sleep", seconds)."""
 
     def __init__(self, config: ProbeConfig, slow: set[int]) -> None:
-        super().__init__(None, None, "fake", config)
+        super().__init__(None, None, "fake", config, sleep=self.record_sleep)
         self.slow, self.sent = slow, []
+
+    async def record_sleep(self, seconds: float) -> None:
+        self.sent.append(("sleep", seconds))
 
     async def one(self, tokens, max_tokens, times=None):  # noqa: ANN001, ARG002
         self.sent.append(len(tokens))
-        ttft = 0.010 + 2e-5 * len(tokens) + (0.030 if len(self.sent) in self.slow else 0.0)
+        ttft = 0.010 + 2e-5 * len(tokens) + (0.030 if len(requests(self)) in self.slow else 0.0)
         return Outcome(0.0, len(tokens), max_tokens, ttft, ttft + 0.001)
 
     async def steady(self, k, prompt_tokens):  # noqa: ANN001
@@ -28,10 +34,15 @@ class FakeMesh(_Prober):
         return 1e-3 * k
 
 
+def requests(mesh: FakeMesh) -> list:
+    """What the mesh was sent, without the probe's sleeps."""
+    return [x for x in mesh.sent if not (isinstance(x, tuple) and x[0] == "sleep")]
+
+
 def lone_ttft_fit(config: ProbeConfig, slow: set[int]) -> tuple[list[int], tuple[float, float, float]]:
     mesh = FakeMesh(config, slow)
     asyncio.run(mesh.ttft())
-    return mesh.sent, fit_prefill(medians(mesh.samples.ttft))
+    return requests(mesh), fit_prefill(medians(mesh.samples.ttft))
 
 
 def test_the_lengths_take_turns_and_a_noiseless_mesh_is_probed_repeats_times():
@@ -54,7 +65,7 @@ def test_the_long_context_streams_take_turns_with_the_short_ones():
     config = ProbeConfig(lengths=(64, 1536), streams=(1, 4), repeats=2, context_points=((8, 512), (8, 1536), (16, 1024)))
     mesh = FakeMesh(config, set())
     asyncio.run(mesh.itl())
-    assert mesh.sent == [(1, 32), (4, 32), (8, 512), (8, 1536), (16, 1024)] * 2
+    assert requests(mesh) == [(1, 32), (4, 32), (8, 512), (8, 1536), (16, 1024)] * 2
     assert mesh.samples.itl == [(1, 1e-3), (1, 1e-3), (4, 4e-3), (4, 4e-3)]
     assert mesh.samples.itl_long == [(8, 512 + 32, 8e-3)] * 2 + [(8, 1536 + 32, 8e-3)] * 2 + [(16, 1024 + 32, 16e-3)] * 2
 
@@ -62,7 +73,7 @@ def test_the_long_context_streams_take_turns_with_the_short_ones():
 def test_with_two_workers_the_itl_stream_counts_are_per_worker_and_a_lone_stream_stays_one():
     mesh = FakeMesh(ProbeConfig(lengths=(64, 1536), streams=(1, 4), repeats=1, context_points=((8, 1536),), workers=2), set())
     asyncio.run(mesh.itl())
-    assert mesh.sent == [(1, 32), (8, 32), (16, 1536)]
+    assert requests(mesh) == [(1, 32), (8, 32), (16, 1536)]
     assert [k for k, _ in mesh.samples.itl] == [1, 8] and mesh.samples.itl_long[0][0] == 16
 
 
@@ -82,3 +93,24 @@ def test_the_streams_beside_a_prefill_are_counted_in_all_not_per_worker():
     asyncio.run(mesh.sharing())
     assert calls == [(0, 512), (8, 512)]
     assert [(n, k) for n, k, *_ in mesh.samples.stall] == [(512, 0), (512, 8)] and mesh.samples.pair == [(2.0, 1536.0, 0.1)]
+
+
+def test_every_probe_run_starts_settle_s_after_the_one_before():
+    config = ProbeConfig(lengths=(64, 1536), streams=(1, 4), repeats=2, context_points=((8, 1536),), settle_s=0.25)
+    mesh = FakeMesh(config, set())
+    asyncio.run(mesh.itl())
+    assert mesh.sent == [("sleep", 0.25), (1, 32), ("sleep", 0.25), (4, 32), ("sleep", 0.25), (8, 1536)] * 2
+    quiet = FakeMesh(dataclasses.replace(config, settle_s=0.0), set())
+    asyncio.run(quiet.itl())
+    assert quiet.sent == [(1, 32), (4, 32), (8, 1536)] * 2  # 0: no waiting
+
+
+def test_the_hand_back_probe_sends_the_turns_then_a_lone_stream_at_once_and_one_after_settling():
+    config = ProbeConfig(handback_points=((4, 64), (4, 1024)), repeats=1, stream_tokens=8, handback_lone_tokens=100,
+                         settle_s=0.3, workers=2)
+    mesh = FakeMesh(config, set())
+    asyncio.run(mesh.handback())
+    run = [("sleep", 0.3), *[64] * 8, 32, ("sleep", 0.3), 32]  # 4 turns per worker on 2 workers
+    assert mesh.sent == run + [("sleep", 0.3), *[1024] * 8, 32, ("sleep", 0.3), 32]
+    # the fake mesh is as fast after the turns as after settling: no extra latency
+    assert mesh.samples.handback == [(4.0, 64.0 + 8, 0.0), (4.0, 1024.0 + 8, 0.0)]

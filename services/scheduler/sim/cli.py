@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token-overhead-s", type=float, default=mesh.token_overhead_s,
                    help="mesh: added to a decode step per running sequence")
     p.add_argument("--hit-s-per-token", type=float, default=mesh.hit_s_per_token, help="mesh: cost of a cached prompt token")
+    p.add_argument("--handback-s-per-turn", type=float, default=mesh.handback_s_per_turn,
+                   help="mesh: a finished turn's KV hand-back to the store holds its decode worker busy this long ...")
+    p.add_argument("--handback-s-per-token", type=float, default=mesh.handback_s_per_token,
+                   help="mesh: ... plus this long per token of the turn (prompt + output)")
     p.add_argument("--prefill-stall", type=float, default=mesh.prefill_stall,
                    help="mesh: fraction of a local prefill during which the worker's streams stop (0..1)")
     p.add_argument("--admission-limit", type=int, default=mesh.admission_limit,
@@ -123,6 +127,7 @@ def _sim_config(args: argparse.Namespace, n: int, routers: int = 1) -> SimConfig
         mesh=MeshCost(
             request_overhead_s=args.request_overhead_s, request_busy_s=args.request_busy_s,
             token_overhead_s=args.token_overhead_s, hit_s_per_token=args.hit_s_per_token,
+            handback_s_per_turn=args.handback_s_per_turn, handback_s_per_token=args.handback_s_per_token,
             prefill_stall=args.prefill_stall, prefill_share=args.prefill_share,
             prefill_s_per_stream=args.prefill_s_per_stream,
             host_parallelism=args.host_parallelism, attention_s_per_pair=args.attention_s_per_pair,

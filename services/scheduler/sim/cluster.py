@@ -14,8 +14,8 @@ With prefill workers, the decode-first P/D decision may send the prompt to one; 
 reaches the decode worker after kv_transfer_s_per_token × tokens.
 
 Mesh terms (MeshCost: per-request overhead and work, per-token overhead, the decode step's context
-cost, CPU sharing, the worker's pauses, admission) are described in meshcost.py; all are off by
-default.
+cost, CPU sharing, the worker's pauses, a finished turn's KV hand-back, admission) are described in
+meshcost.py; all are off by default.
 With `routers` K > 1, K scheduler replicas (each its own Router: registry, index, sticky) take
 arrivals in turn; replica j sees each KV event after event_delay_s × (1 + j / (K - 1)) (its own
 lag, up to twice the first's), and its peers' routing decisions (load and predicted blocks) and
@@ -308,6 +308,10 @@ class Cluster:
         self.results.append(result)
         output = tuple(h.to_bytes(8, "little") for h in r.output_hash_ids)
         self._publish(d, *d.insert(result.hashes + output))
+        handback = self.config.mesh.handback_s(r.prompt_tokens + r.output_tokens)
+        if handback:  # NOTE: the turn's KV goes to the store: the worker's queued prefills wait, its streams stop
+            d.busy_until = max(d.busy_until, self.now) + handback
+            self._at(self.now, "stall", (d, handback))
         d.mark_load(self.now)
         d.running -= 1
         d.contexts.remove(self._context(r))

@@ -29,6 +29,9 @@ one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy w
 - pauses: the ITL probe's runs (4 or more streams per worker) show gaps that most of a worker's
   streams share (meshstreams.steady_run); their count over the worker-seconds searched is the rate,
   their mean extra gap the length, and the ITL above is measured without them;
+- KV hand-back (handback.py): k turns of t tokens per worker ending at once hold each worker busy
+  for k · (handback_s_per_turn + handback_s_per_token · t): a lone stream sent right after them
+  ends that much later than one sent once the worker has settled;
 - admission: the number of streams that got a first token before any of a burst finished.
 `fit` inverts these formulas, so timings made by them give the parameters back exactly.
 """
@@ -42,6 +45,7 @@ import numpy as np
 
 from .calibrate import fit_line
 from .decodectx import fit_hinge
+from .handback import fit_handback
 from .meshstats import around_median, medians, noise_quantiles, nonnegative_fit
 
 
@@ -65,6 +69,8 @@ class Samples:
     reprobed: list[str] = field(default_factory=list)  # a probe point's name per extra repeat (its repeats disagreed)
     pause_window_s: float = 0.0  # worker-seconds of the ITL probe's steady decoding searched for pauses
     pauses: list[float] = field(default_factory=list)  # each worker pause found there: its streams' extra gap, s
+    handback: list[tuple[float, float, float]] = field(default_factory=list)
+    # (turns per worker ending at once, tokens per turn, a lone stream's extra latency right after them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +94,8 @@ class MeshCalibration:
     attention_s_per_cached_pair: float | None = None  # per (new, cached) token pair; None: attention_s_per_pair
     pause_rate_hz: float = 0.0       # a worker's pauses of all its streams at once, per second of decoding ...
     pause_s: float = 0.0             # ... and their mean length
+    handback_s_per_turn: float = 0.0  # a finished turn's KV hand-back holds its worker busy this long ...
+    handback_s_per_token: float = 0.0  # ... plus this per token of the turn
 
     def sim_flags(self) -> list[str]:
         """`kvmesh sim` flags that reproduce this mesh."""
@@ -100,6 +108,7 @@ class MeshCalibration:
             f"--decode-s-per-padded-token {self.decode_s_per_padded_token:.3g}",
             f"--decode-padded-knee-tokens {self.decode_padded_knee_tokens:.0f}",
             f"--prefill-s-per-stream {self.prefill_s_per_stream:.3g}",
+            f"--handback-s-per-turn {self.handback_s_per_turn:.3g} --handback-s-per-token {self.handback_s_per_token:.3g}",
         ]
         if self.attention_s_per_cached_pair is not None:
             flags.append(f"--attention-s-per-cached-pair {self.attention_s_per_cached_pair:.3g}")
@@ -226,6 +235,7 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         if k > 0:
             b, w = spread(k), prefill(tokens)
             stalls.append((gap - itl) / (slowdown(b) * (w * (1.0 + share * k / b) + per_stream_s * k / b + step(k / b + 1))))
+    handback_turn, handback_token = fit_handback(medians(samples.handback))
     admitted = samples.admitted if samples.admitted is not None and samples.admitted < samples.probe_streams else None
     return MeshCalibration(
         prefill_s_per_token=per_token,
@@ -247,42 +257,10 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         host_parallelism=parallel,
         pause_rate_hz=len(samples.pauses) / samples.pause_window_s if samples.pause_window_s else 0.0,
         pause_s=statistics.fmean(samples.pauses) if samples.pauses else 0.0,
+        handback_s_per_turn=handback_turn,
+        handback_s_per_token=handback_token,
     )
-
-
-def _or(value: float | None, default: float) -> float:
-    return default if value is None else value
 
 
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
-
-
-def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list[str]:
-    """Human-readable lines: the end-to-end terms, and the in-process figures labelled as a lower bound."""
-    lines = [
-        "# end to end, through the gateway (what `kvmesh sim` should use for this mesh):",
-        f"#   prefill {cal.prefill_s_per_token:.3g} s per uncached token + {cal.attention_s_per_pair:.3g} s per "
-        f"(new token, earlier new token) pair and {_or(cal.attention_s_per_cached_pair, cal.attention_s_per_pair):.3g} s "
-        f"per (new, cached) pair (attention), {cal.hit_s_per_token:.3g} s per cached token",
-        f"#   decode step {cal.decode_s_per_step:.3g} s + {cal.decode_s_per_seq + cal.token_overhead_s:.3g} s per stream "
-        f"(of which mesh per-token overhead {cal.token_overhead_s:.3g} s) + {cal.decode_s_per_padded_token:.3g} s "
-        f"per padded KV token (streams × the longest context) past {cal.decode_padded_knee_tokens:.0f}",
-        f"#   per-request overhead {cal.request_overhead_s:.3g} s of latency, plus {cal.request_busy_s:.3g} s of work "
-        "requests queue for mesh-wide (HTTP, tokenizing, routing, gRPC set-up, hand-back)",
-        f"#   a prefill takes {cal.prefill_share:.3g}x longer plus {cal.prefill_s_per_stream:.3g} s per stream decoding "
-        f"beside it, and stalls those streams for {cal.prefill_stall:.0%} of its time (engine and RPC loop share the "
-        "worker's CPU)",
-        f"#   pauses of all a worker's streams at once: {cal.pause_rate_hz:.3g} per second of decoding, "
-        f"{cal.pause_s * 1e3:.0f} ms on average",
-        "#   shared host: " + (f"runs {cal.host_parallelism:.3g} busy decode workers at full speed, more slow down"
-                               if cal.host_parallelism else "not measured (one decode worker)"),
-        "#   admission limit: " + (f"{cal.admission_limit} requests in flight" if cal.admission_limit
-                                   else "not reached by the probe (or not probed)"),
-    ]
-    if lower_bound:
-        lines += [
-            "# in-process engine, no mesh (a LOWER BOUND on the mesh's costs, not a model of it):",
-            "#   " + " ".join(f"--{k.replace('_', '-')} {v:.3g}" for k, v in lower_bound.items()),
-        ]
-    return lines

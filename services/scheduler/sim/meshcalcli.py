@@ -12,7 +12,7 @@ from collections import Counter
 
 from .calibrate import lower_bound
 from .client import Target, unreachable
-from .meshcal import Samples, beside_medians, describe, fit
+from .meshcal import MeshCalibration, Samples, beside_medians, fit
 from .meshprobe import ProbeConfig, probe
 from .meshspread import bootstrap, spread_lines, term_ranges
 from .meshstats import medians
@@ -35,6 +35,44 @@ def probe_lines(samples: Samples) -> list[str]:
     ]
 
 
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+
+
+def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list[str]:
+    """Human-readable lines: the end-to-end terms, and the in-process figures labelled as a lower bound."""
+    lines = [
+        "# end to end, through the gateway (what `kvmesh sim` should use for this mesh):",
+        f"#   prefill {cal.prefill_s_per_token:.3g} s per uncached token + {cal.attention_s_per_pair:.3g} s per "
+        f"(new token, earlier new token) pair and {_or(cal.attention_s_per_cached_pair, cal.attention_s_per_pair):.3g} s "
+        f"per (new, cached) pair (attention), {cal.hit_s_per_token:.3g} s per cached token",
+        f"#   decode step {cal.decode_s_per_step:.3g} s + {cal.decode_s_per_seq + cal.token_overhead_s:.3g} s per stream "
+        f"(of which mesh per-token overhead {cal.token_overhead_s:.3g} s) + {cal.decode_s_per_padded_token:.3g} s "
+        f"per padded KV token (streams × the longest context) past {cal.decode_padded_knee_tokens:.0f}",
+        f"#   per-request overhead {cal.request_overhead_s:.3g} s of latency, plus {cal.request_busy_s:.3g} s of work "
+        "requests queue for mesh-wide (HTTP, tokenizing, routing, gRPC set-up, hand-back)",
+        f"#   a prefill takes {cal.prefill_share:.3g}x longer plus {cal.prefill_s_per_stream:.3g} s per stream decoding "
+        f"beside it, and stalls those streams for {cal.prefill_stall:.0%} of its time (engine and RPC loop share the "
+        "worker's CPU)",
+        f"#   a finished turn's KV hand-back to the store holds its worker {cal.handback_s_per_turn:.3g} s + "
+        f"{cal.handback_s_per_token:.3g} s per token of the turn",
+        f"#   pauses of all a worker's streams at once: {cal.pause_rate_hz:.3g} per second of decoding, "
+        f"{cal.pause_s * 1e3:.0f} ms on average",
+        "#   shared host: " + (f"runs {cal.host_parallelism:.3g} busy decode workers at full speed, more slow down"
+                               if cal.host_parallelism else "not measured (one decode worker)"),
+        "#   admission limit: " + (f"{cal.admission_limit} requests in flight" if cal.admission_limit
+                                   else "not reached by the probe (or not probed)"),
+    ]
+    if lower_bound:
+        lines += [
+            "# in-process engine, no mesh (a LOWER BOUND on the mesh's costs, not a model of it):",
+            "#   " + " ".join(f"--{k.replace('_', '-')} {v:.3g}" for k, v in lower_bound.items()),
+        ]
+    return lines
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvmesh sim calibrate", description=__doc__.split("\n")[0])
     p.add_argument("--url", required=True, help="gateway base URL, e.g. http://127.0.0.1:8000")
@@ -53,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stall-streams", default="0,8,16,32",
                    help="stream counts decoding beside the CPU-sharing probe's prefill (in all, not per worker)")
     p.add_argument("--stall-lengths", default="512,1536", help="uncached prompt lengths of that prefill")
+    p.add_argument("--handback-points", default=",".join(f"{k}x{n}" for k, n in ProbeConfig().handback_points),
+                   help="TURNSxPROMPT_TOKENS (turns per decode worker) of the KV hand-back probe; two prompt lengths")
+    p.add_argument("--settle-s", type=float, default=ProbeConfig().settle_s,
+                   help="wait this long before every probe run, so the worker has handed the last run's turns back")
     p.add_argument("--workers", type=int, default=1,
                    help="decode workers behind the gateway; > 1 also probes how they share one host's CPU")
     p.add_argument("--admission-probe", type=int, default=0,
@@ -60,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-model", default="",
                    help="also measure the in-process engine on this model (tiny or a directory): a lower bound")
     return p
+
+
+def _points(text: str) -> tuple[tuple[int, int], ...]:
+    """"16x1024,24x1536" -> ((16, 1024), (24, 1536))."""
+    return tuple((int(k), int(n)) for k, n in (point.split("x") for point in text.split(",") if point))
 
 
 def calibrate_main(argv: list[str] | None = None) -> int:
@@ -70,9 +117,10 @@ def calibrate_main(argv: list[str] | None = None) -> int:
         streams=tuple(int(x) for x in args.streams.split(",")), stream_tokens=args.stream_tokens,
         admission_probe=args.admission_probe, workers=args.workers, extra_repeats=args.extra_repeats,
         spread_limit=args.spread_limit,
-        context_points=tuple(tuple(int(x) for x in point.split("x")) for point in args.context_points.split(",") if point),
+        context_points=_points(args.context_points),
         stall_streams=tuple(int(x) for x in args.stall_streams.split(",")),
-        stall_lengths=tuple(int(x) for x in args.stall_lengths.split(",")),
+        stall_lengths=tuple(int(x) for x in args.stall_lengths.split(",")), settle_s=args.settle_s,
+        handback_points=_points(args.handback_points),
     )
     target = Target(args.url.rstrip("/"), args.model, args.api_key)
     t0 = time.perf_counter()

@@ -24,6 +24,9 @@
   knee) longer, padded = running sequences × the longest one's context, since the engine's
   attention pads every row to the longest and costs little until that outgrows the CPU's cache
   (decodectx.py has the measurement); what `kvmesh sim calibrate` fits;
+- handback_s_per_turn, handback_s_per_token: when a turn ends its decode worker hands its KV back
+  to the store, which holds the worker busy for per_turn + per_token × the turn's tokens (its queued
+  prefills wait, its running streams stop; handback.py has the measurement);
 - hit_s_per_token: what a prompt token found in the worker's prefix cache still costs;
 - prefill_stall: while a decode worker prefills locally, its running sequences stop decoding for
   this fraction of the prefill (1 = the engine and its RPC loop share one CPU, nothing overlaps);
@@ -50,6 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .decodectx import hinge_s, padded_tokens
+from .handback import handback_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,8 @@ class MeshCost:
     decode_s_per_padded_token: float = 0.0
     decode_padded_knee_tokens: float = 0.0
     hit_s_per_token: float = 0.0
+    handback_s_per_turn: float = 0.0
+    handback_s_per_token: float = 0.0
     prefill_stall: float = 0.0
     prefill_share: float = 0.0
     prefill_s_per_stream: float = 0.0
@@ -81,3 +87,7 @@ class MeshCost:
         the linear term and the padded-context hinge."""
         return (self.decode_s_per_context_token * sum(contexts)
                 + hinge_s(padded_tokens(contexts), self.decode_s_per_padded_token, self.decode_padded_knee_tokens))
+
+    def handback_s(self, tokens: float) -> float:
+        """The worker time handing back a finished turn of `tokens` tokens takes (handback.py)."""
+        return handback_s(tokens, self.handback_s_per_turn, self.handback_s_per_token)

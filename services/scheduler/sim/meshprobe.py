@@ -4,7 +4,9 @@ mesh from the outside, through its gateway, for the model in meshcal.py.
 Probes, in order (prompts are random token ids with a per-run nonce, so nothing is cached unless
 a probe means it to be). Each probe point runs `repeats` times, the points of a probe taking
 turns, and up to `extra_repeats` more times while its repeats disagree (`spread_limit`); the fit
-takes each point's median:
+takes each point's median. Every run starts `settle_s` after the one before, so it finds the
+worker done handing the last run's turns back to the KV store (a lone stream's ITL read 2.82 ms
+right after 16 streams of 1,024-token prompts, 1.12 ms quiet and 1.15 ms 0.3 s later):
 1. TTFT of lone requests against uncached prompt length;
 2. prefix hits: a long prompt, then 0.2 s later the same again, or its first part followed by
    `hit_new_tokens` new ones; the second TTFT, less that of a fresh prompt of its uncached tokens
@@ -18,10 +20,13 @@ takes each point's median:
    length, and the streams' largest gap during its prefill against their ITL;
 5. request work: `burst` short requests (one output token) at once; how much later than a lone
    request's the last first token comes;
-6. with `workers` > 1 (the decode workers behind the gateway, on one host): that many long
+6. KV hand-back (handback.py): k turns of t tokens per worker at once (`handback_points`), then a
+   lone stream of `handback_lone_tokens` right after they end and another `settle_s` later; the
+   first's extra latency over the second's is what handing those turns back cost the worker;
+7. with `workers` > 1 (the decode workers behind the gateway, on one host): that many long
    uncached prompts at once, one per worker; how much later than a lone one's the last first
    token comes is how the host shares its CPU between busy workers;
-7. admission (`--admission-probe N`): N streams at once; those with a first token before the
+8. admission (`--admission-probe N`): N streams at once; those with a first token before the
    first finish were admitted together.
 With `--engine-model`, the in-process engine (`calibrate.py`) is measured too, after the
 probes, and printed as a lower bound.
@@ -56,10 +61,16 @@ class ProbeConfig:
     stream_tokens: int = 64
     stall_streams: tuple[int, ...] = (0, 8, 16, 32)  # streams decoding beside a prefill (0: its lone TTFT)
     stall_lengths: tuple[int, ...] = (512, 1536)     # uncached prompt lengths of that prefill
-    # (streams, prompt tokens) of the long-context ITL points: the decode step's context cost against
-    # streams × context, 4k to 17k padded KV tokens, four of them around the knee (~4-8k on tiny) where
-    # the trace's steps are (decodectx.py); one point per (streams, length) pair
-    context_points: tuple[tuple[int, int], ...] = ((4, 1024), (8, 512), (4, 1536), (8, 768), (8, 1024), (8, 1536), (16, 1024))
+    # (streams, prompt tokens) of the long-context ITL points (decodectx.py), one per (streams, length) pair:
+    # streams × context, 4k to 37k padded KV tokens, four of them around the knee (~4-8k on tiny) where
+    # the trace's steps are, two far past it so the slope is not set by the points near the knee alone
+    context_points: tuple[tuple[int, int], ...] = ((4, 1024), (8, 512), (4, 1536), (8, 768), (8, 1024), (8, 1536), (16, 1024),
+                                                   (16, 1536), (24, 1536))
+    # (turns per worker, prompt tokens) of the KV hand-back probe: two turn lengths tell its per-turn
+    # cost from its per-token one
+    handback_points: tuple[tuple[int, int], ...] = ((16, 64), (16, 1024))
+    handback_lone_tokens: int = 256   # the lone stream after them: long enough to outlast their hand-back
+    settle_s: float = 0.3             # before every probe run (see the module docstring)
     burst: int = 24
     hit_pause_s: float = 0.2          # between a prompt and its repeat (the prefix-hit probe)
     hit_new_tokens: tuple[int, ...] = (512,)  # new tokens after a cached prefix (the hit probe's second shape)
@@ -88,6 +99,7 @@ async def probe(target: Target, config: ProbeConfig) -> Samples:
         await prober.ttft()
         await prober.hits()
         await prober.itl()
+        await prober.handback()
         await prober.sharing()
         prober.samples.workers = config.workers
         if config.admission_probe:
@@ -98,8 +110,10 @@ async def probe(target: Target, config: ProbeConfig) -> Samples:
 class _Prober:
     """One method per probe (see the module docstring); each appends to `samples`."""
 
-    def __init__(self, client, target: Target, model: str, config: ProbeConfig) -> None:  # noqa: ANN001
+    def __init__(self, client, target: Target, model: str, config: ProbeConfig,  # noqa: ANN001
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.client, self.target, self.model, self.config = client, target, model, config
+        self.sleep = sleep
         self.samples, self.prompt = Samples(), _Prompts()
         self.longest = max(config.lengths)
 
@@ -124,12 +138,18 @@ class _Prober:
         records: dict[Hashable, list[Any]] = {key: [] for key in runs}
         for _ in range(self.config.repeats):
             for key, run in runs.items():
-                records[key].append(await run())
+                records[key].append(await self.settled(run))
         for _ in range(self.config.extra_repeats):
             for key in unsettled({k: [value(r) for r in rs] for k, rs in records.items()}, self.config.spread_limit):
-                records[key].append(await runs[key]())
+                records[key].append(await self.settled(runs[key]))
                 self.samples.reprobed.append(str(key))
         return records
+
+    async def settled(self, run: Callable[[], Awaitable[Any]]) -> Any:
+        """`run` once, `settle_s` after the run before it ended (the module docstring says why)."""
+        if self.config.settle_s > 0:
+            await self.sleep(self.config.settle_s)
+        return await run()
 
     async def ttft(self) -> None:
         async def lone(n: int) -> tuple[float, float]:
@@ -149,7 +169,7 @@ class _Prober:
             first = self.prompt(prefix)
             await self.one(first, 2)
             # NOTE: a trace's hits find prefixes cached long before, not while the first turn is handed back
-            await asyncio.sleep(self.config.hit_pause_s)
+            await self.sleep(self.config.hit_pause_s)
             again = await self.one(first + self.prompt(new), 2)
             uncached = prefix + new - again.cached_tokens
             lone = await self.one(self.prompt(max(1, uncached)), 2)  # the same noise, no hit
@@ -172,6 +192,23 @@ class _Prober:
         self.samples.itl_long += [(self.per_worker(k), tokens + self.config.stream_tokens / 2, itl)
                                   for (_, k, tokens), itls in ((key, v) for key, v in records.items() if isinstance(key, tuple))
                                   for itl in itls]
+
+    async def handback(self) -> None:
+        """The KV hand-back probe (handback.py): (turns per worker, tokens per turn, extra latency) per run."""
+        runs = {(k, n): partial(self.after_turns, k, n) for k, n in self.config.handback_points}
+        records = await self.repeated(runs, lambda r: r[-1])
+        self.samples.handback += [r for rs in records.values() for r in rs]
+
+    async def after_turns(self, k: int, prompt_tokens: int) -> tuple[float, float, float]:
+        """k turns per worker of `prompt_tokens`-token prompts at once; a lone stream right after they
+        end, and one `settle_s` later: (k, tokens per turn, the first's latency less the second's)."""
+        await asyncio.gather(*(self.one(self.prompt(prompt_tokens), self.config.stream_tokens)
+                               for _ in range(self.per_worker(k))))
+        after = await self.one(self.prompt(32), self.config.handback_lone_tokens)
+        await self.sleep(self.config.settle_s)
+        quiet = await self.one(self.prompt(32), self.config.handback_lone_tokens)
+        extra = (after.finish_s - after.arrival_s) - (quiet.finish_s - quiet.arrival_s)
+        return float(k), float(prompt_tokens + self.config.stream_tokens), extra
 
     async def sharing(self) -> None:
         """The CPU-sharing, request-work and (several workers) host-sharing probes, taking turns."""
