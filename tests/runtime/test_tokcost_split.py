@@ -34,3 +34,11 @@ def test_no_split_without_a_step_count_or_an_engine() -> None:
     engine = {"tokens": 1000, "steps": 25, "cpu_s": 0.050}
     mesh = {"tokens": 1000, "engine_steps": 0, "cpu_s": {"decode-0": 0.130}, "engine_thread_cpu_s": {}}
     assert tokcost().decode_split(mesh, engine) == {}
+
+
+def test_the_reference_is_the_in_process_run_with_the_median_cpu_per_token() -> None:
+    runs = [{"tokens": 100, "cpu_s": 0.009, "wall_s": 1.0}, {"tokens": 100, "cpu_s": 0.005, "wall_s": 2.0},
+            {"tokens": 100, "cpu_s": 0.006, "wall_s": 3.0}]
+    chosen = tokcost().median_run(runs)
+    assert chosen["wall_s"] == 3.0  # 60 µs a token: between 50 and 90
+    assert chosen["cpu_per_token_runs"] == pytest.approx([90e-6, 50e-6, 60e-6])
