@@ -182,6 +182,20 @@ def _own_cpu(proc) -> float:
     return t.user + t.system
 
 
+def _switches(proc) -> int:
+    """Context switches of a mesh process and its children, every thread, voluntary (it waited)
+    and not (it was preempted): each one is a wake-up, and on a crowded host a cache refilled."""
+    import psutil
+
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += sum(p.num_ctx_switches())
+        except psutil.Error:
+            pass
+    return total
+
+
 def _cpu(proc) -> float:
     """A mesh process's CPU time, its children's (a worker's engine process) included."""
     import psutil
@@ -215,11 +229,13 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
             for c in concurrencies:
                 time.sleep(0.6)  # the warm-up's (or the last level's) hand-backs finish, its steps are counted
                 before, counts = {name: _cpu(p) for name, p in procs.items()}, _store_counts(store)
+                switches_before = {name: _switches(p) for name, p in procs.items()}
                 frames = _frame_counts(procs)
                 engines_before = {name: _engine_cpu(p) for name, p in procs.items()}
                 load = run_client(mesh.gateway_url, served, requests, c, max_tokens, client_kind)
                 time.sleep(0.5)  # hand-backs of the last turns are part of the cost
                 cpu = {name: _cpu(p) - before[name] for name, p in procs.items()}
+                switches = {name: _switches(p) - switches_before[name] for name, p in procs.items()}
                 engine_cpu = {f"{name}: its engine {kind}": cpu - engines_before[name][1]
                               for name, p in procs.items() if engines_before[name] is not None
                               for kind, cpu in [_engine_cpu(p)]}
@@ -227,7 +243,7 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
                 time.sleep(0.6)  # NOTE: the engine step counter is refreshed with the gauges (every heartbeat, 0.5 s)
                 frame_delta = {k: v - frames.get(k, 0.0) for k, v in _frame_counts(procs).items()}
                 steps = sum(frame_delta.pop(k) for k in list(frame_delta) if k.endswith(_STEPS))
-                results[c] = {**load, "cpu_s": cpu, "engine_thread_cpu_s": engine_cpu, "store": store_delta,
+                results[c] = {**load, "cpu_s": cpu, "switches": switches, "engine_thread_cpu_s": engine_cpu, "store": store_delta,
                               "frames": frame_delta, "engine_steps": steps}
         finally:
             mesh.stop()
@@ -334,6 +350,9 @@ def report(c: int, mesh: dict, engine: dict) -> None:
         split = decode_split(mesh, engine)
         if split:
             print("decode worker above engine, split: " + ", ".join(f"{k} {v:+.0f}" for k, v in split.items()) + " µs per token")
+    if mesh.get("switches"):
+        print("context switches per 100 tokens: " + ", ".join(
+            f"{name} {n / tokens * 100:.0f}" for name, n in sorted(mesh["switches"].items(), key=lambda kv: -kv[1])))
     if "client_cpu_s" in mesh:
         print(f"the load client (not in the mesh total): {mesh['client_cpu_s'] / tokens * 1e6:.0f} µs per token")
     if mesh.get("ttft_s"):
