@@ -88,7 +88,9 @@ class StreamSession:
         self.stream_interval = max(1, stream_interval)
         self.stream_interval_from = max(1, stream_interval_from)
         self._runs: dict[str, _Run] = {}
-        self._ready: dict[str, _Run] = {}  # runs whose delta should go out with the next message
+        # NOTE: keyed by the run itself, not its request id: a duplicate id's error run and the
+        # running request of that id can both be ready for one message, and each needs its delta.
+        self._ready: dict[_Run, None] = {}  # runs whose delta should go out with the next message (in order)
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._reading = True
@@ -104,7 +106,7 @@ class StreamSession:
                     ready, self._ready = self._ready, {}
                     out = decode_pb2.StepOutput()
                     add = out.deltas.add
-                    for run in ready.values():
+                    for run in ready:
                         run.write(add())
                     if self._generated:
                         metrics.GENERATED_TOKENS.inc(self._generated)
@@ -216,7 +218,7 @@ class StreamSession:
         self._end(run, None, code.name.lower())
 
     def _mark_ready(self, run: _Run) -> None:
-        self._ready[run.job.request_id] = run
+        self._ready[run] = None
         self._wake.set()
 
     def _end(self, run: _Run, out: RequestOutput | None, status: str) -> None:

@@ -81,6 +81,35 @@ async def test_errors_and_aborts_end_one_request_not_the_stream(decode, stub, re
     assert decode.worker.num_inflight == 0
 
 
+async def test_every_duplicate_ids_error_goes_out_beside_the_running_requests_tokens() -> None:
+    # NOTE: a duplicate's error and the running request of that id (or another duplicate's error)
+    # can be ready for the same message; each is its own delta (the conformance suite's D20 once
+    # lost one this way).
+    app = await start(decode_settings(max_model_len=256, num_kv_blocks=128))
+    try:
+        async with grpc.aio.insecure_channel(app.endpoint) as channel:
+            client = Client(decode_pb2_grpc.DecodeWorkerStub(channel))
+            client.generate("long", max_tokens=200)
+            first = await client.call.read()
+            duplicate = decode_pb2.StreamRequest(generate=generate_request(request_id="long", max_tokens=4))
+            # NOTE: packed in one frame, the 20 are handled in one go, before the writer takes any
+            client.outbox.put_nowait(decode_pb2.StreamRequest(batch=decode_pb2.StreamBatch(frames=[duplicate] * 20)))
+            seen, errors = list(first.deltas), 0
+            while errors < 20 and not seen[-1].finish_reason:
+                out = await client.call.read()
+                seen += out.deltas
+                errors = sum(d.error_code == grpc.StatusCode.INVALID_ARGUMENT.value[0] for d in seen)
+            client.abort("long")
+            deltas, _ = await client.run({"long"}) if not seen[-1].finish_reason else ({"long": []}, [])
+            await client.close()
+    finally:
+        await app.stop()
+    assert errors == 20 and {d.request_id for d in seen} == {"long"}
+    tokens = [d for d in seen + deltas["long"] if not d.error_code]
+    last = tokens[-1]
+    assert last.finish_reason == "abort" and last.usage.completion_tokens == sum(len(d.token_ids) for d in tokens)
+
+
 async def test_stream_interval_holds_tokens_but_never_the_first_or_the_end(reference) -> None:
     app = await start(decode_settings(stream_interval=4, stream_interval_from=1))
     try:
