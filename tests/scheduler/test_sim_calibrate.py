@@ -187,12 +187,24 @@ def test_fit_gives_back_how_the_simulated_shared_host_slows_busy_workers():
     assert (got.decode_s_per_step, got.decode_s_per_seq) == pytest.approx((cost.decode_s_per_step, cost.decode_s_per_seq), rel=1e-9)
 
 
-def test_the_noise_is_the_spread_of_lone_ttfts_around_their_fit_and_the_sim_applies_it():
+def test_the_noise_is_the_spread_of_ttfts_beside_streams_else_of_lone_ones_and_the_sim_applies_it():
     samples = formula_samples(TRUE)
-    fitted = dict(samples.ttft)
+    before = fit(samples)
     factors = (0.9, 1.0, 1.0, 1.1, 3.0)
-    samples.ttft = [(n, fitted[n] * f) for n in fitted for f in factors]  # every repeat; the fit takes their medians
-    assert fit(samples).noise == pytest.approx((0.9, 0.9, 1.0, 1.0, 1.0, 1.0, 1.1, 1.1, 3.0, 3.0), rel=1e-9)  # deciles
+    deciles = (0.9, 0.9, 1.0, 1.0, 1.0, 1.0, 1.1, 1.1, 3.0, 3.0)
+    # every repeat of each prefill beside k > 0 streams; the fit takes their medians, the noise their spread
+    samples.stall = [(n, k, gap, itl, ttft * f) for n, k, gap, itl, ttft in samples.stall for f in (factors if k else (1.0,))]
+    loaded = fit(samples)
+    assert loaded.noise == pytest.approx(deciles, rel=1e-9)
+    assert (loaded.prefill_share, loaded.prefill_s_per_stream) == pytest.approx((before.prefill_share, before.prefill_s_per_stream))
+    lone = formula_samples(TRUE)
+    fitted = dict(lone.ttft)
+    lone.ttft = [(n, fitted[n] * f) for n in fitted for f in (1.0, 1.0, 1.05, 2.0, 0.5)]  # a spread of its own
+    lone.stall = samples.stall
+    assert fit(lone).noise == pytest.approx(deciles, rel=1e-9)  # beside streams wins over alone
+    lone.stall = [p for p in lone.stall if p[1] == 0]  # no prefill beside streams: the lone spread
+    lone.ttft = [(n, fitted[n] * f) for n in fitted for f in factors]
+    assert fit(lone).noise == pytest.approx(deciles, rel=1e-9)
     cost = CostModel(prefill_s_per_token=1e-4)
     lone = [TraceRequest(0.0, "r", "", 1000, 1, ())]
     plain = sim_outcomes(SimConfig(num_workers=1, cost=cost, mesh=MeshCost(request_overhead_s=0.01)), lone)[0]

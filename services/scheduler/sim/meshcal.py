@@ -85,7 +85,7 @@ class MeshCalibration:
     prefill_stall: float
     prefill_share: float             # a prefill takes (1 + this × streams beside it) times as long ...
     admission_limit: int | None      # None: not probed, or more than the probe sent
-    noise: tuple[float, ...] = ()    # deciles of lone TTFT / the median at its length: the host's noise
+    noise: tuple[float, ...] = ()    # deciles of TTFT / its probe point's median, beside decoding streams (ttft_noise)
     attention_s_per_pair: float = 0.0
     decode_s_per_padded_token: float = 0.0  # a decode step's cost per padded KV token past the knee (decodectx.py)
     decode_padded_knee_tokens: float = 0.0
@@ -173,6 +173,19 @@ def fit_hits(samples: Samples, attention: float, fitted_lone: list[float]) -> tu
     return max(0.0, _median([(e - attention * n * c) / c for c, n, e in rows])), attention
 
 
+def ttft_noise(samples: Samples) -> tuple[float, ...]:
+    """The spread of a request's TTFT the sim applies (`--ttft-noise`): deciles of the TTFTs of the
+    CPU-sharing probe's prefills beside decoding streams, each over the median of its (length,
+    streams) point; the lone TTFTs (each over the median at its length) when that probe has none.
+
+    NOTE: a loaded mesh serves its requests beside other requests' streams, and there they spread
+    more than alone: run T's probes gave a 90th-percentile decile of 1.37 and 1.51 beside streams
+    against 1.10 and 1.16 alone, and the real replays' TTFT p90 was 1.46-2.44x their p50 (the sim's,
+    with the lone spread, 1.25-1.64x: its p90 missed by -30% at two of four points)."""
+    beside = [((n, k), ttft) for n, k, _, _, ttft in samples.stall if k > 0]
+    return noise_quantiles(around_median(beside or samples.ttft))
+
+
 def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshCalibration:
     """Inverts the model above. `engine_decode_s_per_seq` (the in-process lower bound) splits the
     per-stream ITL slope into the engine's part and the mesh's per-token overhead."""
@@ -250,7 +263,7 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         prefill_share=share,
         prefill_s_per_stream=per_stream_s,
         admission_limit=admitted,
-        noise=noise_quantiles(around_median(samples.ttft)),
+        noise=ttft_noise(samples),
         attention_s_per_pair=attention,
         decode_s_per_padded_token=per_padded,
         decode_padded_knee_tokens=knee,

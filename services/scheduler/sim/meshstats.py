@@ -86,7 +86,7 @@ def noise_quantiles(ratios: list[float], count: int = 10) -> tuple[float, ...]:
     return tuple(at((i + 0.5) / count) / middle for i in range(count)) if middle > 0 else ()
 
 
-def around_median(points: list[tuple[float, float]]) -> list[float]:
+def around_median(points: list[tuple[Hashable, float]]) -> list[float]:
     """Each (key, value) point's value over the median of those with its key."""
     by_key: dict[float, list[float]] = {}
     for key, value in points:
