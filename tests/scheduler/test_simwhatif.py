@@ -1,0 +1,47 @@
+"""bench/simwhatif.py: a saved probe set loads back as the Samples it was, and --set changes the fit."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvmesh.scheduler.sim.meshcal import fit
+
+from .test_sim_calibrate import SHARED, formula_samples
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def simwhatif():
+    sys.path.insert(0, str(BENCH))  # NOTE: it imports simfidelity, as the bench scripts import each other
+    try:
+        spec = importlib.util.spec_from_file_location("simwhatif", BENCH / "simwhatif.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_a_saved_probe_set_loads_back_and_fits_as_it_did(tmp_path) -> None:
+    samples = formula_samples(SHARED, workers=2)
+    path = tmp_path / "run.2w.json"
+    path.write_text(json.dumps(dataclasses.asdict(samples)))  # what simfidelity --save-samples writes
+    loaded = simwhatif().load_samples(str(path))
+    assert loaded == samples
+    assert fit(loaded, SHARED.decode_s_per_seq) == fit(samples, SHARED.decode_s_per_seq)
+
+
+def test_set_changes_the_named_terms_and_refuses_an_unknown_one() -> None:
+    module, samples = simwhatif(), formula_samples(SHARED, workers=2)
+    cal = fit(samples, SHARED.decode_s_per_seq)
+    got = module.changed(cal, samples, ["host_parallelism=2", "pause_s=0.5"], "beside")
+    assert (got.host_parallelism, got.pause_s) == (2.0, 0.5)
+    assert dataclasses.replace(got, host_parallelism=cal.host_parallelism, pause_s=cal.pause_s) == cal
+    with pytest.raises(SystemExit):
+        module.changed(cal, samples, ["no_such_term=1"], "beside")
