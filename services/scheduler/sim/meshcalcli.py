@@ -39,8 +39,6 @@ def _or(value: float | None, default: float) -> float:
     return default if value is None else value
 
 
-
-
 def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list[str]:
     """Human-readable lines: the end-to-end terms, and the in-process figures labelled as a lower bound."""
     lines = [
