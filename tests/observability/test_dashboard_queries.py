@@ -88,8 +88,12 @@ def mesh_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
     # NOTE: no skips here: a service that cannot be imported, or the harness missing, is a failure.
     from tests.e2e.conftest import _start, _stop_and_check  # noqa: PLC0415
     # NOTE: a small KV store with short leases and a sub-second idle cap, so the traffic below
-    # makes it evict (for room, and by idleness right after).
-    kvstore = ["kvstore.memory_bytes=262144", "kvstore.lease_s=0.1", "kvstore.idle_cap_s=0.5", "kvstore.tick_s=0.2"]
+    # makes it evict (for room, and by idleness right after). Each finished turn is its own Put
+    # (no hand-back window): a Put of several turns' fresh blocks can be larger than this whole
+    # store, which refuses it outright, so nothing is stored and nothing evicted (a fresh-clone run
+    # had all five of its batched Puts refused "no room while leased blocks are pinned").
+    kvstore = ["kvstore.memory_bytes=262144", "kvstore.lease_s=0.1", "kvstore.idle_cap_s=0.5", "kvstore.tick_s=0.2",
+               "decode.handback_window_s=0"]
     mesh = _start(tmp_path_factory, canary=True, candidate_decode=1, settings=["gateway.mirror_sample=1.0", *kvstore])
     prom = None
     try:
