@@ -40,6 +40,7 @@ from kvmesh.scheduler.policy import CostModel, PolicyConfig
 from kvmesh.scheduler.sim.calibrate import lower_bound
 from kvmesh.scheduler.sim.client import Target
 from kvmesh.scheduler.sim.cluster import SimConfig
+from kvmesh.scheduler.sim.hostspeed import Speed, measure, pooled, scaled, speed_ratio
 from kvmesh.scheduler.sim.meshcost import MeshCost
 from kvmesh.scheduler.sim.meshcal import MeshCalibration, Samples, fit
 from kvmesh.scheduler.sim.meshcalcli import probe_lines
@@ -69,6 +70,8 @@ class Bench:
         self.trace_cfg = trace_config(args)
         self.window = (args.warmup_s, args.duration_s)
         self.load: dict[int, float] = {}  # id(a real run's summary) -> the 1-minute load average after it
+        self.slowdown: dict[int, float] = {}  # id(a real run's summary) -> the host's speed before it over the calibration's
+        self.reference: Speed | None = None   # the host's speed during the calibration (hostspeed.py)
 
     def trace(self, rate: float):
         return without_output_blocks(synthetic(self.trace_cfg, rate))
@@ -81,13 +84,27 @@ class Bench:
         return simulate(policy, config, self.trace(rate), self.window, self.args.slo_ttft_s)
 
     def real(self, url: str, policy: str, workers: int, rate: float) -> RunSummary:
+        speed = asyncio.run(measure(Target(url))) if self.reference else None
         outcomes = asyncio.run(replay(self.trace(rate), ReplayConfig(Target(url, timeout_s=60.0))))
         summary = figures(policy, workers, outcomes, self.window, self.args.slo_ttft_s)
         self.load[id(summary)] = os.getloadavg()[0]
+        if speed and self.reference:
+            self.slowdown[id(summary)] = speed_ratio(speed, self.reference)
         log(f"real {policy} x{workers} at {rate:.2f} req/s: TTFT p50 {summary.ttft_p50_s:.3f} p99 {summary.ttft_p99_s:.3f} "
             f"ITL p50 {summary.itl_p50_s * 1e3:.2f} ms "
-            f"errors {summary.errors or '-'} (load average {self.load[id(summary)]:.1f})")
+            f"errors {summary.errors or '-'} (load average {self.load[id(summary)]:.1f}"
+            + (f"; host {self.slowdown[id(summary)]:.2f}x the calibration's time: {speed.describe()})" if speed else ")"))
         return summary
+
+    def matched(self, config: SimConfig, reals: list[RunSummary]) -> tuple[SimConfig, float | None]:
+        """`config` scaled to the host's speed before `reals` (the median of their slowdowns), and that factor
+        (None: not measured)."""
+        factors = [self.slowdown[id(r)] for r in reals if id(r) in self.slowdown]
+        if not factors:
+            return config, None
+        factor = statistics.median(factors)
+        cost, mesh = scaled(config.cost, config.mesh, factor)
+        return dataclasses.replace(config, cost=cost, mesh=mesh), factor
 
     def capacity_of(self, run_at, start: float, steps: int) -> float:
         return capacity(run_at, self.args.slo_ttft_s, start, steps)[0]
@@ -140,7 +157,12 @@ def run_workers(bench: Bench, workers: int, lower: CostModel | None) -> None:
         log(f"starting kvmesh up --decode {workers} --prefill 0")
         mesh = start_mesh(args.model, workers, "kv_aware", run_dir)
         try:
+            # NOTE: the host's speed at the calibration's start and end is what its replays are matched to (hostspeed.py)
+            bench.reference = None
+            speeds = [asyncio.run(measure(Target(mesh.gateway_url)))]
             samples = asyncio.run(probe(Target(mesh.gateway_url), ProbeConfig(repeats=args.repeats, workers=workers)))
+            speeds.append(asyncio.run(measure(Target(mesh.gateway_url))))
+            bench.reference = pooled(speeds) if args.match_speed else None
             if args.save_samples:  # the raw probe timings, to refit offline
                 with open(f"{args.save_samples}.{workers}w.json", "w") as f:
                     json.dump(dataclasses.asdict(samples), f)
@@ -152,16 +174,29 @@ def run_workers(bench: Bench, workers: int, lower: CostModel | None) -> None:
             for line in probe_lines(samples):
                 print(f"# {line}")
             print("# calibration: kvmesh sim " + " ".join(cal.sim_flags()))
+            print(f"# host speed at the calibration's start: {speeds[0].describe()}; at its end: {speeds[1].describe()} "
+                  f"({speed_ratio(speeds[1], speeds[0]):.2f}x)")
             sim_cap = bench.capacity_of(lambda r: bench.sim("kv_aware", config, r), 2.0 * workers, 4)
             fit_spread(bench, samples, cal, workers, lower)
             low_cap = (bench.capacity_of(lambda r: bench.sim("kv_aware", bench.sim_config(workers, lower, MeshCost()), r),
                                          2.0 * workers, 4) if lower else 0.0)
             log(f"sim capacity {sim_cap:.2f} req/s; searching the real one")
-            real_cap = bench.capacity_of(lambda r: bench.real(mesh.gateway_url, "kv_aware", workers, r),
-                                         max(sim_cap, 0.25), args.real_search_steps)
+            search: list[RunSummary] = []
+
+            def searched(rate: float) -> RunSummary:
+                search.append(bench.real(mesh.gateway_url, "kv_aware", workers, rate))
+                return search[-1]
+
+            real_cap = bench.capacity_of(searched, max(sim_cap, 0.25), args.real_search_steps)
             print(f"capacity (req/s): sim {sim_cap:.2f}, real {real_cap:.2f}: sim/real {sim_cap / real_cap:.2f} "
                   f"({pct(sim_cap, real_cap)}); in-process calibration (lower bound): {low_cap:.2f}" if real_cap
                   else f"capacity (req/s): sim {sim_cap:.2f}, real: below the search's floor")
+            at_speed, factor = bench.matched(config, search)
+            if factor is not None and real_cap:
+                matched_cap = bench.capacity_of(lambda r: bench.sim("kv_aware", at_speed, r), 2.0 * workers, 4)
+                print(f"capacity matched to the host's speed during the search (its time {factor:.2f}x the calibration's; "
+                      f"replays {', '.join(f'{bench.slowdown[id(r)]:.2f}' for r in search if id(r) in bench.slowdown)}): "
+                      f"sim {matched_cap:.2f}, real {real_cap:.2f} ({pct(matched_cap, real_cap)})")
             base = real_cap or sim_cap
             print(f"{'load':>5}{'rate':>7} | {'sim p50':>8}{'p90':>7}{'p99':>7} | "
                   + " | ".join(f"{'real#' + str(i + 1) + ' p50':>12}{'p90':>7}{'p99':>7}{'err':>5}{'load':>6}"
@@ -178,6 +213,12 @@ def run_workers(bench: Bench, workers: int, lower: CostModel | None) -> None:
                                    f"{sum(n for _, n in r.errors):>5}{bench.load[id(r)]:>6.1f}" for r in reals)
                       + f" | {pct(s.ttft_p50_s, p50):>6}{pct(s.ttft_p90_s, p90):>6} | {s.itl_p50_s * 1e3:>11.2f} "
                       + "/".join(f"{r.itl_p50_s * 1e3:.2f}" for r in reals), flush=True)
+                at_speed, factor = bench.matched(config, reals)
+                if factor is not None:
+                    m = bench.sim("kv_aware", at_speed, rate)
+                    print(f"{'':>5}{'':>7} | {m.ttft_p50_s:>8.3f}{m.ttft_p90_s:>7.3f}{m.ttft_p99_s:>7.3f} | matched to the "
+                          f"host's speed before these replays (time {factor:.2f}x the calibration's) | "
+                          f"{pct(m.ttft_p50_s, p50):>6}{pct(m.ttft_p90_s, p90):>6} | {m.itl_p50_s * 1e3:>11.2f}", flush=True)
         finally:
             mesh.stop()
     if workers == 2 and args.policies:
@@ -201,12 +242,18 @@ def policy_order(bench: Bench, workers: int, config: SimConfig, rate: float) -> 
                 r = bench.real(mesh.gateway_url, policy, workers, rate)
             finally:
                 mesh.stop()
-        rows.append((policy, s, r))
+        at_speed, factor = bench.matched(config, [r])
+        rows.append((policy, s, r, bench.sim(policy, at_speed, rate) if factor is not None else None, factor))
     print(f"\n## policy ordering, {workers} workers at {rate:.2f} req/s (TTFT p90, lower is better)")
-    print(f"{'policy':<16}{'sim p50':>9}{'p90':>8}{'hit':>6} | {'real p50':>9}{'p90':>8}{'hit':>6}")
-    for policy, s, r in rows:
+    print(f"{'policy':<16}{'sim p50':>9}{'p90':>8}{'hit':>6} | {'real p50':>9}{'p90':>8}{'hit':>6} | matched sim p50, p90 (time)")
+    for policy, s, r, m, factor in rows:
         print(f"{policy:<16}{s.ttft_p50_s:>9.3f}{s.ttft_p90_s:>8.3f}{s.hit_rate:>6.2f} | "
-              f"{r.ttft_p50_s:>9.3f}{r.ttft_p90_s:>8.3f}{r.hit_rate:>6.2f}")
+              f"{r.ttft_p50_s:>9.3f}{r.ttft_p90_s:>8.3f}{r.hit_rate:>6.2f}"
+              + (f" | {m.ttft_p50_s:.3f}, {m.ttft_p90_s:.3f} ({factor:.2f}x)" if m else ""))
+    if all(m for *_, m, _ in rows):
+        matched = [p for p, *_ in sorted(rows, key=lambda x: x[3].ttft_p90_s)]
+        print(f"# matched sim order: {' < '.join(matched)}")
+    rows = [(p, s, r) for p, s, r, _, _ in rows]
     sim_order = [p for p, _, _ in sorted(rows, key=lambda x: x[1].ttft_p90_s)]
     real_order = [p for p, _, _ in sorted(rows, key=lambda x: x[2].ttft_p90_s)]
     print(f"# sim order: {' < '.join(sim_order)}; real order: {' < '.join(real_order)}; "
@@ -257,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bootstrap", type=int, default=20,
                    help="refits of resampled probe repeats: each term's and the sim capacity's spread (0 = skip)")
     p.add_argument("--no-lower-bound", action="store_true", help="skip the in-process engine calibration")
+    p.add_argument("--no-match-speed", dest="match_speed", action="store_false",
+                   help="skip the host-speed probe before each replay and the sim matched to it (hostspeed.py)")
     args = p.parse_args(argv)
     t0 = time.time()
     before = group_priority(None)

@@ -10,6 +10,7 @@ from kvmesh.runtime.launcher import MeshOptions, free_port
 from kvmesh.runtime.supervisor import Mesh
 from kvmesh.scheduler.sim import sim_main
 from kvmesh.scheduler.sim.client import Target
+from kvmesh.scheduler.sim.hostspeed import SpeedConfig, measure
 from kvmesh.scheduler.sim.meshprobe import ProbeConfig, probe
 from kvmesh.scheduler.sim.replay import ReplayConfig, replay
 from kvmesh.scheduler.sim.trace import TraceRequest, write_jsonl
@@ -41,12 +42,21 @@ def test_a_replayed_trace_hits_the_cache_where_its_hash_ids_are_shared(gateway):
     assert outcomes[1].cached_tokens >= 128 and outcomes[2].cached_tokens == 0
 
 
-def test_replay_prints_the_sim_tables(gateway, tmp_path, capsys):
+def test_replay_prints_the_sim_tables_and_the_time_scale_against_a_speed_reference(gateway, tmp_path, capsys):
     path = tmp_path / "trace.jsonl"
     write_jsonl([TraceRequest(0.1 * i, f"r{i}", f"s{i}", 40, 3, (7, 8)) for i in range(4)], path)
-    assert sim_main(["replay", str(path), "--url", gateway, "--rate-scale", "2"]) == 0
+    assert sim_main(["replay", str(path), "--url", gateway, "--rate-scale", "2", "--speed-reference", "0.02,0.002"]) == 0
     out = capsys.readouterr().out
     assert "ttft_p99" in out and "goodput" in out and "real" in out
+    assert "host speed before the replay" in out and "kvmesh sim --time-scale" in out
+    with pytest.raises(SystemExit, match="speed-reference"):
+        sim_main(["replay", str(path), "--url", gateway, "--speed-reference", "0.02"])
+
+
+def test_the_host_speed_probe_times_a_lone_prefill_and_a_lone_stream(gateway):
+    speed = asyncio.run(measure(Target(gateway, timeout_s=60.0), SpeedConfig(prompt_tokens=512, stream_tokens=16,
+                                                                             repeats=2, settle_s=0.05)))
+    assert 0 < speed.itl_s < speed.ttft_s < 5.0  # a 512-token prefill outlasts one decode step
 
 
 def test_calibration_probes_the_mesh(gateway):

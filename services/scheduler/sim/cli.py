@@ -10,10 +10,12 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 
 from ..pd import PdConfig
 from ..policy import POLICY_NAMES, CostModel, PolicyConfig
 from .cluster import SimConfig
+from .hostspeed import scaled
 from .meshcost import MeshCost
 from .scaleup import scale_up_main
 from .report import DETAIL_HEADER, HEADER, RunSummary, capacity, detail_row, row, simulate
@@ -96,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mesh: requests in flight mesh-wide before admission queues them (0 = only max_num_seqs per worker)")
     p.add_argument("--admission-timeout-s", type=float, default=mesh.admission_timeout_s,
                    help="mesh: a request queued in admission this long fails with 504")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="every time cost above x this: the host this much slower than when calibrated "
+                   "(`kvmesh sim replay --speed-reference` prints it)")
     p.add_argument("--no-output-blocks", action="store_true",
                    help="ignore the trace's output_hash_ids (as a replay on a real mesh must)")
     p.add_argument("--local-prefill-max-tokens", type=int, default=pd.local_prefill_max_tokens)
@@ -113,6 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _sim_config(args: argparse.Namespace, n: int, routers: int = 1) -> SimConfig:
+    config = _unscaled_config(args, n, routers)
+    if args.time_scale == 1.0:
+        return config
+    cost, mesh = scaled(config.cost, config.mesh, args.time_scale)
+    return replace(config, cost=cost, mesh=mesh)
+
+
+def _unscaled_config(args: argparse.Namespace, n: int, routers: int) -> SimConfig:
     return SimConfig(
         num_workers=n,
         routers=routers,
@@ -172,6 +185,8 @@ def sim_main(argv: list[str] | None = None) -> int:
     for name in policies:
         if name not in POLICY_NAMES:
             raise SystemExit(f"kvmesh sim: unknown policy {name!r} (expected one of {', '.join(POLICY_NAMES)})")
+    if args.time_scale <= 0:
+        raise SystemExit("kvmesh sim: --time-scale must be > 0")
     if args.warmup_s >= args.duration_s and not (args.trace or args.write_trace):
         raise SystemExit("kvmesh sim: --warmup-s must be below --duration-s")
     trace_at = _trace_source(args)

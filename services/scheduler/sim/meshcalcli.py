@@ -12,6 +12,7 @@ from collections import Counter
 
 from .calibrate import lower_bound
 from .client import Target, unreachable
+from .hostspeed import measure, pooled, speed_ratio
 from .meshcal import MeshCalibration, Samples, beside_medians, fit
 from .meshprobe import ProbeConfig, probe
 from .meshspread import bootstrap, spread_lines, term_ranges
@@ -123,7 +124,9 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     target = Target(args.url.rstrip("/"), args.model, args.api_key)
     t0 = time.perf_counter()
     try:
+        speeds = [asyncio.run(measure(target))]
         samples = asyncio.run(probe(target, config))
+        speeds.append(asyncio.run(measure(target)))
     except Exception as exc:  # noqa: BLE001 - only the gateway's failures are turned into a message
         if not (unreachable(exc) or isinstance(exc, RuntimeError)):
             raise
@@ -140,6 +143,10 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     print("# fit uncertainty, each term's 10th..90th percentile over refits of resampled probe repeats (meshspread.py):")
     for line in spread_lines(cal, ranges):
         print(f"#   {line}")
+    reference = pooled(speeds)
+    print(f"# host speed at the probes' start: {speeds[0].describe()}; at their end: {speeds[1].describe()} "
+          f"({speed_ratio(speeds[1], speeds[0]):.2f}x); to match a later replay's sim to the host's speed then: "
+          f"kvmesh sim replay ... --speed-reference {reference.ttft_s:.4g},{reference.itl_s:.4g}")
     print("kvmesh sim " + " ".join(cal.sim_flags()))
     return 0
 

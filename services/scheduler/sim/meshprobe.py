@@ -80,7 +80,7 @@ class ProbeConfig:
     spread_limit: float = 0.15        # ... by more than this (half the interquartile range over the median)
 
 
-class _Prompts:
+class FreshPrompts:
     """Random token-id prompts that no earlier run (or probe) has sent."""
 
     def __init__(self) -> None:
@@ -114,7 +114,7 @@ class _Prober:
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.client, self.target, self.model, self.config = client, target, model, config
         self.sleep = sleep
-        self.samples, self.prompt = Samples(), _Prompts()
+        self.samples, self.prompt = Samples(), FreshPrompts()
         self.longest = max(config.lengths)
 
     async def one(self, tokens: list[int], max_tokens: int, times: list[float] | None = None) -> Outcome:

@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-s", type=float, default=120.0, help="a request not finished after this counts as error 0")
     p.add_argument("--label", default="real", help="first column of the table (e.g. the mesh's policy)")
     p.add_argument("--workers", type=int, default=1, help="decode workers of the mesh, for the table")
+    p.add_argument("--speed-reference", default="", metavar="TTFT_S,ITL_S",
+                   help="the host speed `kvmesh sim calibrate` printed: probe it again before the replay and print the "
+                   "`kvmesh sim --time-scale` that matches the sim to the host's speed now (hostspeed.py)")
     return p
 
 
@@ -125,6 +128,28 @@ def load_trace(path: str, rate_scale: float = 1.0, rate: float = 0.0, max_reques
     return scale_rate(trace, factor) if factor != 1.0 else trace
 
 
+def _speed_reference(text: str):  # noqa: ANN202 - hostspeed.Speed | None, imported lazily (hostspeed imports this module)
+    from .hostspeed import Speed  # noqa: PLC0415
+
+    if not text:
+        return None
+    try:
+        ttft_s, itl_s = (float(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"kvmesh sim replay: --speed-reference wants TTFT_S,ITL_S, got {text!r}") from None
+    if ttft_s <= 0 or itl_s <= 0:
+        raise SystemExit("kvmesh sim replay: --speed-reference timings must be > 0")
+    return Speed(ttft_s, itl_s)
+
+
+async def _speed_now(target: Target, reference) -> str:  # noqa: ANN001 - hostspeed.Speed
+    from .hostspeed import measure, speed_ratio  # noqa: PLC0415
+
+    now = await measure(target)
+    return (f"# host speed before the replay: {now.describe()}; its time is {speed_ratio(now, reference):.3g}x the "
+            f"calibration's: compare with `kvmesh sim --time-scale {speed_ratio(now, reference):.3g} ...`")
+
+
 def replay_main(argv: list[str] | None = None) -> int:
     """Entry point for `kvmesh sim replay`."""
     args = build_parser().parse_args(argv)
@@ -134,11 +159,15 @@ def replay_main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"kvmesh sim replay: {exc}") from None
     target = Target(args.url.rstrip("/"), args.model, args.api_key, args.timeout_s)
     try:
+        reference = _speed_reference(args.speed_reference)
+        speed_line = asyncio.run(_speed_now(target, reference)) if reference else ""
         outcomes = asyncio.run(replay(trace, ReplayConfig(target, args.block_tokens)))
     except Exception as exc:  # noqa: BLE001 - only the gateway's failures are turned into a message
         if not unreachable(exc):
             raise
         raise SystemExit(f"kvmesh sim replay: {target.url}: {exc!r}") from None
+    if speed_line:
+        print(speed_line)
     summary = replay_summary(args.label, args.workers, trace, outcomes, args.slo_ttft_s, args.warmup_s)
     print(f"# replay of {args.trace}: {len(trace)} requests at {mean_rate(trace):.2f} req/s against {target.url}; "
           f"goodput = requests/s with TTFT <= {args.slo_ttft_s} s")
