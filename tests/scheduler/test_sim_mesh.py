@@ -40,6 +40,8 @@ def test_a_replayed_trace_hits_the_cache_where_its_hash_ids_are_shared(gateway):
     assert [o.status for o in outcomes] == [200, 200, 200]
     assert [o.output_tokens for o in outcomes] == [4, 4, 4] and not any(math.isnan(o.ttft_s) for o in outcomes)
     assert outcomes[1].cached_tokens >= 128 and outcomes[2].cached_tokens == 0
+    again = asyncio.run(replay(trace, ReplayConfig(Target(gateway, timeout_s=60.0))))  # a fresh salt: nothing cached
+    assert [o.cached_tokens for o in again] == [0, outcomes[1].cached_tokens, 0]
 
 
 def test_replay_prints_the_sim_tables_and_the_time_scale_against_a_speed_reference(gateway, tmp_path, capsys):

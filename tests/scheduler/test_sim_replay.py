@@ -34,6 +34,16 @@ def test_a_different_first_hash_id_shares_nothing_and_the_same_request_builds_th
     assert prompt_token_ids(request("a", (1, 2), 32)) == a
 
 
+def test_a_salt_gives_every_block_and_tail_other_tokens_and_keeps_the_sharing_within_it():
+    a, b = request("a", (1, 2, 3), 3 * 16 + 5), request("b", (1, 2, 4), 3 * 16 + 5)
+    sa, sb = prompt_token_ids(a, salt="run2"), prompt_token_ids(b, salt="run2")
+    plain = prompt_token_ids(a)
+    ha, hplain = HASHER.hashes(sa), HASHER.hashes(plain)
+    assert not set(ha) & set(hplain) and sa[48:] != plain[48:]  # nothing an unsalted replay cached
+    assert sa[:32] == sb[:32] and sa[32:48] != sb[32:48]  # shared hash ids still share, within the salt
+    assert prompt_token_ids(a, salt="run2") == sa and prompt_token_ids(a, salt="run3") != sa
+
+
 def test_mooncake_blocks_of_512_tokens_share_as_whole_blocks_and_the_last_one_is_cut():
     a = prompt_token_ids(request("a", (10, 11), 700), block_tokens=512)
     b = prompt_token_ids(request("b", (10, 12), 600), block_tokens=512)

@@ -2,9 +2,13 @@
 over simulated workers that have a prefix cache, a prefill queue and a continuous decode batch.
 
 Worker model (times from the CostModel, see bench/sim_calibration.md):
-- each worker runs one prefill at a time, FCFS; a prefill of n uncached tokens takes
+- each worker runs one prefill step at a time, FCFS; a prefill of n uncached tokens takes
   n × prefill_s_per_token plus one decode step (step_s(running)) per chunk of
-  max_num_batched_tokens, since the running batch rides along with every chunk;
+  max_num_batched_tokens, since the running batch rides along with every chunk; prompts that
+  arrive while a step runs wait for it and are prefilled together in the next one, up to
+  max_num_batched_tokens (as the engine's scheduler admits every waiting prompt the step's token
+  budget holds): the step's decode ride-along and its per-stream cost (MeshCost) are paid once,
+  each prompt adds its own prefill work, and all of them get their first token at its end;
 - up to max_num_seqs sequences run; more wait for a slot;
 - after the first token a sequence decodes its other tokens at step_s(running) each;
 - the cache is an LRU of kv_blocks blocks; prompt blocks enter it when prefilled, the whole turn
@@ -39,7 +43,7 @@ from ..registry import HeartbeatInfo, Registry, Role
 from ..router import RouteDecision, RouteQuery, Router, RouterConfig
 from ..sticky import StickySessions
 from .meshcost import MeshCost
-from .simworker import RequestResult, SimWorker
+from .simworker import PrefillBatch, RequestResult, SimWorker
 from .trace import TraceRequest
 
 
@@ -231,32 +235,53 @@ class Cluster:
         else:
             d.slot_queue.append((result, decision))
 
-    def _prefill_s(self, tokens: int, cached: int, d: SimWorker) -> float:
-        """A prefill of `tokens` new prompt tokens after `cached` ones on d, beside its running sequences."""
+    def _prefill_s(self, tokens: int, cached: int, d: SimWorker, joining: bool = False) -> float:
+        """A prefill of `tokens` new prompt tokens after `cached` ones on d, beside its running sequences;
+        `joining` a step that prefills other prompts too: its own work only (the step's ride-along is paid)."""
         cost, mesh = self.config.cost, self.config.mesh
         # NOTE: a fully cached prompt still takes one step: the engine computes its last token for the logits.
         chunks = max(1, -(-tokens // self.config.max_num_batched_tokens))
         beside = max(0, d.running - 1)
         cached_pair = mesh.attention_s_per_pair if mesh.attention_s_per_cached_pair is None else mesh.attention_s_per_cached_pair
         attention = mesh.attention_s_per_pair * tokens * tokens / 2 + cached_pair * tokens * cached
-        return ((cost.prefill_s(tokens) + attention) * (1.0 + mesh.prefill_share * beside)
-                + mesh.prefill_s_per_stream * beside + chunks * self._step_s(d))
+        own = (cost.prefill_s(tokens) + attention) * (1.0 + mesh.prefill_share * beside)
+        return own if joining else own + mesh.prefill_s_per_stream * beside + chunks * self._step_s(d)
+
+    def _local_prefill(self, d: SimWorker, result: RequestResult, tokens: int, cached: int) -> tuple[float, float]:
+        """Puts a local prefill in d's next prefill step: the one not yet begun, if its token budget
+        holds these tokens too, else a new one after d's busy time. Returns (step start, step end)."""
+        extra = cached * self.config.mesh.hit_s_per_token
+        batch = d.batch
+        if batch is not None and batch.start_s > self.now and batch.tokens + tokens <= self.config.max_num_batched_tokens:
+            added = (self._prefill_s(tokens, cached, d, joining=True) + extra) * self._host_slowdown()
+            if d.busy_until > batch.end_s:  # NOTE: a hand-back or pause queued after the step moves with it
+                d.busy_until += added
+            else:
+                d.busy_until = batch.end_s + added
+            batch.end_s += added
+            batch.tokens += tokens
+            if self.config.mesh.prefill_stall:
+                self._at(batch.start_s, "stall", (d, self.config.mesh.prefill_stall * added))
+        else:
+            start = max(self.now, d.busy_until)
+            end = start + (self._prefill_s(tokens, cached, d) + extra) * self._host_slowdown()
+            batch = d.batch = PrefillBatch(start, end, tokens)
+            d.busy_until = end
+            if self.config.mesh.prefill_stall:
+                self._at(start, "stall", (d, self.config.mesh.prefill_stall * (end - start)))
+        result.batch, result.batch_mark = batch, batch.end_s
+        return batch.start_s, batch.end_s
 
     def _start(self, d: SimWorker, result: RequestResult, decision: RouteDecision) -> None:
         d.running += 1
         bs = self.config.cost.block_size
         r, hashes = result.request, result.hashes
         d_cached = d.cached_prefix(hashes)
-        noise = self._noise(r.request_id)
+        noise = result.noise = self._noise(r.request_id)
         result.pause_mark = d.paused_s
         if decision.prefill is None:
             result.cached_tokens = d_cached * bs
-            start = max(self.now, d.busy_until)
-            work = self._prefill_s(r.prompt_tokens - d_cached * bs, d_cached * bs, d)
-            end = start + (work + d_cached * bs * self.config.mesh.hit_s_per_token) * self._host_slowdown()
-            d.busy_until = end
-            if self.config.mesh.prefill_stall:
-                self._at(start, "stall", (d, self.config.mesh.prefill_stall * (end - start)))
+            start, end = self._local_prefill(d, result, r.prompt_tokens - d_cached * bs, d_cached * bs)
         else:
             p = self.workers[decision.prefill.worker_id]
             cached = max(d_cached, p.cached_prefix(hashes))
@@ -287,6 +312,11 @@ class Cluster:
         self._next_pause(w, rng)
 
     def _first_token(self, d: SimWorker, result: RequestResult) -> None:
+        batch = result.batch
+        if batch is not None and batch.end_s > result.batch_mark:  # more prompts joined its prefill step since
+            self._at(self.now + (batch.end_s - result.batch_mark) * result.noise, "first_token", (d, result))
+            result.batch_mark = batch.end_s
+            return
         if d.paused_s > result.pause_mark:  # the worker paused since this first token was scheduled
             self._at(self.now + d.paused_s - result.pause_mark, "first_token", (d, result))
             result.pause_mark = d.paused_s

@@ -24,10 +24,22 @@ class RequestResult:
     status: int = 200               # 429 / 504: refused or timed out in admission (MeshCost)
     stall_mark: float = 0.0         # the worker's stall_s when this sequence's finish was last scheduled
     pause_mark: float = 0.0         # the worker's paused_s when its first token was last scheduled
+    batch: PrefillBatch | None = None  # the engine step that prefills it (local prefills)
+    batch_mark: float = 0.0         # that step's end when its first token was last scheduled
+    noise: float = 1.0              # its latency factor (MeshCost.noise)
 
     @property
     def ttft_s(self) -> float:
         return self.first_token_s - self.request.arrival_s
+
+
+@dataclass(slots=True)
+class PrefillBatch:
+    """One engine step's prefills on a worker: the prompts that were waiting when it began."""
+
+    start_s: float
+    end_s: float
+    tokens: int
 
 
 @dataclass(slots=True)
@@ -46,6 +58,7 @@ class SimWorker:
     stall_s: float = 0.0            # decode time lost to local prefills and pauses so far (MeshCost)
     paused_s: float = 0.0           # time lost to the worker's pauses so far (MeshCost.pause_rate_hz)
     contexts: list[float] = field(default_factory=list)  # mean context (prompt + output / 2) of each sequence here
+    batch: PrefillBatch | None = None  # its latest prefill step (joinable until it starts)
 
     def cached_prefix(self, hashes: tuple[bytes, ...]) -> int:
         n = 0
