@@ -91,7 +91,7 @@ class Bench:
         if speed and self.reference:
             self.slowdown[id(summary)] = speed_ratio(speed, self.reference)
         log(f"real {policy} x{workers} at {rate:.2f} req/s: TTFT p50 {summary.ttft_p50_s:.3f} p99 {summary.ttft_p99_s:.3f} "
-            f"ITL p50 {summary.itl_p50_s * 1e3:.2f} ms "
+            f"ITL p50 {summary.itl_p50_s * 1e3:.2f} ms hit {summary.hit_rate:.2f} "
             f"errors {summary.errors or '-'} (load average {self.load[id(summary)]:.1f}"
             + (f"; host {self.slowdown[id(summary)]:.2f}x the calibration's time: {speed.describe()})" if speed else ")"))
         return summary
@@ -212,7 +212,8 @@ def run_workers(bench: Bench, workers: int, lower: CostModel | None) -> None:
                       + " | ".join(f"{r.ttft_p50_s:>12.3f}{r.ttft_p90_s:>7.3f}{r.ttft_p99_s:>7.3f}"
                                    f"{sum(n for _, n in r.errors):>5}{bench.load[id(r)]:>6.1f}" for r in reals)
                       + f" | {pct(s.ttft_p50_s, p50):>6}{pct(s.ttft_p90_s, p90):>6} | {s.itl_p50_s * 1e3:>11.2f} "
-                      + "/".join(f"{r.itl_p50_s * 1e3:.2f}" for r in reals), flush=True)
+                      + "/".join(f"{r.itl_p50_s * 1e3:.2f}" for r in reals)
+                      + f" | hit sim {s.hit_rate:.2f}, real " + "/".join(f"{r.hit_rate:.2f}" for r in reals), flush=True)
                 at_speed, factor = bench.matched(config, reals)
                 if factor is not None:
                     m = bench.sim("kv_aware", at_speed, rate)
