@@ -88,7 +88,7 @@ class Bench:
         outcomes = asyncio.run(replay(self.trace(rate), ReplayConfig(Target(url, timeout_s=60.0))))
         summary = figures(policy, workers, outcomes, self.window, self.args.slo_ttft_s)
         self.load[id(summary)] = os.getloadavg()[0]
-        if speed and self.reference:
+        if speed:
             self.slowdown[id(summary)] = speed_ratio(speed, self.reference)
         log(f"real {policy} x{workers} at {rate:.2f} req/s: TTFT p50 {summary.ttft_p50_s:.3f} p99 {summary.ttft_p99_s:.3f} "
             f"ITL p50 {summary.itl_p50_s * 1e3:.2f} ms hit {summary.hit_rate:.2f} "

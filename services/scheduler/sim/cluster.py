@@ -254,10 +254,8 @@ class Cluster:
         batch = d.batch
         if batch is not None and batch.start_s > self.now and batch.tokens + tokens <= self.config.max_num_batched_tokens:
             added = (self._prefill_s(tokens, cached, d, joining=True) + extra) * self._host_slowdown()
-            if d.busy_until > batch.end_s:  # NOTE: a hand-back or pause queued after the step moves with it
-                d.busy_until += added
-            else:
-                d.busy_until = batch.end_s + added
+            # NOTE: a hand-back or pause queued after the step moves with it
+            d.busy_until = max(d.busy_until, batch.end_s) + added
             batch.end_s += added
             batch.tokens += tokens
             if self.config.mesh.prefill_stall:

@@ -84,10 +84,11 @@ async def measure(target: Target, config: SpeedConfig = SpeedConfig()) -> Speed:
     async with new_client(target) as client:
         model = await served_model(client, target)
         for _ in range(config.repeats):
-            for tokens, max_tokens, into in ((config.prompt_tokens, 2, ttfts), (32, config.stream_tokens, itls)):
+            for tokens, max_tokens, into, timing in ((config.prompt_tokens, 2, ttfts, "ttft_s"),
+                                                     (32, config.stream_tokens, itls, "itl_s")):
                 await asyncio.sleep(config.settle_s)
                 outcome = await stream_one(client, target, model, prompt(tokens), max_tokens)
                 if not outcome.ok:
                     raise RuntimeError(f"speed probe request failed with status {outcome.status}")
-                into.append(outcome.ttft_s if into is ttfts else outcome.itl_s)
+                into.append(getattr(outcome, timing))
     return Speed(statistics.median(ttfts), statistics.median(itls))

@@ -159,8 +159,9 @@ async def _speed_now(target: Target, reference) -> str:  # noqa: ANN001 - hostsp
     from .hostspeed import measure, speed_ratio  # noqa: PLC0415
 
     now = await measure(target)
-    return (f"# host speed before the replay: {now.describe()}; its time is {speed_ratio(now, reference):.3g}x the "
-            f"calibration's: compare with `kvmesh sim --time-scale {speed_ratio(now, reference):.3g} ...`")
+    factor = speed_ratio(now, reference)
+    return (f"# host speed before the replay: {now.describe()}; its time is {factor:.3g}x the "
+            f"calibration's: compare with `kvmesh sim --time-scale {factor:.3g} ...`")
 
 
 def replay_main(argv: list[str] | None = None) -> int:
