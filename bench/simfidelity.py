@@ -122,7 +122,7 @@ def sim_costs(cal: MeshCalibration, workers: int) -> tuple[CostModel, MeshCost]:
     mesh = MeshCost(request_overhead_s=cal.request_overhead_s, request_busy_s=cal.request_busy_s,
                     token_overhead_s=cal.token_overhead_s, hit_s_per_token=cal.hit_s_per_token,
                     prefill_stall=cal.prefill_stall, prefill_share=cal.prefill_share, noise=cal.noise,
-                    prefill_s_per_stream=cal.prefill_s_per_stream,
+                    prefill_s_per_stream=cal.prefill_s_per_stream, prefill_s_beside=cal.prefill_s_beside,
                     attention_s_per_pair=cal.attention_s_per_pair, host_parallelism=cal.host_parallelism,
                     attention_s_per_cached_pair=cal.attention_s_per_cached_pair,
                     decode_s_per_padded_token=cal.decode_s_per_padded_token,

@@ -20,7 +20,7 @@ TRUE = MeshCalibration(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, dec
                        request_overhead_s=0.031, request_busy_s=0.004, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5,
                        prefill_stall=0.8, prefill_share=0.05, admission_limit=None, attention_s_per_pair=1.1e-7,
                        decode_s_per_padded_token=5.0e-7, decode_padded_knee_tokens=6000.0,
-                       prefill_s_per_stream=4.0e-4, attention_s_per_cached_pair=4.0e-8)
+                       prefill_s_per_stream=4.0e-4, attention_s_per_cached_pair=4.0e-8, prefill_s_beside=3.0e-3)
 CONTEXT_POINTS = ProbeConfig().context_points
 SHARED = dataclasses.replace(TRUE, host_parallelism=1.5)  # 2 workers on a host that runs 1.5 at full speed
 
@@ -53,11 +53,11 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
         samples.pair = [(workers, 1536, lone + (workers - 1) * cal.request_busy_s
                          + (slowdown(workers) - 1) * (work(1536) + step(1)))]
     samples.stall = [(n, 0, 0.0, 0.0, ttft(n)) for n in (512, 1536)]  # alone, then beside k streams
-    for k in (8, 16, 32):
+    for k in (2, 8, 16, 32):
         beside = k / min(k, workers)  # k streams over the workers
         for n in (512, 1536):
             prefill = slowdown(min(k, workers)) * (work(n) * (1 + beside * cal.prefill_share)
-                                                   + cal.prefill_s_per_stream * beside + step(beside + 1))
+                                                   + cal.prefill_s_per_stream * beside + cal.prefill_s_beside + step(beside + 1))
             loaded_ttft = cal.request_overhead_s + cal.request_busy_s + prefill
             samples.stall.append((n, k, step(k) + cal.prefill_stall * prefill, step(k), loaded_ttft))
     return samples
@@ -70,7 +70,7 @@ def test_fit_gives_back_the_parameters_of_timings_made_by_the_model(cal, workers
     for name in ("prefill_s_per_token", "attention_s_per_pair", "decode_s_per_step", "decode_s_per_seq", "decode_s_per_padded_token",
                  "decode_padded_knee_tokens",
                  "request_overhead_s", "request_busy_s", "token_overhead_s", "hit_s_per_token", "prefill_stall",
-                 "prefill_share", "prefill_s_per_stream", "host_parallelism", "attention_s_per_cached_pair"):
+                 "prefill_share", "prefill_s_per_stream", "prefill_s_beside", "host_parallelism", "attention_s_per_cached_pair"):
         assert getattr(got, name) == pytest.approx(getattr(cal, name), rel=1e-9, abs=1e-15), name
 
 
@@ -87,7 +87,8 @@ def sim_outcomes(config: SimConfig, requests: list[TraceRequest]):
 def test_fit_gives_back_the_parameters_the_simulator_ran_with():
     cost = CostModel(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4)
     mesh = MeshCost(request_overhead_s=0.031, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5, prefill_share=0.05,
-                    prefill_s_per_stream=4.0e-4, attention_s_per_pair=1.1e-7, attention_s_per_cached_pair=4.0e-8)
+                    prefill_s_per_stream=4.0e-4, attention_s_per_pair=1.1e-7, attention_s_per_cached_pair=4.0e-8,
+                    prefill_s_beside=3.0e-3)
     config = SimConfig(num_workers=1, cost=cost, mesh=mesh)
     samples = Samples()
     lone = [TraceRequest(10.0 * i, f"l{i}", "", n, 2, tuple(range(1000 * i, 1000 * i + n // 16)))
@@ -104,13 +105,13 @@ def test_fit_gives_back_the_parameters_the_simulator_ran_with():
     for k in (1, 4, 8):
         burst = [TraceRequest(0.0, f"k{k}-{j}", "", 32, 20, (10_000 + 10 * j, 10_001 + 10 * j)) for j in range(k)]
         samples.itl.append(itl_point(k, [o.itl_s for o in sim_outcomes(config, burst)]))
-    for k in (0, 8, 16):  # a prefill beside k streams (their gaps are not simulated: prefill_stall is 0 here)
+    for k in (0, 2, 8, 16):  # a prefill beside k streams (their gaps are not simulated: prefill_stall is 0 here)
         streams = [TraceRequest(0.0, f"s{j}", "", 32, 400, (20_000 + 10 * j, 20_001 + 10 * j)) for j in range(k)]
         for n in (512, 1536):
             loaded = sim_outcomes(config, [*streams, TraceRequest(0.5, "long", "", n, 2, tuple(range(30_000, 30_000 + n // 16)))])
             samples.stall.append((n, k, 0.0, 0.0, next(o for o in loaded if o.prompt_tokens == n).ttft_s))
     got = fit(samples, engine_decode_s_per_seq=cost.decode_s_per_seq)
-    assert (got.prefill_share, got.prefill_s_per_stream) == pytest.approx((0.05, 4.0e-4), rel=1e-9)
+    assert (got.prefill_share, got.prefill_s_per_stream, got.prefill_s_beside) == pytest.approx((0.05, 4.0e-4, 3.0e-3), rel=1e-9)
     assert hit.cached_tokens == 1536
     assert got.prefill_s_per_token == pytest.approx(cost.prefill_s_per_token, rel=1e-9)
     assert (got.decode_s_per_step, got.decode_s_per_seq) == pytest.approx((cost.decode_s_per_step, cost.decode_s_per_seq), rel=1e-9)
@@ -216,15 +217,25 @@ def test_the_share_and_the_per_stream_cost_of_a_prefill_beside_streams_are_told_
     def extra(lone, k):
         return 0.02 * lone * k + 3.0e-4 * k
     points = [(lone, k, extra(lone, k)) for lone in (0.025, 0.075) for k in (8, 16, 32)]
-    assert fit_beside(points) == pytest.approx((0.02, 3.0e-4), rel=1e-9)
+    assert fit_beside(points) == pytest.approx((0.0, 0.02, 3.0e-4), abs=1e-12)
     additive = [(lone, k, 3.0e-4 * k) for lone in (0.025, 0.075) for k in (8, 16, 32)]
-    assert fit_beside(additive) == pytest.approx((0.0, 3.0e-4), abs=1e-12)
+    assert fit_beside(additive) == pytest.approx((0.0, 0.0, 3.0e-4), abs=1e-12)
+
+
+def test_the_once_off_cost_beside_any_stream_is_told_from_the_per_stream_one_by_the_stream_counts():
+    def extra(lone, k):
+        return 6.0e-3 + 0.01 * lone * k + 1.0e-4 * k
+    points = [(lone, k, extra(lone, k)) for lone in (0.025, 0.075) for k in (2, 8, 16, 32)]
+    assert fit_beside(points) == pytest.approx((6.0e-3, 0.01, 1.0e-4), rel=1e-9)
+    flat = [(lone, k, 6.0e-3) for lone in (0.025, 0.075) for k in (2, 8, 16, 32)]  # the same beside 2 as beside 32
+    assert fit_beside(flat) == pytest.approx((6.0e-3, 0.0, 0.0), abs=1e-12)
+    assert fit_beside([(lone, 8, extra(lone, 8)) for lone in (0.025, 0.075)])[0] == 0.0  # one count: no once-off term
 
 
 def test_with_one_prefill_length_only_the_share_is_fitted_and_neither_term_goes_negative():
-    assert fit_beside([(0.075, k, 0.01 * 0.075 * k) for k in (8, 16, 32)]) == pytest.approx((0.01, 0.0), abs=1e-12)
-    assert fit_beside([(0.075, k, -0.001 * k) for k in (8, 16, 32)]) == (0.0, 0.0)  # faster beside streams: noise
-    assert fit_beside([]) == (0.0, 0.0)
+    assert fit_beside([(0.075, k, 0.01 * 0.075 * k) for k in (8, 16, 32)]) == pytest.approx((0.0, 0.01, 0.0), abs=1e-12)
+    assert fit_beside([(0.075, k, -0.001 * k) for k in (8, 16, 32)]) == (0.0, 0.0, 0.0)  # faster beside streams: noise
+    assert fit_beside([]) == (0.0, 0.0, 0.0)
 
 
 def test_a_prefill_beside_streams_takes_the_share_and_the_per_stream_cost_longer_in_the_sim():
@@ -240,6 +251,8 @@ def test_a_prefill_beside_streams_takes_the_share_and_the_per_stream_cost_longer
     assert alone == pytest.approx(1024 * 1e-4 + 1e-3)
     loaded = ttft(MeshCost(prefill_share=0.05, prefill_s_per_stream=2e-3), streams)
     assert loaded == pytest.approx(1024 * 1e-4 * (1 + 0.05 * 10) + 2e-3 * 10 + 1e-3)
+    assert ttft(MeshCost(prefill_s_beside=6e-3), []) == pytest.approx(1024 * 1e-4 + 1e-3)  # alone: not paid
+    assert ttft(MeshCost(prefill_s_beside=6e-3), streams) == pytest.approx(1024 * 1e-4 + 6e-3 + 1e-3)  # once, not per stream
 
 
 def test_with_one_hit_shape_the_cached_pairs_cost_what_the_new_ones_do():

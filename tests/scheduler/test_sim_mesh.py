@@ -12,7 +12,7 @@ from kvmesh.scheduler.sim import sim_main
 from kvmesh.scheduler.sim.client import Target
 from kvmesh.scheduler.sim.hostspeed import SpeedConfig, measure
 from kvmesh.scheduler.sim.meshprobe import ProbeConfig, probe
-from kvmesh.scheduler.sim.replay import ReplayConfig, replay
+from kvmesh.scheduler.sim.replay import ReplayConfig, replay, sent_late
 from kvmesh.scheduler.sim.trace import TraceRequest, write_jsonl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -40,6 +40,8 @@ def test_a_replayed_trace_hits_the_cache_where_its_hash_ids_are_shared(gateway):
     assert [o.status for o in outcomes] == [200, 200, 200]
     assert [o.output_tokens for o in outcomes] == [4, 4, 4] and not any(math.isnan(o.ttft_s) for o in outcomes)
     assert outcomes[1].cached_tokens >= 128 and outcomes[2].cached_tokens == 0
+    # NOTE: each TTFT counts from its request's send, which is never before its arrival time
+    assert all(0.0 <= late < 0.5 for late in sent_late(trace, outcomes))
     again = asyncio.run(replay(trace, ReplayConfig(Target(gateway, timeout_s=60.0))))  # a fresh salt: nothing cached
     assert [o.cached_tokens for o in again] == [0, outcomes[1].cached_tokens, 0]
 
@@ -50,7 +52,7 @@ def test_replay_prints_the_sim_tables_and_the_time_scale_against_a_speed_referen
     assert sim_main(["replay", str(path), "--url", gateway, "--rate-scale", "2", "--speed-reference", "0.02,0.002"]) == 0
     out = capsys.readouterr().out
     assert "ttft_p99" in out and "goodput" in out and "real" in out
-    assert "host speed before the replay" in out and "kvmesh sim --time-scale" in out
+    assert "host speed before the replay" in out and "kvmesh sim --time-scale" in out and "sent late by" in out
     with pytest.raises(SystemExit, match="speed-reference"):
         sim_main(["replay", str(path), "--url", gateway, "--speed-reference", "0.02"])
 

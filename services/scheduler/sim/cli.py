@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mesh: a prefill takes (1 + this x other running streams) times as long")
     p.add_argument("--prefill-s-per-stream", type=float, default=mesh.prefill_s_per_stream,
                    help="mesh: and this many seconds longer per other running stream")
+    p.add_argument("--prefill-s-beside", type=float, default=mesh.prefill_s_beside,
+                   help="mesh: and this many seconds longer, once, when any other stream runs on its worker")
     p.add_argument("--ttft-noise", default="", help="mesh: comma-separated factors on prefill time and overhead, "
                    "one per request by its id (the host's noise, from `kvmesh sim calibrate`)")
     p.add_argument("--host-parallelism", type=float, default=mesh.host_parallelism,
@@ -142,7 +144,7 @@ def _unscaled_config(args: argparse.Namespace, n: int, routers: int) -> SimConfi
             token_overhead_s=args.token_overhead_s, hit_s_per_token=args.hit_s_per_token,
             handback_s_per_turn=args.handback_s_per_turn, handback_s_per_token=args.handback_s_per_token,
             prefill_stall=args.prefill_stall, prefill_share=args.prefill_share,
-            prefill_s_per_stream=args.prefill_s_per_stream,
+            prefill_s_per_stream=args.prefill_s_per_stream, prefill_s_beside=args.prefill_s_beside,
             host_parallelism=args.host_parallelism, attention_s_per_pair=args.attention_s_per_pair,
             attention_s_per_cached_pair=args.attention_s_per_cached_pair,
             decode_s_per_context_token=args.decode_s_per_context_token,

@@ -245,7 +245,9 @@ class Cluster:
         cached_pair = mesh.attention_s_per_pair if mesh.attention_s_per_cached_pair is None else mesh.attention_s_per_cached_pair
         attention = mesh.attention_s_per_pair * tokens * tokens / 2 + cached_pair * tokens * cached
         own = (cost.prefill_s(tokens) + attention) * (1.0 + mesh.prefill_share * beside)
-        return own if joining else own + mesh.prefill_s_per_stream * beside + chunks * self._step_s(d)
+        if joining:
+            return own
+        return own + mesh.prefill_s_per_stream * beside + (mesh.prefill_s_beside if beside else 0.0) + chunks * self._step_s(d)
 
     def _local_prefill(self, d: SimWorker, result: RequestResult, tokens: int, cached: int) -> tuple[float, float]:
         """Puts a local prefill in d's next prefill step: the one not yet begun, if its token budget

@@ -20,12 +20,13 @@ one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy w
   its two shapes, n = 16 and 512 after ~1,000-1,500 cached, tell the two terms apart);
 - a burst of M short requests (n tokens, one output token) sent at once: the last first token
   comes (M - 1) · request_busy after a lone request's TTFT (the mesh-wide request server);
-- a prefill of n tokens arriving while k streams decode over b workers (k / b beside it) takes
-  s(b) · (work(n) · (1 + prefill_share · k / b) + prefill_s_per_stream · k / b + step(k / b + 1)),
-  and the streams beside it stop for prefill_stall of that time (their largest gap grows by that
-  much over their ITL); the probe sends it beside several stream counts, 0 included (its lone
-  work(n), measured beside the others), at two lengths: the term proportional to the prefill's
-  work and the additive one per stream are told apart by the length (fit_beside);
+- a prefill of n tokens arriving while k ≥ 1 streams decode over b workers (k / b beside it) takes
+  s(b) · (work(n) · (1 + prefill_share · k / b) + prefill_s_per_stream · k / b + prefill_s_beside
+  + step(k / b + 1)), and the streams beside it stop for prefill_stall of that time (their largest
+  gap grows by that much over their ITL); the probe sends it beside several stream counts, 0
+  included (its lone work(n), measured beside the others), at two lengths: the term proportional to
+  the prefill's work and the additive one per stream are told apart by the length, the once-off
+  one by the stream counts (fit_beside);
 - pauses: the ITL probe's runs (4 or more streams per worker) show gaps that most of a worker's
   streams share (meshstreams.steady_run); their count over the worker-seconds searched is the rate,
   their mean extra gap the length, and the ITL above is measured without them;
@@ -91,6 +92,7 @@ class MeshCalibration:
     decode_padded_knee_tokens: float = 0.0
     host_parallelism: float = 0.0    # busy workers the shared host runs at full speed (0: one worker, not measured)
     prefill_s_per_stream: float = 0.0  # ... plus this many seconds per stream beside it
+    prefill_s_beside: float = 0.0    # ... plus this many once, when any stream is beside it
     attention_s_per_cached_pair: float | None = None  # per (new, cached) token pair; None: attention_s_per_pair
     pause_rate_hz: float = 0.0       # a worker's pauses of all its streams at once, per second of decoding ...
     pause_s: float = 0.0             # ... and their mean length
@@ -107,7 +109,7 @@ class MeshCalibration:
             f"--prefill-share {self.prefill_share:.3g}", f"--attention-s-per-pair {self.attention_s_per_pair:.3g}",
             f"--decode-s-per-padded-token {self.decode_s_per_padded_token:.3g}",
             f"--decode-padded-knee-tokens {self.decode_padded_knee_tokens:.0f}",
-            f"--prefill-s-per-stream {self.prefill_s_per_stream:.3g}",
+            f"--prefill-s-per-stream {self.prefill_s_per_stream:.3g} --prefill-s-beside {self.prefill_s_beside:.3g}",
             f"--handback-s-per-turn {self.handback_s_per_turn:.3g} --handback-s-per-token {self.handback_s_per_token:.3g}",
         ]
         if self.attention_s_per_cached_pair is not None:
@@ -145,15 +147,21 @@ def beside_medians(stall: list[tuple[float, float, float, float, float]]) -> dic
     return {key: statistics.median(ttfts) for key, ttfts in sorted(groups.items())}
 
 
-def fit_beside(points: list[tuple[float, float, float]]) -> tuple[float, float]:
-    """Least squares extra = share · lone · k + per_stream_s · k over (a lone prefill's time, streams
-    decoding beside it, how much longer it took beside them) points, both terms >= 0; with one
-    prefill length the two cannot be told apart and only `share` is fitted. Returns (share, per_stream_s)."""
-    x = np.array([[w * k, k] for w, k, _ in points], dtype=float).reshape(-1, 2)
-    if len({w for w, _, _ in points}) <= 1:
-        x = x[:, :1]
-    coef = nonnegative_fit(x, np.array([e for _, _, e in points], dtype=float))
-    return float(coef[0]), float(coef[1]) if len(coef) > 1 else 0.0
+def fit_beside(points: list[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """Least squares extra = beside_s + share · lone · k + per_stream_s · k over (a lone prefill's
+    time, k ≥ 1 streams decoding beside it, how much longer it took beside them) points, every term
+    >= 0; with one prefill length share and per_stream_s cannot be told apart and only share is
+    fitted, with one stream count beside_s and the per-stream terms cannot and beside_s is not.
+    Returns (beside_s, share, per_stream_s)."""
+    # NOTE: the once-off term is what a line through the stream counts leaves at zero streams: a
+    # prefill beside 1-8 streams took ~6 ms more than alone and beside 32 ~10 (tiny, 1 worker), which
+    # a line through the origin fitted at 8-32 streams priced at ~2 ms beside the trace's 1-3
+    rows = [[1.0, w * k, k] for w, k, _ in points]
+    columns = [0] if len({k for _, k, _ in points}) > 1 else []
+    columns += [1, 2] if len({w for w, _, _ in points}) > 1 else [1]
+    x = np.array(rows, dtype=float).reshape(-1, 3)[:, columns]
+    coef = dict(zip(columns, nonnegative_fit(x, np.array([e for _, _, e in points], dtype=float)), strict=True))
+    return float(coef.get(0, 0.0)), float(coef.get(1, 0.0)), float(coef.get(2, 0.0))
 
 
 def fit_hits(samples: Samples, attention: float, fitted_lone: list[float]) -> tuple[float, float]:
@@ -242,12 +250,13 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
     extras = [(prefill(n), k / spread(k),
                (ttft - overhead - busy) / slowdown(spread(k)) - step(k / spread(k) + 1) - prefill(n))
               for (n, k), ttft in beside.items() if k > 0]
-    share, per_stream_s = fit_beside(extras)
+    once, share, per_stream_s = fit_beside(extras)
     stalls = []
     for tokens, k, gap, itl, _ in samples.stall:
         if k > 0:
             b, w = spread(k), prefill(tokens)
-            stalls.append((gap - itl) / (slowdown(b) * (w * (1.0 + share * k / b) + per_stream_s * k / b + step(k / b + 1))))
+            took = w * (1.0 + share * k / b) + per_stream_s * k / b + once + step(k / b + 1)
+            stalls.append((gap - itl) / (slowdown(b) * took))
     handback_turn, handback_token = fit_handback(medians(samples.handback))
     admitted = samples.admitted if samples.admitted is not None and samples.admitted < samples.probe_streams else None
     return MeshCalibration(
@@ -262,6 +271,7 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         prefill_stall=min(1.0, max(0.0, _median(stalls))),
         prefill_share=share,
         prefill_s_per_stream=per_stream_s,
+        prefill_s_beside=once,
         admission_limit=admitted,
         noise=ttft_noise(samples),
         attention_s_per_pair=attention,

@@ -53,7 +53,7 @@ def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list
         f"#   per-request overhead {cal.request_overhead_s:.3g} s of latency, plus {cal.request_busy_s:.3g} s of work "
         "requests queue for mesh-wide (HTTP, tokenizing, routing, gRPC set-up, hand-back)",
         f"#   a prefill takes {cal.prefill_share:.3g}x longer plus {cal.prefill_s_per_stream:.3g} s per stream decoding "
-        f"beside it, and stalls those streams for {cal.prefill_stall:.0%} of its time (engine and RPC loop share the "
+        f"beside it plus {cal.prefill_s_beside:.3g} s once when any does, and stalls those streams for {cal.prefill_stall:.0%} of its time (engine and RPC loop share the "
         "worker's CPU)",
         f"#   a finished turn's KV hand-back to the store holds its worker {cal.handback_s_per_turn:.3g} s + "
         f"{cal.handback_s_per_token:.3g} s per token of the turn",

@@ -11,11 +11,15 @@
 - request_busy_s: the CPU work of a request outside the engine that requests queue for, mesh-wide
   (gateway, scheduler, RPC set-up, hand-back): every request passes one FIFO server of this
   service time before admission, so it bounds the mesh's request rate whatever its worker count;
-- prefill_share, prefill_s_per_stream: a prefill beside k other running streams takes
-  (1 + prefill_share × k) times as long, plus prefill_s_per_stream × k, since the worker's RPC loop
-  (and the gateway) work for those streams on the same CPU. `kvmesh sim calibrate` measures both
-  beside 8-32 streams, at two prompt lengths (the first term grows with the prefill, the second
-  does not); before, only the first, beside 4 streams, which overstated it several times;
+- prefill_share, prefill_s_per_stream, prefill_s_beside: a prefill beside k ≥ 1 other running
+  streams takes (1 + prefill_share × k) times as long, plus prefill_s_per_stream × k, plus
+  prefill_s_beside once, since the worker's RPC loop (and the gateway) work for those streams on the
+  same CPU, and a worker that is decoding is mid-step when the request reaches it and shares the GIL
+  with its engine thread. `kvmesh sim calibrate` measures them beside 2-32 streams, at two prompt
+  lengths (the first term grows with the prefill, the others do not; the once-off one is what a
+  line through the stream counts leaves at one stream). Why the once-off term: on a 1-worker mesh a
+  904-token prompt (704 cached) took 20.8 ms alone and 26.8, 28.2, 25.1, 28.8 beside 1, 2, 4, 8
+  streams; the trace's requests, beside 1-3 streams, took 6-15 ms more than a sim without it said;
 - token_overhead_s is added to a decode step per running sequence (per-token RPC/SSE work);
 - decode_s_per_context_token is added to a decode step per token of context of each running
   sequence (its attention over its KV; a sequence counts prompt + output / 2): the old, linear
@@ -75,6 +79,7 @@ class MeshCost:
     prefill_stall: float = 0.0
     prefill_share: float = 0.0
     prefill_s_per_stream: float = 0.0
+    prefill_s_beside: float = 0.0
     host_parallelism: float = 0.0
     noise: tuple[float, ...] = ()
     pause_rate_hz: float = 0.0

@@ -59,7 +59,7 @@ class ProbeConfig:
     repeats: int = 3
     streams: tuple[int, ...] = (1, 4, 8, 16)      # per decode worker, as are context_points' streams
     stream_tokens: int = 64
-    stall_streams: tuple[int, ...] = (0, 8, 16, 32)  # streams decoding beside a prefill (0: its lone TTFT)
+    stall_streams: tuple[int, ...] = (0, 2, 8, 16, 32)  # streams decoding beside a prefill (0: its lone TTFT)
     stall_lengths: tuple[int, ...] = (512, 1536)     # uncached prompt lengths of that prefill
     # (streams, prompt tokens) of the long-context ITL points (decodectx.py), one per (streams, length) pair:
     # streams × context, 4k to 37k padded KV tokens, four of them around the knee (~4-8k on tiny) where
