@@ -232,6 +232,17 @@ def test_the_once_off_cost_beside_any_stream_is_told_from_the_per_stream_one_by_
     assert fit_beside([(lone, 8, extra(lone, 8)) for lone in (0.025, 0.075)])[0] == 0.0  # one count: no once-off term
 
 
+def test_relative_residuals_keep_the_long_prompts_noise_out_of_the_once_off_term():
+    def extra(lone, k):
+        return 6.0e-3 + 0.01 * lone * k + 1.0e-4 * k
+    exact = [(lone, k, extra(lone, k)) for lone in (0.012, 0.07) for k in (2, 8, 16, 32)]
+    scales = [0.02 if lone < 0.05 else 0.08 for lone, _, _ in exact]  # the lone TTFTs: the noise grows with them
+    assert fit_beside(exact, scales) == pytest.approx((6.0e-3, 0.01, 1.0e-4), rel=1e-9)
+    swing = {2: -1.0, 8: 1.0, 16: -1.0, 32: 1.0}  # ±8 ms at the long prompt, ±2 ms at the short one
+    noisy = [(lone, k, e + swing[k] * (0.008 if lone > 0.05 else 0.002)) for lone, k, e in exact]
+    assert abs(fit_beside(noisy, scales)[0] - 6.0e-3) < abs(fit_beside(noisy)[0] - 6.0e-3)
+
+
 def test_with_one_prefill_length_only_the_share_is_fitted_and_neither_term_goes_negative():
     assert fit_beside([(0.075, k, 0.01 * 0.075 * k) for k in (8, 16, 32)]) == pytest.approx((0.0, 0.01, 0.0), abs=1e-12)
     assert fit_beside([(0.075, k, -0.001 * k) for k in (8, 16, 32)]) == (0.0, 0.0, 0.0)  # faster beside streams: noise

@@ -147,20 +147,26 @@ def beside_medians(stall: list[tuple[float, float, float, float, float]]) -> dic
     return {key: statistics.median(ttfts) for key, ttfts in sorted(groups.items())}
 
 
-def fit_beside(points: list[tuple[float, float, float]]) -> tuple[float, float, float]:
+def fit_beside(points: list[tuple[float, float, float]], scales: list[float] | None = None) -> tuple[float, float, float]:
     """Least squares extra = beside_s + share · lone · k + per_stream_s · k over (a lone prefill's
     time, k ≥ 1 streams decoding beside it, how much longer it took beside them) points, every term
-    >= 0; with one prefill length share and per_stream_s cannot be told apart and only share is
-    fitted, with one stream count beside_s and the per-stream terms cannot and beside_s is not.
+    >= 0, each point's residual over its `scales` entry (the lone request's TTFT; default 1); with one
+    prefill length share and per_stream_s cannot be told apart and only share is fitted, with one
+    stream count beside_s and the per-stream terms cannot and beside_s is not.
     Returns (beside_s, share, per_stream_s)."""
     # NOTE: the once-off term is what a line through the stream counts leaves at zero streams: a
     # prefill beside 1-8 streams took ~6 ms more than alone and beside 32 ~10 (tiny, 1 worker), which
-    # a line through the origin fitted at 8-32 streams priced at ~2 ms beside the trace's 1-3
+    # a line through the origin fitted at 8-32 streams priced at ~2 ms beside the trace's 1-3.
+    # Relative residuals: the host's noise scales with the TTFT (the long prompt's points, ~80 ms,
+    # moved ±8 ms between stream counts), and unweighted they decided the once-off term alone: 0-5 ms
+    # over four 1-worker calibrations, 2.9-6.9 weighted
     rows = [[1.0, w * k, k] for w, k, _ in points]
     columns = [0] if len({k for _, k, _ in points}) > 1 else []
     columns += [1, 2] if len({w for w, _, _ in points}) > 1 else [1]
-    x = np.array(rows, dtype=float).reshape(-1, 3)[:, columns]
-    coef = dict(zip(columns, nonnegative_fit(x, np.array([e for _, _, e in points], dtype=float)), strict=True))
+    weight = np.array([1.0 / s for s in scales] if scales else [1.0] * len(points), dtype=float)
+    x = np.array(rows, dtype=float).reshape(-1, 3)[:, columns] * weight[:, None]
+    y = np.array([e for _, _, e in points], dtype=float) * weight
+    coef = dict(zip(columns, nonnegative_fit(x, y), strict=True))
     return float(coef.get(0, 0.0)), float(coef.get(1, 0.0)), float(coef.get(2, 0.0))
 
 
@@ -247,10 +253,11 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
     def prefill(n: float) -> float:  # a lone prefill's work: as the stall probe measured it, else from the fit
         return max(0.0, lone[n] - overhead - busy - step(1)) if n in lone else work(n)
 
+    loaded = [(n, k, ttft) for (n, k), ttft in beside.items() if k > 0]
     extras = [(prefill(n), k / spread(k),
                (ttft - overhead - busy) / slowdown(spread(k)) - step(k / spread(k) + 1) - prefill(n))
-              for (n, k), ttft in beside.items() if k > 0]
-    once, share, per_stream_s = fit_beside(extras)
+              for n, k, ttft in loaded]
+    once, share, per_stream_s = fit_beside(extras, [lone.get(n, intercept + work(n)) for n, _, _ in loaded])
     stalls = []
     for tokens, k, gap, itl, _ in samples.stall:
         if k > 0:
