@@ -87,10 +87,8 @@ async def stream_one(client, target: Target, model: str, prompt: list[int], max_
                     continue
                 data = line[6:]
                 if data == "[DONE]":
-                    # NOTE: read on to the body's end, so the connection goes back to the pool: left
-                    # unread, httpx closed it, and every request of a replay opened a new one
                     done = True
-                    continue
+                    break
                 chunk = json.loads(data)
                 if "error" in chunk:
                     status = STREAM_ERROR
