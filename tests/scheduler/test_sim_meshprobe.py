@@ -47,16 +47,17 @@ def lone_ttft_fit(config: ProbeConfig, slow: set[int]) -> tuple[list[int], tuple
 
 def test_the_lengths_take_turns_and_a_noiseless_mesh_is_probed_repeats_times():
     sent, fitted = lone_ttft_fit(ProbeConfig(lengths=(64, 512, 1536), repeats=3), set())
-    assert sent == [64, 512, 1536] * 3
-    assert fitted == pytest.approx((0.010, 2e-5, 0.0), abs=1e-12)
+    # NOTE: each repeat a length not sent before (the engine caches its kernels per token count), recorded as its point's
+    assert sent == [64, 512, 1536, 65, 513, 1537, 66, 514, 1538]
+    assert fitted == pytest.approx((0.010 + 2e-5, 2e-5, 0.0), abs=1e-12)  # each median's request was one token longer
 
 
 def test_a_point_whose_repeats_a_burst_bent_is_probed_again_until_its_median_is_right():
     # the burst slows three of the 64-token point's five repeats (requests 7, 10, 13)
     config = ProbeConfig(lengths=(64, 512, 1536), repeats=5)
     sent, fitted = lone_ttft_fit(config, {7, 10, 13})
-    assert sent[15:] == [64] * 4  # the 64-token point (only) got the extra repeats
-    assert fitted == pytest.approx((0.010, 2e-5, 0.0), abs=1e-12)
+    assert sent[15:] == [69, 70, 71, 72]  # the 64-token point (only) got the extra repeats, each a new length
+    assert fitted == pytest.approx((0.010, 2e-5, 0.0), abs=2e-4)  # within the few tokens the lengths moved
     _, without = lone_ttft_fit(ProbeConfig(lengths=(64, 512, 1536), repeats=5, extra_repeats=0), {7, 10, 13})
     assert without[0] > 0.02  # five repeats and their median alone: the burst moves the intercept 3x
 
@@ -114,3 +115,15 @@ def test_the_hand_back_probe_sends_the_turns_then_a_lone_stream_at_once_and_one_
     assert mesh.sent == run + [("sleep", 0.3), *[1024] * 8, 32, ("sleep", 0.3), 32]
     # the fake mesh is as fast after the turns as after settling: no extra latency
     assert mesh.samples.handback == [(4.0, 64.0 + 8, 0.0), (4.0, 1024.0 + 8, 0.0)]
+
+
+def test_every_timed_prefill_of_the_hit_probe_has_a_length_not_sent_before():
+    mesh = FakeMesh(ProbeConfig(lengths=(64, 1536), repeats=3), set())
+    asyncio.run(mesh.ttft())
+    asyncio.run(mesh.hits())
+    lone, hits = requests(mesh)[:6], requests(mesh)[6:]  # then (the prompt, its repeat, a fresh twin) per hit run
+    whole, prefixed = hits[0::6], hits[3::6]  # the shapes take turns: the whole prompt again; 1,024 tokens + new ones
+    twins = hits[2::3]
+    assert len(set(twins)) == len(twins) and not set(twins) & set(lone)
+    assert [again - 1024 for again in hits[4::6]] == [512, 513, 514]  # the new tokens after the prefix: a new count each run
+    assert prefixed == [1024] * 3 and [n % 16 for n in whole] == [1, 2, 3]  # a whole prompt again: its last block varies

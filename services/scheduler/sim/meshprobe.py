@@ -2,7 +2,12 @@
 mesh from the outside, through its gateway, for the model in meshcal.py.
 
 Probes, in order (prompts are random token ids with a per-run nonce, so nothing is cached unless
-a probe means it to be). Each probe point runs `repeats` times, the points of a probe taking
+a probe means it to be). Every prompt whose prefill is timed (probes 1, 4, 5, 7) has a length no
+earlier probe request had, a few tokens past its point's nominal length, as a trace's prompts have
+(`_Prober.unseen`): the engine's CPU kernels are built and cached per token count, and a prefill
+of a new count took ~4 ms longer (704 cached + 200 new tokens on tiny: 17.7 ms with 200 every time,
+21.8 with a new count each time), which the repeated lengths never paid and the trace's requests
+nearly all did. Each probe point runs `repeats` times, the points of a probe taking
 turns, and up to `extra_repeats` more times while its repeats disagree (`spread_limit`); the fit
 takes each point's median. Every run starts `settle_s` after the one before, so it finds the
 worker done handing the last run's turns back to the KV store (a lone stream's ITL read 2.82 ms
@@ -51,6 +56,8 @@ from .meshstats import unsettled
 from .meshstreams import admitted_before_first_finish, itl_point, largest_gap, steady_run
 from .replay import VOCAB
 from .report import Outcome
+
+BLOCK_TOKENS = 16  # the mesh's KV block: a cached prefix is a whole number of them
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +123,24 @@ class _Prober:
         self.sleep = sleep
         self.samples, self.prompt = Samples(), FreshPrompts()
         self.longest = max(config.lengths)
+        self.lengths_sent: set[int] = set()
+        self.tails_sent: set[int] = set()
+
+    def unseen(self, n: int) -> int:
+        """The shortest prompt length from n up that no probe request timed so far has had (see the
+        module docstring); the point keeps its nominal n."""
+        while n in self.lengths_sent:
+            n += 1
+        self.lengths_sent.add(n)
+        return n
+
+    def unseen_tail(self) -> int:
+        """A last-block length (1..BLOCK_TOKENS) no whole-prompt repeat has had yet, else a full block."""
+        for n in range(1, BLOCK_TOKENS):
+            if n not in self.tails_sent:
+                self.tails_sent.add(n)
+                return n
+        return BLOCK_TOKENS
 
     async def one(self, tokens: list[int], max_tokens: int, times: list[float] | None = None) -> Outcome:
         outcome = await stream_one(self.client, self.target, self.model, tokens, max_tokens, token_times=times)
@@ -153,7 +178,7 @@ class _Prober:
 
     async def ttft(self) -> None:
         async def lone(n: int) -> tuple[float, float]:
-            o = await self.one(self.prompt(n), 2)
+            o = await self.one(self.prompt(self.unseen(n)), 2)
             return n - o.cached_tokens, o.ttft_s
 
         records = await self.repeated({n: partial(lone, n) for n in self.config.lengths}, lambda r: r[1])
@@ -166,13 +191,20 @@ class _Prober:
         shapes = [(self.longest, 0), *((self.longest - n, n) for n in news)]
 
         async def hit(prefix: int, new: int) -> tuple[float, float, float, float]:
+            # NOTE: the repeat's uncached tokens and its lone twin's are lengths not timed before (unseen):
+            # a whole prompt again recomputes its last block, so that block's length varies instead
+            if new:
+                new = self.unseen(new)
+            else:
+                prefix += self.unseen_tail() - BLOCK_TOKENS
             first = self.prompt(prefix)
+            self.lengths_sent.add(prefix)
             await self.one(first, 2)
             # NOTE: a trace's hits find prefixes cached long before, not while the first turn is handed back
             await self.sleep(self.config.hit_pause_s)
             again = await self.one(first + self.prompt(new), 2)
             uncached = prefix + new - again.cached_tokens
-            lone = await self.one(self.prompt(max(1, uncached)), 2)  # the same noise, no hit
+            lone = await self.one(self.prompt(self.unseen(max(1, uncached))), 2)  # the same noise, no hit
             return again.cached_tokens, uncached, again.ttft_s, lone.ttft_s
 
         records = await self.repeated({shape: partial(hit, *shape) for shape in shapes}, lambda r: r[2])
@@ -248,7 +280,7 @@ class _Prober:
                 break
             await asyncio.sleep(0.01)
         start = time.perf_counter()
-        long = await self.one(self.prompt(tokens), 1)
+        long = await self.one(self.prompt(self.unseen(tokens)), 1)
         outcomes = await asyncio.gather(*tasks)
         if not streams:
             return float(tokens), 0.0, 0.0, 0.0, long.ttft_s
@@ -259,13 +291,13 @@ class _Prober:
 
     async def burst(self) -> tuple[float, float, float]:
         """(requests, prompt tokens, the last one's TTFT) for one-token requests sent at once."""
-        outcomes = await asyncio.gather(*(self.one(self.prompt(32), 1) for _ in range(self.config.burst)))
+        outcomes = await asyncio.gather(*(self.one(self.prompt(self.unseen(32)), 1) for _ in range(self.config.burst)))
         return float(self.config.burst), 32.0, max(o.ttft_s for o in outcomes)
 
     async def pair(self) -> tuple[float, float, float]:
         """(prompts, tokens, the last one's TTFT) for one long uncached prompt per worker, sent at once."""
         m = self.config.workers
-        outcomes = await asyncio.gather(*(self.one(self.prompt(self.longest), 1) for _ in range(m)))
+        outcomes = await asyncio.gather(*(self.one(self.prompt(self.unseen(self.longest)), 1) for _ in range(m)))
         return float(m), float(self.longest), max(o.ttft_s for o in outcomes)
 
     async def admission(self) -> None:
