@@ -2,12 +2,16 @@
 mesh from the outside, through its gateway, for the model in meshcal.py.
 
 Probes, in order (prompts are random token ids with a per-run nonce, so nothing is cached unless
-a probe means it to be). Every prompt whose prefill is timed (probes 1, 4, 5, 7) has a length no
+a probe means it to be). Every prompt whose prefill is timed (probes 1, 2, 4, 7) has a length no
 earlier probe request had, a few tokens past its point's nominal length, as a trace's prompts have
 (`_Prober.unseen`): the engine's CPU kernels are built and cached per token count, and a prefill
 of a new count took ~4 ms longer (704 cached + 200 new tokens on tiny: 17.7 ms with 200 every time,
 21.8 with a new count each time), which the repeated lengths never paid and the trace's requests
-nearly all did. Each probe point runs `repeats` times, the points of a probe taking
+nearly all did. The request-work burst (5) keeps one length: with a new one per request, the
+~4 ms of each of its prefill steps read as mesh-wide request work (`request_busy_s` 8.4 ms instead
+of 2.3, and the sim's 1-worker capacity 12 req/s against 18 real). So that cost lands in the
+per-request latency (`request_overhead_s`), not in the worker's busy time, where it belongs
+(not modelled yet: a per-prefill-step term). Each probe point runs `repeats` times, the points of a probe taking
 turns, and up to `extra_repeats` more times while its repeats disagree (`spread_limit`); the fit
 takes each point's median. Every run starts `settle_s` after the one before, so it finds the
 worker done handing the last run's turns back to the KV store (a lone stream's ITL read 2.82 ms
@@ -291,7 +295,8 @@ class _Prober:
 
     async def burst(self) -> tuple[float, float, float]:
         """(requests, prompt tokens, the last one's TTFT) for one-token requests sent at once."""
-        outcomes = await asyncio.gather(*(self.one(self.prompt(self.unseen(32)), 1) for _ in range(self.config.burst)))
+        # NOTE: one length for all (the module docstring says why)
+        outcomes = await asyncio.gather(*(self.one(self.prompt(32), 1) for _ in range(self.config.burst)))
         return float(self.config.burst), 32.0, max(o.ttft_s for o in outcomes)
 
     async def pair(self) -> tuple[float, float, float]:
