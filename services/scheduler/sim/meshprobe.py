@@ -7,11 +7,9 @@ earlier probe request had, a few tokens past its point's nominal length, as a tr
 (`_Prober.unseen`): the engine's CPU kernels are built and cached per token count, and a prefill
 of a new count took ~4 ms longer (704 cached + 200 new tokens on tiny: 17.7 ms with 200 every time,
 21.8 with a new count each time), which the repeated lengths never paid and the trace's requests
-nearly all did. The request-work burst (5) keeps one length: with a new one per request, the
-~4 ms of each of its prefill steps read as mesh-wide request work (`request_busy_s` 8.4 ms instead
-of 2.3, and the sim's 1-worker capacity 12 req/s against 18 real). So that cost lands in the
-per-request latency (`request_overhead_s`), not in the worker's busy time, where it belongs
-(not modelled yet: a per-prefill-step term). Each probe point runs `repeats` times, the points of a probe taking
+nearly all did. The request-work burst (5) keeps one length, as run AD measured it (its
+`request_busy_s` came out 2.5 ms; whether new lengths there move it was not separated). Each
+request still opens its own connection (client.py says why). Each probe point runs `repeats` times, the points of a probe taking
 turns, and up to `extra_repeats` more times while its repeats disagree (`spread_limit`); the fit
 takes each point's median. Every run starts `settle_s` after the one before, so it finds the
 worker done handing the last run's turns back to the KV store (a lone stream's ITL read 2.82 ms
