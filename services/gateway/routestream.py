@@ -32,6 +32,17 @@ UNSUPPORTED_RETRY_S = 60.0
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
+def _unimplemented(exc: grpc.aio.AioRpcError, unanswered: bool) -> bool:
+    """The stream's peer has no Routes method. NOTE: grpc-python sometimes ends a stream-stream call
+    to an unimplemented method with its own INTERNAL "Internal error from Core" instead of the peer's
+    UNIMPLEMENTED (grpc/grpc#36066: a write racing the call's end); before any frame came back that
+    is taken as UNIMPLEMENTED (the gateway conformance suite's stub scheduler once got a 503 from it;
+    a replica that does have the stream is then asked unary, and for the stream again later)."""
+    if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+        return True
+    return unanswered and exc.code() is grpc.StatusCode.INTERNAL and "Internal error from Core" in (exc.details() or "")
+
+
 def route_error(code: grpc.StatusCode, details: str, retry_after_s: float = 0.0) -> grpc.aio.AioRpcError:
     """The error a unary Route with this outcome raises."""
     trailers = grpc.aio.Metadata(("retry-after", f"{retry_after_s:g}")) if retry_after_s else grpc.aio.Metadata()
@@ -99,7 +110,7 @@ class RouteStream(BidiCall):
         except grpc.aio.AioRpcError as exc:
             # NOTE: UNIMPLEMENTED stays itself (the caller then routes unary); anything else is
             # UNAVAILABLE, so every route in flight fails over to the next replica.
-            code = exc.code() if exc.code() is grpc.StatusCode.UNIMPLEMENTED else grpc.StatusCode.UNAVAILABLE
+            code = grpc.StatusCode.UNIMPLEMENTED if _unimplemented(exc, self.packs is None) else grpc.StatusCode.UNAVAILABLE
             error = route_error(code, f"route stream to {self.endpoint} failed: {exc.code().name}: {exc.details()}")
         except asyncio.CancelledError:
             error = route_error(grpc.StatusCode.UNAVAILABLE, "the gateway closed the route stream")

@@ -194,6 +194,42 @@ async def test_a_scheduler_without_the_stream_is_asked_unary_for_route_and_compl
         await mesh.stop()
 
 
+class CoreErrorCall:
+    """A Routes call that ends as grpc-python sometimes ends one to a peer without the method."""
+
+    def __init__(self, details: str) -> None:
+        self.details = details
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(), self.details)
+
+    def cancel(self) -> None:
+        pass
+
+
+class CoreErrorStub:
+    def __init__(self, details: str) -> None:
+        self.details = details
+
+    def Routes(self, frames, metadata=()):  # noqa: ANN001, ANN201, ARG002, N802 - the stub's method name
+        return CoreErrorCall(self.details)
+
+
+@pytest.mark.parametrize(("details", "code"), [("Internal error from Core", grpc.StatusCode.UNIMPLEMENTED),
+                                               ("the peer's own internal error", grpc.StatusCode.UNAVAILABLE)])
+async def test_the_cores_internal_error_before_any_answer_reads_as_a_peer_without_the_stream(details, code):
+    from kvmesh.gateway.routestream import RouteStream
+
+    stream = RouteStream("127.0.0.1:1", CoreErrorStub(details))
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stream.route(route_request("r1"), {}, timeout=5.0)
+    assert raised.value.code() is code
+    await stream.close()
+
+
 class UnaryOnly(FakeScheduler):
     def __init__(self) -> None:
         super().__init__()
