@@ -127,3 +127,28 @@ def test_every_timed_prefill_of_the_hit_probe_has_a_length_not_sent_before():
     assert len(set(twins)) == len(twins) and not set(twins) & set(lone)
     assert [again - 1024 for again in hits[4::6]] == [512, 513, 514]  # the new tokens after the prefix: a new count each run
     assert prefixed == [1024] * 3 and [n % 16 for n in whole] == [1, 2, 3]  # a whole prompt again: its last block varies
+
+
+class CachingMesh(FakeMesh):
+    """FakeMesh with a prefix cache of whole 16-token blocks (a prompt's last block is always computed);
+    `prefilled` gets every request's uncached token count, the engine step's shape."""
+
+    def __init__(self, config: ProbeConfig) -> None:
+        super().__init__(config, set())
+        self.prompts: list[list[int]] = []
+        self.prefilled: list[int] = []
+
+    async def one(self, tokens, max_tokens, times=None):  # noqa: ANN001
+        outcome = await super().one(tokens, max_tokens, times)
+        cached = max((len(p) // 16 * 16 for p in self.prompts if tokens[:len(p)] == p), default=0)
+        cached = min(cached, (len(tokens) - 1) // 16 * 16)
+        self.prompts.append(tokens)
+        self.prefilled.append(len(tokens) - cached)
+        return dataclasses.replace(outcome, cached_tokens=cached)
+
+
+def test_a_hits_fresh_twin_never_prefills_the_token_count_its_repeat_just_did():
+    mesh = CachingMesh(ProbeConfig(lengths=(64, 1536), repeats=3))
+    asyncio.run(mesh.hits())
+    timed = mesh.prefilled[1::3] + mesh.prefilled[2::3]  # each run's repeat and its fresh twin
+    assert len(set(timed)) == len(timed), mesh.prefilled

@@ -126,7 +126,6 @@ class _Prober:
         self.samples, self.prompt = Samples(), FreshPrompts()
         self.longest = max(config.lengths)
         self.lengths_sent: set[int] = set()
-        self.tails_sent: set[int] = set()
 
     def unseen(self, n: int) -> int:
         """The shortest prompt length from n up that no probe request timed so far has had (see the
@@ -137,10 +136,11 @@ class _Prober:
         return n
 
     def unseen_tail(self) -> int:
-        """A last-block length (1..BLOCK_TOKENS) no whole-prompt repeat has had yet, else a full block."""
+        """A last-block length (1..BLOCK_TOKENS) no timed prefill has had yet, else a full block: what a
+        whole prompt sent again prefills."""
         for n in range(1, BLOCK_TOKENS):
-            if n not in self.tails_sent:
-                self.tails_sent.add(n)
+            if n not in self.lengths_sent:
+                self.lengths_sent.add(n)
                 return n
         return BLOCK_TOKENS
 
@@ -206,6 +206,7 @@ class _Prober:
             await self.sleep(self.config.hit_pause_s)
             again = await self.one(first + self.prompt(new), 2)
             uncached = prefix + new - again.cached_tokens
+            self.lengths_sent.add(uncached)  # the count the repeat's step prefilled (a whole prompt's: its last block)
             lone = await self.one(self.prompt(self.unseen(max(1, uncached))), 2)  # the same noise, no hit
             return again.cached_tokens, uncached, again.ttft_s, lone.ttft_s
 
