@@ -14,6 +14,7 @@ import pytest
 
 from kvmesh.gateway.backend import Backend
 from kvmesh.gateway.config import GatewaySettings
+from kvmesh.gateway.routestream import RouteStream
 from kvmesh.gateway.wire import retry_after_from
 from kvmesh.runtime.blockhash import BlockHasher
 from kvmesh.runtime.bus import Bus
@@ -221,8 +222,6 @@ class CoreErrorStub:
 @pytest.mark.parametrize(("details", "code"), [("Internal error from Core", grpc.StatusCode.UNIMPLEMENTED),
                                                ("the peer's own internal error", grpc.StatusCode.UNAVAILABLE)])
 async def test_the_cores_internal_error_before_any_answer_reads_as_a_peer_without_the_stream(details, code):
-    from kvmesh.gateway.routestream import RouteStream
-
     stream = RouteStream("127.0.0.1:1", CoreErrorStub(details))
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await stream.route(route_request("r1"), {}, timeout=5.0)

@@ -1,19 +1,20 @@
 """The probes of `kvmesh sim calibrate --url GATEWAY` (shell: meshcalcli.py): they measure a running
 mesh from the outside, through its gateway, for the model in meshcal.py.
 
-Probes, in order (prompts are random token ids with a per-run nonce, so nothing is cached unless
-a probe means it to be). Every prompt whose prefill is timed (probes 1, 2, 4, 7) has a length no
+Probes, in order (prompts are random token ids with a per-run nonce, so nothing is cached unless a
+probe means it to be). Every prompt whose prefill is timed (probes 1, 2, 4, 7) has a length no
 earlier probe request had, a few tokens past its point's nominal length, as a trace's prompts have
-(`_Prober.unseen`): the engine's CPU kernels are built and cached per token count, and a prefill
-of a new count took ~4 ms longer (704 cached + 200 new tokens on tiny: 17.7 ms with 200 every time,
+(`_Prober.unseen`): the engine's CPU kernels are built and cached per token count, and a prefill of
+a new count took ~4 ms longer (704 cached + 200 new tokens on tiny: 17.7 ms with 200 every time,
 21.8 with a new count each time), which the repeated lengths never paid and the trace's requests
 nearly all did. The request-work burst (5) keeps one length, as run AD measured it (its
-`request_busy_s` came out 2.5 ms; whether new lengths there move it was not separated). Each
-request still opens its own connection (client.py says why). Each probe point runs `repeats` times, the points of a probe taking
-turns, and up to `extra_repeats` more times while its repeats disagree (`spread_limit`); the fit
-takes each point's median. Every run starts `settle_s` after the one before, so it finds the
-worker done handing the last run's turns back to the KV store (a lone stream's ITL read 2.82 ms
-right after 16 streams of 1,024-token prompts, 1.12 ms quiet and 1.15 ms 0.3 s later):
+`request_busy_s` came out 2.5 ms; whether new lengths there move it was not separated). Each request
+still opens its own connection (client.py says why). Each probe point runs `repeats` times, the
+points of a probe taking turns, and up to `extra_repeats` more times while its repeats disagree
+(`spread_limit`); the fit takes each point's median. Every run starts `settle_s` after the one
+before, so it finds the worker done handing the last run's turns back to the KV store (a lone
+stream's ITL read 2.82 ms right after 16 streams of 1,024-token prompts, 1.12 ms quiet and 1.15 ms
+0.3 s later):
 1. TTFT of lone requests against uncached prompt length;
 2. prefix hits: a long prompt, then 0.2 s later the same again, or its first part followed by
    `hit_new_tokens` new ones; the second TTFT, less that of a fresh prompt of its uncached tokens
