@@ -40,7 +40,8 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
 
     def ttft(uncached, cached=0, new=True):  # every timed probe prefill is at a count not sent before
         new_shape = cal.prefill_s_new_shape if new else 0.0
-        return cal.request_overhead_s + cal.request_busy_s + work(uncached, cached) + cached * cal.hit_s_per_token + step(1) + new_shape
+        return (cal.request_overhead_s + cal.request_busy_s + work(uncached, cached) + cached * cal.hit_s_per_token + step(1)
+                + new_shape)
 
     samples = Samples(workers=workers, itl_context=64.0)
     samples.ttft = [(n, ttft(n)) for n in (64, 256, 1024, 1536)]
@@ -67,7 +68,8 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
     return samples
 
 
-@pytest.mark.parametrize(("cal", "workers"), [(TRUE, 1), (SHARED, 2), (dataclasses.replace(TRUE, prefill_s_new_shape=NEW_SHAPE), 1),
+@pytest.mark.parametrize(("cal", "workers"), [(TRUE, 1), (SHARED, 2),
+                                             (dataclasses.replace(TRUE, prefill_s_new_shape=NEW_SHAPE), 1),
                                              (dataclasses.replace(SHARED, prefill_s_new_shape=NEW_SHAPE), 2)])
 def test_fit_gives_back_the_parameters_of_timings_made_by_the_model(cal, workers):
     got = fit(formula_samples(cal, workers), engine_decode_s_per_seq=cal.decode_s_per_seq)

@@ -87,8 +87,8 @@ class Cluster:
         self._arrivals = 0
         workers = [(f"d{i:03d}", Role.DECODE) for i in range(config.num_workers)]
         workers += [(f"p{i:03d}", Role.PREFILL) for i in range(config.num_prefill_workers)]
-        self.workers = {name: SimWorker(name, role, config.kv_blocks, config.max_num_seqs, shapes=ShapeCache(config.kernel_cache_counts))
-                        for name, role in workers}
+        self.workers = {name: SimWorker(name, role, config.kv_blocks, config.max_num_seqs,
+                                        shapes=ShapeCache(config.kernel_cache_counts)) for name, role in workers}
         self._events: list[tuple[float, int, str, object]] = []
         self._order = itertools.count()
         self.results: list[RequestResult] = []
@@ -295,7 +295,8 @@ class Cluster:
             result.cached_tokens = cached * bs
             start = max(self.now, p.busy_until)
             tokens = r.prompt_tokens - cached * bs
-            shape = p.new_shape_s(PrefillBatch(start, start, tokens), tokens, self.config.mesh, self.config.max_num_batched_tokens)
+            shape = p.new_shape_s(PrefillBatch(start, start, tokens), tokens, self.config.mesh,
+                                  self.config.max_num_batched_tokens)
             p_end = start + self._prefill_s(tokens, cached * bs, p) + shape
             p.busy_until = p_end
             self._publish(p, *p.insert(hashes))  # NOTE: published early; the scheduler sees it after the delay anyway

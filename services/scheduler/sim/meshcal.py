@@ -27,8 +27,8 @@ one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy w
   request server; the burst repeats one length, so its steps' counts are not new);
 - a prefill of n tokens arriving while k ≥ 1 streams decode over b workers (k / b beside it) takes
   s(b) · (work(n) · (1 + prefill_share · k / b) + prefill_s_per_stream · k / b + prefill_s_beside
-  + step(k / b + 1) + prefill_s_new_shape), and the streams beside it stop for prefill_stall of that time (their largest
-  gap grows by that much over their ITL); the probe sends it beside several stream counts, 0
+  + step(k / b + 1) + prefill_s_new_shape), and the streams beside it stop for prefill_stall of that
+  time (their largest gap grows by that much over their ITL); the probe sends it beside several stream counts, 0
   included (its lone work(n), measured beside the others), at two lengths: the term proportional to
   the prefill's work and the additive one per stream are told apart by the length, the once-off
   one by the stream counts (fit_beside);
@@ -227,7 +227,7 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
     itls, itl_long = medians(samples.itl), medians(samples.itl_long)
     if len(lone_ttft) < 2 or len(itls) < 2:
         raise ValueError("need TTFT at two prompt lengths and ITL at two stream counts at least")
-    intercept, per_token, attention = fit_prefill(lone_ttft)  # its lone requests' counts were new: intercept holds new_shape
+    intercept, per_token, attention = fit_prefill(lone_ttft)  # at new token counts: new_shape is in the intercept
     new_shape = fit_new_shape(samples.shape)
     workers = max(1, samples.workers)
 

@@ -35,7 +35,8 @@ def probe_lines(samples: Samples) -> list[str]:
             f"{n:.0f} tokens " + ", ".join(f"{k:.0f}: {t * 1e3:.0f} ms" for (m, k), t in beside.items() if m == n)
             for n in sorted({n for n, _ in beside})),
         "lone TTFT at a token count never sent, then at it again: " + ", ".join(
-            f"{n:.0f} tokens {cold * 1e3:.1f} / {warm[n] * 1e3:.1f} ms" for n, cold in medians((n, t) for n, t, _ in samples.shape)),
+            f"{n:.0f} tokens {cold * 1e3:.1f} / {warm[n] * 1e3:.1f} ms"
+            for n, cold in medians((n, t) for n, t, _ in samples.shape)),
         "re-probed (repeats disagreed): " + (", ".join(f"{key} +{count}" for key, count in reprobed.items()) or "none"),
     ]
 
