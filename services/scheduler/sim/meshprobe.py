@@ -2,13 +2,13 @@
 mesh from the outside, through its gateway, for the model in meshcal.py.
 
 Probes, in order (prompts are random token ids with a per-run nonce, so nothing is cached unless a
-probe means it to be). Every prompt whose prefill is timed (probes 1, 3, 5, 8) has a length no
+probe means it to be). Every prompt whose prefill is timed (probes 1, 2, 5, 8; 3's first) has a length no
 earlier probe request had, a few tokens past its point's nominal length, as a trace's prompts have
 (`_Prober.unseen`; beside k decoding streams the step's count is length + k, and that is what must
 be new): the engine's CPU kernels are built and cached per token count, and a prefill of a new count
 took ~4 ms longer (704 cached + 200 new tokens on tiny: 17.7 ms with 200 every time, 21.8 with a new
 count each time), which the repeated lengths never paid and the trace's requests nearly all did;
-probe 2 measures that cost (`prefill_s_new_shape`), which the fit takes out of the lone requests'
+probe 3 measures that cost (`prefill_s_new_shape`), which the fit takes out of the lone requests'
 per-request terms. The request-work burst (6) keeps one length, as run AD measured it (its
 `request_busy_s` came out 2.5 ms; whether new lengths there move it was not separated), and the
 fit takes its steps as run at counts seen before. Each request
@@ -19,12 +19,12 @@ before, so it finds the worker done handing the last run's turns back to the KV 
 stream's ITL read 2.82 ms right after 16 streams of 1,024-token prompts, 1.12 ms quiet and 1.15 ms
 0.3 s later):
 1. TTFT of lone requests against uncached prompt length;
-2. new shapes: a lone fresh prompt of a token count never sent (`shape_tokens`, a new count each
-   run), then `settle_s` later another fresh prompt of that count; the first's TTFT less the
-   second's is what building the kernels for a new count costs (`prefill_s_new_shape`);
-3. prefix hits: a long prompt, then 0.2 s later the same again, or its first part followed by
+2. prefix hits: a long prompt, then 0.2 s later the same again, or its first part followed by
    `hit_new_tokens` new ones; the second TTFT, less that of a fresh prompt of its uncached tokens
    sent right after it, against its cached tokens and its (new, cached) token pairs;
+3. new shapes: a lone fresh prompt of a token count never sent (`shape_tokens`, a new count each
+   run), then `settle_s` later another fresh prompt of that count; the first's TTFT less the
+   second's is what building the kernels for a new count costs (`prefill_s_new_shape`);
 4. ITL against the number of concurrent streams (short prompts, `stream_tokens` each; k streams per
    decode worker, k × `workers` in all where k > 1): the mean gap while all of them decode, median
    over streams; taking turns with them, `context_points` (streams per worker, prompt tokens) with
@@ -114,8 +114,8 @@ async def probe(target: Target, config: ProbeConfig) -> Samples:
         for _ in range(3):
             await prober.one(prober.prompt(32), 4)  # warm-up
         await prober.ttft()
-        await prober.shapes()
         await prober.hits()
+        await prober.shapes()
         await prober.itl()
         await prober.handback()
         await prober.sharing()
