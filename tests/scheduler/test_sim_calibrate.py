@@ -23,6 +23,7 @@ TRUE = MeshCalibration(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, dec
                        prefill_s_per_stream=4.0e-4, attention_s_per_cached_pair=4.0e-8, prefill_s_beside=3.0e-3)
 CONTEXT_POINTS = ProbeConfig().context_points
 SHARED = dataclasses.replace(TRUE, host_parallelism=1.5)  # 2 workers on a host that runs 1.5 at full speed
+NEW_SHAPE = 4.0e-3  # a prefill step at a token count the worker has not run lately
 
 
 def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
@@ -37,8 +38,10 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
     def step(k, context=64.0):  # k streams of this mean context (the ITL probe's: 64)
         return step_s(cal, k) + hinge_s(k * context, cal.decode_s_per_padded_token, cal.decode_padded_knee_tokens)
 
-    def ttft(uncached, cached=0):
-        return cal.request_overhead_s + cal.request_busy_s + work(uncached, cached) + cached * cal.hit_s_per_token + step(1)
+    def ttft(uncached, cached=0, new=True):  # every timed probe prefill is at a count not sent before
+        new_shape = cal.prefill_s_new_shape if new else 0.0
+        return (cal.request_overhead_s + cal.request_busy_s + work(uncached, cached) + cached * cal.hit_s_per_token + step(1)
+                + new_shape)
 
     samples = Samples(workers=workers, itl_context=64.0)
     samples.ttft = [(n, ttft(n)) for n in (64, 256, 1024, 1536)]
@@ -47,30 +50,35 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
     samples.itl = [(k, slowdown(min(k, workers)) * step(k / min(k, workers))) for k in (1, 4, 8, 16)]
     long = [(k * workers, p + 32.0) for k, p in CONTEXT_POINTS]  # k streams per worker, p-token prompts
     samples.itl_long = [(k, x, slowdown(min(k, workers)) * step(k / min(k, workers), x)) for k, x in long]
-    samples.burst = [(24, 32, ttft(32) + 23 * cal.request_busy_s)]
+    samples.burst = [(24, 32, ttft(32, new=False) + 23 * cal.request_busy_s)]  # one length: its counts are not new
+    samples.shape = [(n, ttft(n + 1), ttft(n + 1, new=False)) for n in (128, 384)]  # a new count, then it again
     if workers > 1:
         lone = ttft(1536)
         samples.pair = [(workers, 1536, lone + (workers - 1) * cal.request_busy_s
-                         + (slowdown(workers) - 1) * (work(1536) + step(1)))]
+                         + (slowdown(workers) - 1) * (work(1536) + step(1) + cal.prefill_s_new_shape))]
     samples.stall = [(n, 0, 0.0, 0.0, ttft(n)) for n in (512, 1536)]  # alone, then beside k streams
     for k in (2, 8, 16, 32):
         beside = k / min(k, workers)  # k streams over the workers
         for n in (512, 1536):
             prefill = slowdown(min(k, workers)) * (work(n) * (1 + beside * cal.prefill_share)
-                                                   + cal.prefill_s_per_stream * beside + cal.prefill_s_beside + step(beside + 1))
+                                                   + cal.prefill_s_per_stream * beside + cal.prefill_s_beside + step(beside + 1)
+                                                   + cal.prefill_s_new_shape)
             loaded_ttft = cal.request_overhead_s + cal.request_busy_s + prefill
             samples.stall.append((n, k, step(k) + cal.prefill_stall * prefill, step(k), loaded_ttft))
     return samples
 
 
-@pytest.mark.parametrize(("cal", "workers"), [(TRUE, 1), (SHARED, 2)])
+@pytest.mark.parametrize(("cal", "workers"), [(TRUE, 1), (SHARED, 2),
+                                             (dataclasses.replace(TRUE, prefill_s_new_shape=NEW_SHAPE), 1),
+                                             (dataclasses.replace(SHARED, prefill_s_new_shape=NEW_SHAPE), 2)])
 def test_fit_gives_back_the_parameters_of_timings_made_by_the_model(cal, workers):
     got = fit(formula_samples(cal, workers), engine_decode_s_per_seq=cal.decode_s_per_seq)
     assert got.admission_limit is None and set(got.noise) == {1.0}  # one lone request per length: no spread
     for name in ("prefill_s_per_token", "attention_s_per_pair", "decode_s_per_step", "decode_s_per_seq", "decode_s_per_padded_token",
                  "decode_padded_knee_tokens",
                  "request_overhead_s", "request_busy_s", "token_overhead_s", "hit_s_per_token", "prefill_stall",
-                 "prefill_share", "prefill_s_per_stream", "prefill_s_beside", "host_parallelism", "attention_s_per_cached_pair"):
+                 "prefill_share", "prefill_s_per_stream", "prefill_s_beside", "host_parallelism", "attention_s_per_cached_pair",
+                 "prefill_s_new_shape"):
         assert getattr(got, name) == pytest.approx(getattr(cal, name), rel=1e-9, abs=1e-15), name
 
 
@@ -84,11 +92,12 @@ def sim_outcomes(config: SimConfig, requests: list[TraceRequest]):
     return [outcome(r) for r in Cluster("round_robin", config).run(requests)]
 
 
-def test_fit_gives_back_the_parameters_the_simulator_ran_with():
+@pytest.mark.parametrize("new_shape", [0.0, NEW_SHAPE])
+def test_fit_gives_back_the_parameters_the_simulator_ran_with(new_shape):
     cost = CostModel(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4)
     mesh = MeshCost(request_overhead_s=0.031, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5, prefill_share=0.05,
                     prefill_s_per_stream=4.0e-4, attention_s_per_pair=1.1e-7, attention_s_per_cached_pair=4.0e-8,
-                    prefill_s_beside=3.0e-3)
+                    prefill_s_beside=3.0e-3, prefill_s_new_shape=new_shape)
     config = SimConfig(num_workers=1, cost=cost, mesh=mesh)
     samples = Samples()
     lone = [TraceRequest(10.0 * i, f"l{i}", "", n, 2, tuple(range(1000 * i, 1000 * i + n // 16)))
@@ -110,7 +119,12 @@ def test_fit_gives_back_the_parameters_the_simulator_ran_with():
         for n in (512, 1536):
             loaded = sim_outcomes(config, [*streams, TraceRequest(0.5, "long", "", n, 2, tuple(range(30_000, 30_000 + n // 16)))])
             samples.stall.append((n, k, 0.0, 0.0, next(o for o in loaded if o.prompt_tokens == n).ttft_s))
+    for n in (128, 384):  # a fresh prompt at a count the worker never ran, then another of that count
+        pair = [TraceRequest(0.0, "cold", "", n, 2, tuple(range(40_000, 40_000 + n // 16))),
+                TraceRequest(10.0, "warm", "", n, 2, tuple(range(50_000, 50_000 + n // 16)))]
+        samples.shape.append((n, *(o.ttft_s for o in sorted(sim_outcomes(config, pair), key=lambda o: o.arrival_s))))
     got = fit(samples, engine_decode_s_per_seq=cost.decode_s_per_seq)
+    assert got.prefill_s_new_shape == pytest.approx(new_shape, rel=1e-9, abs=1e-15)
     assert (got.prefill_share, got.prefill_s_per_stream, got.prefill_s_beside) == pytest.approx((0.05, 4.0e-4, 3.0e-3), rel=1e-9)
     assert hit.cached_tokens == 1536
     assert got.prefill_s_per_token == pytest.approx(cost.prefill_s_per_token, rel=1e-9)

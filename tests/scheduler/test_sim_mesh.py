@@ -77,3 +77,4 @@ def test_calibration_probes_the_mesh(gateway):
     assert [(n, k) for n, k, *_ in samples.stall] == [(256, 0), (256, 2)] and len(samples.burst) == 1
     assert all(ttft > 0 for *_, ttft in samples.stall) and samples.stall[1][2] > 0  # the streams' gap beside it
     assert [(k, t) for k, t, _ in samples.handback] == [(2, 64 + 8), (2, 256 + 8)]  # turns per worker, tokens per turn
+    assert [n for n, *_ in samples.shape] == [128, 384] and all(t > 0 for _, *ts in samples.shape for t in ts)

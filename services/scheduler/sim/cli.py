@@ -69,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mesh: and this many seconds longer per other running stream")
     p.add_argument("--prefill-s-beside", type=float, default=mesh.prefill_s_beside,
                    help="mesh: and this many seconds longer, once, when any other stream runs on its worker")
+    p.add_argument("--prefill-s-new-shape", type=float, default=mesh.prefill_s_new_shape,
+                   help="mesh: a prefill step at a token count its worker did not run lately takes this much longer "
+                   "(CPU kernels are built per shape), as worker time")
+    p.add_argument("--kernel-cache-counts", type=int, default=SimConfig().kernel_cache_counts,
+                   help="the last N distinct prefill step token counts a worker's kernels stay cached for")
     p.add_argument("--ttft-noise", default="", help="mesh: comma-separated factors on prefill time and overhead, "
                    "one per request by its id (the host's noise, from `kvmesh sim calibrate`)")
     p.add_argument("--host-parallelism", type=float, default=mesh.host_parallelism,
@@ -137,6 +142,7 @@ def _unscaled_config(args: argparse.Namespace, n: int, routers: int) -> SimConfi
         kv_blocks=args.kv_blocks,
         event_delay_s=args.event_delay_s,
         sticky_ttl_s=args.sticky_ttl_s,
+        kernel_cache_counts=args.kernel_cache_counts,
         cost=CostModel(args.prefill_s_per_token, args.decode_s_per_step, args.decode_s_per_seq, args.block_size),
         pd=PdConfig(local_prefill_max_tokens=args.local_prefill_max_tokens),
         mesh=MeshCost(
@@ -145,6 +151,7 @@ def _unscaled_config(args: argparse.Namespace, n: int, routers: int) -> SimConfi
             handback_s_per_turn=args.handback_s_per_turn, handback_s_per_token=args.handback_s_per_token,
             prefill_stall=args.prefill_stall, prefill_share=args.prefill_share,
             prefill_s_per_stream=args.prefill_s_per_stream, prefill_s_beside=args.prefill_s_beside,
+            prefill_s_new_shape=args.prefill_s_new_shape,
             host_parallelism=args.host_parallelism, attention_s_per_pair=args.attention_s_per_pair,
             attention_s_per_cached_pair=args.attention_s_per_cached_pair,
             decode_s_per_context_token=args.decode_s_per_context_token,

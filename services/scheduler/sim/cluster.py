@@ -18,8 +18,9 @@ With prefill workers, the decode-first P/D decision may send the prompt to one; 
 reaches the decode worker after kv_transfer_s_per_token × tokens.
 
 Mesh terms (MeshCost: per-request overhead and work, per-token overhead, the decode step's context
-cost, CPU sharing, the worker's pauses, a finished turn's KV hand-back, admission) are described in
-meshcost.py; all are off by default.
+cost, CPU sharing, a prefill step at a token count its worker has not run lately (shapes.py), the
+worker's pauses, a finished turn's KV hand-back, admission) are described in meshcost.py; all are
+off by default.
 With `routers` K > 1, K scheduler replicas (each its own Router: registry, index, sticky) take
 arrivals in turn; replica j sees each KV event after event_delay_s × (1 + j / (K - 1)) (its own
 lag, up to twice the first's), and its peers' routing decisions (load and predicted blocks) and
@@ -43,6 +44,7 @@ from ..registry import HeartbeatInfo, Registry, Role
 from ..router import RouteDecision, RouteQuery, Router, RouterConfig
 from ..sticky import StickySessions
 from .meshcost import MeshCost
+from .shapes import ShapeCache
 from .simworker import PrefillBatch, RequestResult, SimWorker
 from .trace import TraceRequest
 
@@ -61,6 +63,7 @@ class SimConfig:
     prediction_ttl_s: float = 2.0
     routers: int = 1                # scheduler replicas, each with its own view
     peer_delay_s: float = 0.005     # a replica's routing decision reaching its peers (one NATS hop)
+    kernel_cache_counts: int = 256  # distinct prefill step token counts a worker's CPU kernels stay cached for (shapes.py)
     cost: CostModel = field(default_factory=CostModel)
     pd: PdConfig = field(default_factory=PdConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -82,9 +85,10 @@ class Cluster:
         self.router = self.routers[0]
         self.registry = self.router.registry
         self._arrivals = 0
-        decodes = [SimWorker(f"d{i:03d}", Role.DECODE, config.kv_blocks, config.max_num_seqs) for i in range(config.num_workers)]
-        prefills = [SimWorker(f"p{i:03d}", Role.PREFILL, config.kv_blocks, config.max_num_seqs) for i in range(config.num_prefill_workers)]
-        self.workers = {w.worker_id: w for w in (*decodes, *prefills)}
+        workers = [(f"d{i:03d}", Role.DECODE) for i in range(config.num_workers)]
+        workers += [(f"p{i:03d}", Role.PREFILL) for i in range(config.num_prefill_workers)]
+        self.workers = {name: SimWorker(name, role, config.kv_blocks, config.max_num_seqs,
+                                        shapes=ShapeCache(config.kernel_cache_counts)) for name, role in workers}
         self._events: list[tuple[float, int, str, object]] = []
         self._order = itertools.count()
         self.results: list[RequestResult] = []
@@ -252,10 +256,12 @@ class Cluster:
     def _local_prefill(self, d: SimWorker, result: RequestResult, tokens: int, cached: int) -> tuple[float, float]:
         """Puts a local prefill in d's next prefill step: the one not yet begun, if its token budget
         holds these tokens too, else a new one after d's busy time. Returns (step start, step end)."""
-        extra = cached * self.config.mesh.hit_s_per_token
+        mesh, budget = self.config.mesh, self.config.max_num_batched_tokens
+        extra = cached * mesh.hit_s_per_token
         batch = d.batch
-        if batch is not None and batch.start_s > self.now and batch.tokens + tokens <= self.config.max_num_batched_tokens:
-            added = (self._prefill_s(tokens, cached, d, joining=True) + extra) * self._host_slowdown()
+        if batch is not None and batch.start_s > self.now and batch.tokens + tokens <= budget:
+            shape = d.new_shape_s(batch, batch.tokens + tokens, mesh, budget)
+            added = (self._prefill_s(tokens, cached, d, joining=True) + extra + shape) * self._host_slowdown()
             # NOTE: a hand-back or pause queued after the step moves with it
             d.busy_until = max(d.busy_until, batch.end_s) + added
             batch.end_s += added
@@ -264,8 +270,9 @@ class Cluster:
                 self._at(batch.start_s, "stall", (d, self.config.mesh.prefill_stall * added))
         else:
             start = max(self.now, d.busy_until)
-            end = start + (self._prefill_s(tokens, cached, d) + extra) * self._host_slowdown()
-            batch = d.batch = PrefillBatch(start, end, tokens)
+            batch = d.batch = PrefillBatch(start, start, tokens, rows=max(0, d.running - 1))
+            shape = d.new_shape_s(batch, tokens, mesh, budget)
+            end = batch.end_s = start + (self._prefill_s(tokens, cached, d) + extra + shape) * self._host_slowdown()
             d.busy_until = end
             if self.config.mesh.prefill_stall:
                 self._at(start, "stall", (d, self.config.mesh.prefill_stall * (end - start)))
@@ -287,7 +294,10 @@ class Cluster:
             cached = max(d_cached, p.cached_prefix(hashes))
             result.cached_tokens = cached * bs
             start = max(self.now, p.busy_until)
-            p_end = start + self._prefill_s(r.prompt_tokens - cached * bs, cached * bs, p)
+            tokens = r.prompt_tokens - cached * bs
+            shape = p.new_shape_s(PrefillBatch(start, start, tokens), tokens, self.config.mesh,
+                                  self.config.max_num_batched_tokens)
+            p_end = start + self._prefill_s(tokens, cached * bs, p) + shape
             p.busy_until = p_end
             self._publish(p, *p.insert(hashes))  # NOTE: published early; the scheduler sees it after the delay anyway
             end = p_end + (r.prompt_tokens - d_cached * bs) * self.config.kv_transfer_s_per_token

@@ -5,7 +5,11 @@ The model (cluster.py, `CostModel` + `MeshCost`), as a client sees it, with W de
 one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy workers; W = 1: s = 1):
 - TTFT of a lone request with n uncached and c cached prompt tokens
       = request_overhead + request_busy + n · prefill_s_per_token + attention_s_per_pair · n² / 2
-        + attention_s_per_cached_pair · n · c + c · hit_s_per_token + step(1)
+        + attention_s_per_cached_pair · n · c + c · hit_s_per_token + step(1) + new_shape,
+  new_shape = prefill_s_new_shape when the worker has not run a step of n new tokens lately (every
+  timed prefill of the probes is at a count not sent before, meshprobe.py), else 0; the shape probe
+  sends a lone request at a count never sent, then one at that count again: the first's TTFT less
+  the second's is the term (fit_new_shape);
 - ITL (a request's mean gap between tokens) with k streams of mean context x decoding, spread over
   b = min(k, W) workers = s(b) · (step(k / b) + hinge(x · k / b)),
   step(k) = decode_s_per_step + (decode_s_per_seq + token_overhead_s) · k,
@@ -14,16 +18,17 @@ one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy w
   (context x0, k / b × x0 below the knee) fit the line, long ones at several (k, x) the hinge
   (fit_hinge); the other probes' streams are short and take step(k), as the ITL probe measured them;
 - W long prompts (n tokens) sent at once, one per worker: the last first token comes
-  (W - 1) · request_busy + (s(W) - 1) · (lone prefill work + step(1)) after a lone request's;
+  (W - 1) · request_busy + (s(W) - 1) · (lone prefill work + step(1) + new_shape) after a lone request's;
 - a prompt whose first c tokens are cached takes c · hit_s_per_token + attention_s_per_cached_pair · n · c
   longer than a fresh prompt of its n uncached tokens (the hit probe sends one right after each hit;
   its two shapes, n = 16 and 512 after ~1,000-1,500 cached, tell the two terms apart);
 - a burst of M short requests (n tokens, one output token) sent at once: the last first token
-  comes (M - 1) · request_busy after a lone request's TTFT (the mesh-wide request server);
+  comes (M - 1) · request_busy after a lone request's TTFT at a count run before (the mesh-wide
+  request server; the burst repeats one length, so its steps' counts are not new);
 - a prefill of n tokens arriving while k ≥ 1 streams decode over b workers (k / b beside it) takes
   s(b) · (work(n) · (1 + prefill_share · k / b) + prefill_s_per_stream · k / b + prefill_s_beside
-  + step(k / b + 1)), and the streams beside it stop for prefill_stall of that time (their largest
-  gap grows by that much over their ITL); the probe sends it beside several stream counts, 0
+  + step(k / b + 1) + prefill_s_new_shape), and the streams beside it stop for prefill_stall of that
+  time (their largest gap grows by that much over their ITL); the probe sends it beside several stream counts, 0
   included (its lone work(n), measured beside the others), at two lengths: the term proportional to
   the prefill's work and the additive one per stream are told apart by the length, the once-off
   one by the stream counts (fit_beside);
@@ -72,6 +77,8 @@ class Samples:
     pauses: list[float] = field(default_factory=list)  # each worker pause found there: its streams' extra gap, s
     handback: list[tuple[float, float, float]] = field(default_factory=list)
     # (turns per worker ending at once, tokens per turn, a lone stream's extra latency right after them)
+    shape: list[tuple[float, float, float]] = field(default_factory=list)
+    # (nominal uncached tokens, TTFT at a token count never sent, TTFT at that count again right after)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +105,7 @@ class MeshCalibration:
     pause_s: float = 0.0             # ... and their mean length
     handback_s_per_turn: float = 0.0  # a finished turn's KV hand-back holds its worker busy this long ...
     handback_s_per_token: float = 0.0  # ... plus this per token of the turn
+    prefill_s_new_shape: float = 0.0  # a prefill step at a token count the worker did not run lately takes this longer
 
     def sim_flags(self) -> list[str]:
         """`kvmesh sim` flags that reproduce this mesh."""
@@ -111,6 +119,7 @@ class MeshCalibration:
             f"--decode-padded-knee-tokens {self.decode_padded_knee_tokens:.0f}",
             f"--prefill-s-per-stream {self.prefill_s_per_stream:.3g} --prefill-s-beside {self.prefill_s_beside:.3g}",
             f"--handback-s-per-turn {self.handback_s_per_turn:.3g} --handback-s-per-token {self.handback_s_per_token:.3g}",
+            f"--prefill-s-new-shape {self.prefill_s_new_shape:.3g}",
         ]
         if self.attention_s_per_cached_pair is not None:
             flags.append(f"--attention-s-per-cached-pair {self.attention_s_per_cached_pair:.3g}")
@@ -170,6 +179,14 @@ def fit_beside(points: list[tuple[float, float, float]], scales: list[float] | N
     return float(coef.get(0, 0.0)), float(coef.get(1, 0.0)), float(coef.get(2, 0.0))
 
 
+def fit_new_shape(shape: list[tuple[float, float, float]]) -> float:
+    """prefill_s_new_shape from the shape probe: the median over its pairs of the TTFT at a token count
+    never sent less the TTFT at that count again right after (the same prompt shape, so nothing else
+    differs), >= 0; 0 without pairs."""
+    # NOTE: pair by pair, as the hit probe's: a burst of the host's noise lands on both of a pair
+    return max(0.0, _median([cold - warm for _, cold, warm in shape]))
+
+
 def fit_hits(samples: Samples, attention: float, fitted_lone: list[float]) -> tuple[float, float]:
     """(hit_s_per_token, attention_s_per_cached_pair) from the hit probe: each repeat's TTFT less its
     lone request's is c · hit + cached_pair · n · c (c cached, n new tokens), medians per shape; with
@@ -210,18 +227,19 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
     itls, itl_long = medians(samples.itl), medians(samples.itl_long)
     if len(lone_ttft) < 2 or len(itls) < 2:
         raise ValueError("need TTFT at two prompt lengths and ITL at two stream counts at least")
-    intercept, per_token, attention = fit_prefill(lone_ttft)
+    intercept, per_token, attention = fit_prefill(lone_ttft)  # at new token counts: new_shape is in the intercept
+    new_shape = fit_new_shape(samples.shape)
     workers = max(1, samples.workers)
 
     def work(n: float) -> float:
         return n * per_token + attention * n * n / 2
 
-    busy = max(0.0, _median([(last - intercept - work(n)) / (m - 1) for m, n, last in samples.burst if m > 1]))
+    busy = max(0.0, _median([(last - intercept + new_shape - work(n)) / (m - 1) for m, n, last in samples.burst if m > 1]))
     lone_itl = [itl for k, itl in itls if k == 1]
     step_one = lone_itl[0] if lone_itl else sum(fit_line(itls))
     parallel = 0.0
     if workers > 1:
-        slowdowns = [1.0 + (last - intercept - work(n) - (m - 1) * busy) / (work(n) + step_one)
+        slowdowns = [1.0 + (last - intercept - work(n) - (m - 1) * busy) / (work(n) + step_one + new_shape)
                      for m, n, last in samples.pair if m > 1]
         parallel = min(float(workers), max(1.0, workers / max(1.0, _median(slowdowns)))) if slowdowns else float(workers)
 
@@ -246,23 +264,23 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
     per_seq = max(0.0, per_stream)
     engine = per_seq if engine_decode_s_per_seq is None else min(per_seq, engine_decode_s_per_seq)
     hit, cached_pair = fit_hits(samples, attention, [intercept + work(uncached) for _, uncached, _ in samples.hit])
-    overhead = max(0.0, intercept - step(1) - busy)
+    overhead = max(0.0, intercept - step(1) - busy - new_shape)
     beside = beside_medians(samples.stall)
     lone = {n: t for (n, k), t in beside.items() if k == 0}
 
     def prefill(n: float) -> float:  # a lone prefill's work: as the stall probe measured it, else from the fit
-        return max(0.0, lone[n] - overhead - busy - step(1)) if n in lone else work(n)
+        return max(0.0, lone[n] - overhead - busy - step(1) - new_shape) if n in lone else work(n)
 
     loaded = [(n, k, ttft) for (n, k), ttft in beside.items() if k > 0]
     extras = [(prefill(n), k / spread(k),
-               (ttft - overhead - busy) / slowdown(spread(k)) - step(k / spread(k) + 1) - prefill(n))
+               (ttft - overhead - busy) / slowdown(spread(k)) - step(k / spread(k) + 1) - new_shape - prefill(n))
               for n, k, ttft in loaded]
     once, share, per_stream_s = fit_beside(extras, [lone.get(n, intercept + work(n)) for n, _, _ in loaded])
     stalls = []
     for tokens, k, gap, itl, _ in samples.stall:
         if k > 0:
             b, w = spread(k), prefill(tokens)
-            took = w * (1.0 + share * k / b) + per_stream_s * k / b + once + step(k / b + 1)
+            took = w * (1.0 + share * k / b) + per_stream_s * k / b + once + step(k / b + 1) + new_shape
             stalls.append((gap - itl) / (slowdown(b) * took))
     handback_turn, handback_token = fit_handback(medians(samples.handback))
     admitted = samples.admitted if samples.admitted is not None and samples.admitted < samples.probe_streams else None
@@ -289,6 +307,7 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         pause_s=statistics.fmean(samples.pauses) if samples.pauses else 0.0,
         handback_s_per_turn=handback_turn,
         handback_s_per_token=handback_token,
+        prefill_s_new_shape=new_shape,
     )
 
 

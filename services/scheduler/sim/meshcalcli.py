@@ -20,10 +20,12 @@ from .meshstats import medians
 
 
 def probe_lines(samples: Samples) -> list[str]:
-    """The probes' medians (lone TTFT by length, ITL by streams, a prefill's TTFT beside streams)
-    and the points re-probed because their repeats disagreed."""
+    """The probes' medians (lone TTFT by length, ITL by streams, a prefill's TTFT beside streams, a
+    lone TTFT at a new token count and at it again) and the points re-probed because their repeats
+    disagreed."""
     beside = beside_medians(samples.stall)
     reprobed = Counter(samples.reprobed)
+    warm = dict(medians((n, t) for n, _, t in samples.shape))
     return [
         "TTFT by uncached prompt tokens: " + ", ".join(f"{n:.0f}: {t * 1e3:.1f} ms" for n, t in medians(samples.ttft)),
         "ITL by concurrent streams: " + ", ".join(f"{k:.0f}: {t * 1e3:.2f} ms" for k, t in medians(samples.itl)),
@@ -32,6 +34,9 @@ def probe_lines(samples: Samples) -> list[str]:
         "prefill TTFT beside streams: " + "; ".join(
             f"{n:.0f} tokens " + ", ".join(f"{k:.0f}: {t * 1e3:.0f} ms" for (m, k), t in beside.items() if m == n)
             for n in sorted({n for n, _ in beside})),
+        "lone TTFT at a token count never sent, then at it again: " + ", ".join(
+            f"{n:.0f} tokens {cold * 1e3:.1f} / {warm[n] * 1e3:.1f} ms"
+            for n, cold in medians((n, t) for n, t, _ in samples.shape)),
         "re-probed (repeats disagreed): " + (", ".join(f"{key} +{count}" for key, count in reprobed.items()) or "none"),
     ]
 
@@ -55,6 +60,8 @@ def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list
         f"#   a prefill takes {cal.prefill_share:.3g}x longer plus {cal.prefill_s_per_stream:.3g} s per stream decoding "
         f"beside it plus {cal.prefill_s_beside:.3g} s once when any does, and stalls those streams for {cal.prefill_stall:.0%} of its time (engine and RPC loop share the "
         "worker's CPU)",
+        f"#   a prefill step at a token count the worker has not run lately takes {cal.prefill_s_new_shape:.3g} s longer "
+        "(the engine builds its CPU kernels for the new shape), as the worker's time",
         f"#   a finished turn's KV hand-back to the store holds its worker {cal.handback_s_per_turn:.3g} s + "
         f"{cal.handback_s_per_token:.3g} s per token of the turn",
         f"#   pauses of all a worker's streams at once: {cal.pause_rate_hz:.3g} per second of decoding, "
@@ -89,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="STREAMSxPROMPT_TOKENS (streams per decode worker) of the long-context ITL points, 3 or more")
     p.add_argument("--stall-streams", default="0,8,16,32",
                    help="stream counts decoding beside the CPU-sharing probe's prefill (in all, not per worker)")
+    p.add_argument("--shape-tokens", default=",".join(str(n) for n in ProbeConfig().shape_tokens),
+                   help="uncached prompt lengths of the new-shape probe (a token count never sent, then again); empty: skip")
     p.add_argument("--stall-lengths", default="512,1536", help="uncached prompt lengths of that prefill")
     p.add_argument("--handback-points", default=",".join(f"{k}x{n}" for k, n in ProbeConfig().handback_points),
                    help="TURNSxPROMPT_TOKENS (turns per decode worker) of the KV hand-back probe; two prompt lengths")
@@ -120,6 +129,7 @@ def calibrate_main(argv: list[str] | None = None) -> int:
         stall_streams=tuple(int(x) for x in args.stall_streams.split(",")),
         stall_lengths=tuple(int(x) for x in args.stall_lengths.split(",")), settle_s=args.settle_s,
         handback_points=_points(args.handback_points),
+        shape_tokens=tuple(int(x) for x in args.shape_tokens.split(",") if x),
     )
     target = Target(args.url.rstrip("/"), args.model, args.api_key)
     t0 = time.perf_counter()

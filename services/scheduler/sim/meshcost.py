@@ -20,6 +20,11 @@
   line through the stream counts leaves at one stream). Why the once-off term: on a 1-worker mesh a
   904-token prompt (704 cached) took 20.8 ms alone and 26.8, 28.2, 25.1, 28.8 beside 1, 2, 4, 8
   streams; the trace's requests, beside 1-3 streams, took 6-15 ms more than a sim without it said;
+- prefill_s_new_shape: a prefill step whose token count (its prompts' uncached tokens plus its decode
+  rows) is not among the last SimConfig.kernel_cache_counts distinct counts its worker ran takes this much
+  longer, as worker time (its queued prefills wait, its streams stall as for the rest of the step):
+  the engine's CPU kernels are built per shape and cached (shapes.py); `kvmesh sim calibrate`
+  measures it as a lone request at a token count just run against one at a count never sent;
 - token_overhead_s is added to a decode step per running sequence (per-token RPC/SSE work);
 - decode_s_per_context_token is added to a decode step per token of context of each running
   sequence (its attention over its KV; a sequence counts prompt + output / 2): the old, linear
@@ -80,6 +85,7 @@ class MeshCost:
     prefill_share: float = 0.0
     prefill_s_per_stream: float = 0.0
     prefill_s_beside: float = 0.0
+    prefill_s_new_shape: float = 0.0
     host_parallelism: float = 0.0
     noise: tuple[float, ...] = ()
     pause_rate_hz: float = 0.0

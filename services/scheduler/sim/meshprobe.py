@@ -2,13 +2,16 @@
 mesh from the outside, through its gateway, for the model in meshcal.py.
 
 Probes, in order (prompts are random token ids with a per-run nonce, so nothing is cached unless a
-probe means it to be). Every prompt whose prefill is timed (probes 1, 2, 4, 7) has a length no
+probe means it to be). Every prompt whose prefill is timed (probes 1, 2, 5, 8; 3's first) has a length no
 earlier probe request had, a few tokens past its point's nominal length, as a trace's prompts have
-(`_Prober.unseen`): the engine's CPU kernels are built and cached per token count, and a prefill of
-a new count took ~4 ms longer (704 cached + 200 new tokens on tiny: 17.7 ms with 200 every time,
-21.8 with a new count each time), which the repeated lengths never paid and the trace's requests
-nearly all did. The request-work burst (5) keeps one length, as run AD measured it (its
-`request_busy_s` came out 2.5 ms; whether new lengths there move it was not separated). Each request
+(`_Prober.unseen`; beside k decoding streams the step's count is length + k, and that is what must
+be new): the engine's CPU kernels are built and cached per token count, and a prefill of a new count
+took ~4 ms longer (704 cached + 200 new tokens on tiny: 17.7 ms with 200 every time, 21.8 with a new
+count each time), which the repeated lengths never paid and the trace's requests nearly all did;
+probe 3 measures that cost (`prefill_s_new_shape`), which the fit takes out of the lone requests'
+per-request terms. The request-work burst (6) keeps one length, as run AD measured it (its
+`request_busy_s` came out 2.5 ms; whether new lengths there move it was not separated), and the
+fit takes its steps as run at counts seen before. Each request
 still opens its own connection (client.py says why). Each probe point runs `repeats` times, the
 points of a probe taking turns, and up to `extra_repeats` more times while its repeats disagree
 (`spread_limit`); the fit takes each point's median. Every run starts `settle_s` after the one
@@ -19,22 +22,25 @@ stream's ITL read 2.82 ms right after 16 streams of 1,024-token prompts, 1.12 ms
 2. prefix hits: a long prompt, then 0.2 s later the same again, or its first part followed by
    `hit_new_tokens` new ones; the second TTFT, less that of a fresh prompt of its uncached tokens
    sent right after it, against its cached tokens and its (new, cached) token pairs;
-3. ITL against the number of concurrent streams (short prompts, `stream_tokens` each; k streams per
+3. new shapes: a lone fresh prompt of a token count never sent (`shape_tokens`, a new count each
+   run), then `settle_s` later another fresh prompt of that count; the first's TTFT less the
+   second's is what building the kernels for a new count costs (`prefill_s_new_shape`);
+4. ITL against the number of concurrent streams (short prompts, `stream_tokens` each; k streams per
    decode worker, k × `workers` in all where k > 1): the mean gap while all of them decode, median
    over streams; taking turns with them, `context_points` (streams per worker, prompt tokens) with
    long prompts: how much slower they decode, against their padded KV tokens, is the context's cost;
-4. CPU sharing: while k streams decode (k in `stall_streams`, 0 included, taking turns), one
+5. CPU sharing: while k streams decode (k in `stall_streams`, 0 included, taking turns), one
    uncached prompt of each of `stall_lengths` arrives; its TTFT against the lone one's at that
    length, and the streams' largest gap during its prefill against their ITL;
-5. request work: `burst` short requests (one output token) at once; how much later than a lone
+6. request work: `burst` short requests (one output token) at once; how much later than a lone
    request's the last first token comes;
-6. KV hand-back (handback.py): k turns of t tokens per worker at once (`handback_points`), then a
+7. KV hand-back (handback.py): k turns of t tokens per worker at once (`handback_points`), then a
    lone stream of `handback_lone_tokens` right after they end and another `settle_s` later; the
    first's extra latency over the second's is what handing those turns back cost the worker;
-7. with `workers` > 1 (the decode workers behind the gateway, on one host): that many long
+8. with `workers` > 1 (the decode workers behind the gateway, on one host): that many long
    uncached prompts at once, one per worker; how much later than a lone one's the last first
    token comes is how the host shares its CPU between busy workers;
-8. admission (`--admission-probe N`): N streams at once; those with a first token before the
+9. admission (`--admission-probe N`): N streams at once; those with a first token before the
    first finish were admitted together.
 With `--engine-model`, the in-process engine (`calibrate.py`) is measured too, after the
 probes, and printed as a lower bound.
@@ -84,6 +90,7 @@ class ProbeConfig:
     burst: int = 24
     hit_pause_s: float = 0.2          # between a prompt and its repeat (the prefix-hit probe)
     hit_new_tokens: tuple[int, ...] = (512,)  # new tokens after a cached prefix (the hit probe's second shape)
+    shape_tokens: tuple[int, ...] = (128, 384)  # uncached prompt lengths of the new-shape probe's pairs (empty: skip)
     workers: int = 1                  # decode workers behind the gateway (> 1: probe how they share the host)
     admission_probe: int = 0          # burst size; 0 = skip the probe
     extra_repeats: int = 4            # more repeats, at most, of a probe point whose repeats disagree
@@ -108,6 +115,7 @@ async def probe(target: Target, config: ProbeConfig) -> Samples:
             await prober.one(prober.prompt(32), 4)  # warm-up
         await prober.ttft()
         await prober.hits()
+        await prober.shapes()
         await prober.itl()
         await prober.handback()
         await prober.sharing()
@@ -128,12 +136,13 @@ class _Prober:
         self.longest = max(config.lengths)
         self.lengths_sent: set[int] = set()
 
-    def unseen(self, n: int) -> int:
-        """The shortest prompt length from n up that no probe request timed so far has had (see the
-        module docstring); the point keeps its nominal n."""
-        while n in self.lengths_sent:
+    def unseen(self, n: int, rows: int = 0) -> int:
+        """The shortest prompt length from n up whose prefill step, beside `rows` decoding streams,
+        has a token count (length + rows) no timed probe step had so far (see the module docstring);
+        the point keeps its nominal n."""
+        while n + rows in self.lengths_sent:
             n += 1
-        self.lengths_sent.add(n)
+        self.lengths_sent.add(n + rows)
         return n
 
     def unseen_tail(self) -> int:
@@ -186,6 +195,18 @@ class _Prober:
 
         records = await self.repeated({n: partial(lone, n) for n in self.config.lengths}, lambda r: r[1])
         self.samples.ttft += [point for points in records.values() for point in points]
+
+    async def shapes(self) -> None:
+        """The new-shape probe: (nominal tokens, TTFT at a count never sent, TTFT at that count again)."""
+        async def pair(n: int) -> tuple[float, float, float]:
+            count = self.unseen(n)
+            cold = await self.one(self.prompt(count), 2)
+            await self.sleep(self.config.settle_s)  # NOTE: not right after the first: its turn's hand-back
+            warm = await self.one(self.prompt(count), 2)
+            return float(n), cold.ttft_s, warm.ttft_s
+
+        records = await self.repeated({("shape", n): partial(pair, n) for n in self.config.shape_tokens}, lambda r: r[1] - r[2])
+        self.samples.shape += [r for rs in records.values() for r in rs]
 
     async def hits(self) -> None:
         # NOTE: two shapes taking turns: the whole prompt again (the cost per cached token), and a
@@ -284,7 +305,8 @@ class _Prober:
                 break
             await asyncio.sleep(0.01)
         start = time.perf_counter()
-        long = await self.one(self.prompt(self.unseen(tokens)), 1)
+        rows = round(streams / self.config.workers)  # about those beside it on its worker
+        long = await self.one(self.prompt(self.unseen(tokens, rows)), 1)
         outcomes = await asyncio.gather(*tasks)
         if not streams:
             return float(tokens), 0.0, 0.0, 0.0, long.ttft_s

@@ -1,6 +1,6 @@
 """The simulator's per-request and per-worker state (cluster.py drives them): a request's result,
-and a worker's prefix cache (an LRU of block hashes), batch, prefill queue and the time it lost to
-stalls and pauses."""
+and a worker's prefix cache (an LRU of block hashes), the token counts its prefill steps ran at
+lately (an LRU of counts), batch, prefill queue and the time it lost to stalls and pauses."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from ..registry import Role
 from ..router import RouteDecision
+from .meshcost import MeshCost
+from .shapes import ShapeCache, Undo, step_counts
 from .trace import TraceRequest
 
 
@@ -40,6 +42,9 @@ class PrefillBatch:
     start_s: float
     end_s: float
     tokens: int
+    rows: int = 0                   # decode rows riding along: the step runs tokens + rows new tokens
+    new_shape_s: float = 0.0        # what its token count cost for being new (MeshCost.prefill_s_new_shape)
+    shape_undo: Undo | None = None  # how to take its token count back out of the worker's ShapeCache
 
 
 @dataclass(slots=True)
@@ -59,6 +64,7 @@ class SimWorker:
     paused_s: float = 0.0           # time lost to the worker's pauses so far (MeshCost.pause_rate_hz)
     contexts: list[float] = field(default_factory=list)  # mean context (prompt + output / 2) of each sequence here
     batch: PrefillBatch | None = None  # its latest prefill step (joinable until it starts)
+    shapes: ShapeCache = field(default_factory=lambda: ShapeCache(256))  # its prefill steps' recent token counts (shapes.py)
 
     def cached_prefix(self, hashes: tuple[bytes, ...]) -> int:
         n = 0
@@ -80,6 +86,16 @@ class SimWorker:
         while len(self.cache) > self.kv_blocks:
             removed.append(self.cache.popitem(last=False)[0])
         return stored, removed
+
+    def new_shape_s(self, batch: PrefillBatch, tokens: int, mesh: MeshCost, budget: int) -> float:
+        """How much more `batch`'s step here costs now that it prefills `tokens` uncached tokens beside
+        its decode rows: mesh.prefill_s_new_shape for each of its token counts not run here lately
+        (shapes.py), less what it was charged before (a step joined before it began)."""
+        if not mesh.prefill_s_new_shape:
+            return 0.0
+        new, batch.shape_undo = self.shapes.run(step_counts(tokens, batch.rows, budget), batch.shape_undo)
+        before, batch.new_shape_s = batch.new_shape_s, new * mesh.prefill_s_new_shape
+        return batch.new_shape_s - before
 
     def mark_load(self, now: float) -> None:
         self.load_area += (self.running + len(self.slot_queue)) * (now - self.load_since)
