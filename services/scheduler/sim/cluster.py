@@ -44,7 +44,7 @@ from ..registry import HeartbeatInfo, Registry, Role
 from ..router import RouteDecision, RouteQuery, Router, RouterConfig
 from ..sticky import StickySessions
 from .meshcost import MeshCost
-from .shapes import ShapeCache
+from .shapes import KERNEL_CACHE_COUNTS, ShapeCache
 from .simworker import PrefillBatch, RequestResult, SimWorker
 from .trace import TraceRequest
 
@@ -63,7 +63,7 @@ class SimConfig:
     prediction_ttl_s: float = 2.0
     routers: int = 1                # scheduler replicas, each with its own view
     peer_delay_s: float = 0.005     # a replica's routing decision reaching its peers (one NATS hop)
-    kernel_cache_counts: int = 256  # distinct prefill step token counts a worker's CPU kernels stay cached for (shapes.py)
+    kernel_cache_counts: int = KERNEL_CACHE_COUNTS  # prefill step token counts a worker's CPU kernels stay cached for
     cost: CostModel = field(default_factory=CostModel)
     pd: PdConfig = field(default_factory=PdConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+KERNEL_CACHE_COUNTS = 256  # the sim's default: as many counts as the engine's cache has entries (see NOTE above)
 Undo = tuple[int, "int | None"]  # a step's count that was new, and the count its run evicted (None: none)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from ..registry import Role
 from ..router import RouteDecision
 from .meshcost import MeshCost
-from .shapes import ShapeCache, Undo, step_counts
+from .shapes import KERNEL_CACHE_COUNTS, ShapeCache, Undo, step_counts
 from .trace import TraceRequest
 
 
@@ -64,7 +64,7 @@ class SimWorker:
     paused_s: float = 0.0           # time lost to the worker's pauses so far (MeshCost.pause_rate_hz)
     contexts: list[float] = field(default_factory=list)  # mean context (prompt + output / 2) of each sequence here
     batch: PrefillBatch | None = None  # its latest prefill step (joinable until it starts)
-    shapes: ShapeCache = field(default_factory=lambda: ShapeCache(256))  # its prefill steps' recent token counts (shapes.py)
+    shapes: ShapeCache = field(default_factory=lambda: ShapeCache(KERNEL_CACHE_COUNTS))  # its prefill steps' recent counts
 
     def cached_prefix(self, hashes: tuple[bytes, ...]) -> int:
         n = 0
