@@ -33,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 
 from kvmesh.runtime.launcher import MeshOptions, free_port
 from kvmesh.runtime.supervisor import Mesh
@@ -48,6 +49,7 @@ from kvmesh.scheduler.sim.meshprobe import ProbeConfig, probe
 from kvmesh.scheduler.sim.meshspread import bootstrap, spread_lines, term_ranges
 from kvmesh.scheduler.sim.replay import ReplayConfig, replay
 from kvmesh.scheduler.sim.report import RunSummary, capacity, figures, simulate
+from kvmesh.scheduler.sim.steps import StepFigures, difference, parse_metrics
 from kvmesh.scheduler.sim.trace import SyntheticConfig, synthetic, without_output_blocks
 
 MAX_NUM_SEQS = 64       # the decode worker's default: admission allows 64 per worker
@@ -83,10 +85,19 @@ class Bench:
     def sim(self, policy: str, config: SimConfig, rate: float) -> RunSummary:
         return simulate(policy, config, self.trace(rate), self.window, self.args.slo_ttft_s)
 
-    def real(self, url: str, policy: str, workers: int, rate: float) -> RunSummary:
+    def real(self, url: str, policy: str, workers: int, rate: float, metrics: list[str] = ()) -> RunSummary:
+        """One replay at `rate`; with the decode workers' /metrics targets, what their engine steps ran too."""
         speed = asyncio.run(measure(Target(url))) if self.reference else None
+        before, started = [read_steps(t) for t in metrics], time.monotonic()
         outcomes = asyncio.run(replay(self.trace(rate), ReplayConfig(Target(url, timeout_s=60.0))))
         summary = figures(policy, workers, outcomes, self.window, self.args.slo_ttft_s)
+        if metrics:
+            # NOTE: the workers refresh these counters every heartbeat (0.5 s); the replay's drain covers the lag
+            time.sleep(1.0)
+            ran = StepFigures()
+            for target, b in zip(metrics, before):
+                ran.add(difference(read_steps(target), b))
+            summary = dataclasses.replace(summary, steps=ran.row(time.monotonic() - started - 1.0))
         self.load[id(summary)] = os.getloadavg()[0]
         if speed:
             self.slowdown[id(summary)] = speed_ratio(speed, self.reference)
@@ -108,6 +119,25 @@ class Bench:
 
     def capacity_of(self, run_at, start: float, steps: int) -> float:
         return capacity(run_at, self.args.slo_ttft_s, start, steps)[0]
+
+
+def read_steps(target: str) -> StepFigures:
+    """A decode worker's engine step counters (sim/steps.py) from its /metrics at `target` (host:port)."""
+    with urllib.request.urlopen(f"http://{target}/metrics", timeout=10) as reply:
+        return parse_metrics(reply.read().decode())
+
+
+def decode_metrics(mesh: Mesh) -> list[str]:
+    return [s.metrics_target for s in mesh.specs if s.service == "decode" and s.metrics_target]
+
+
+def step_line(s: RunSummary, reals: list[RunSummary]) -> str:
+    """The decode steps the sim ran against the real ones (sim/steps.py), at one load."""
+    cells = []
+    for key, fmt in (("rows", ".1f"), ("context", ".0f"), ("step_ms", ".1f"), ("decode_busy", ".2f"), ("prefill_busy", ".2f")):
+        real = "/".join(format(r.steps[key], fmt) for r in reals if r.steps)
+        cells.append(f"{key} {format(s.steps[key], fmt) if s.steps else '-'} / {real or '-'}")
+    return "steps sim / real: " + ", ".join(cells)
 
 
 def start_mesh(model: str, workers: int, policy: str, run_dir: str, settings: tuple[str, ...] = ()) -> Mesh:
@@ -206,7 +236,7 @@ def run_workers(bench: Bench, workers: int, lower: CostModel | None) -> None:
             for load in (0.5, 0.8):
                 rate = load * base
                 s = bench.sim("kv_aware", config, rate)
-                reals = [bench.real(mesh.gateway_url, "kv_aware", workers, rate) for _ in range(args.runs)]
+                reals = [bench.real(mesh.gateway_url, "kv_aware", workers, rate, decode_metrics(mesh)) for _ in range(args.runs)]
                 p50 = sum(r.ttft_p50_s for r in reals) / len(reals)
                 p90 = sum(r.ttft_p90_s for r in reals) / len(reals)
                 print(f"{load:>5.0%}{rate:>7.2f} | {s.ttft_p50_s:>8.3f}{s.ttft_p90_s:>7.3f}{s.ttft_p99_s:>7.3f} | "
@@ -215,6 +245,7 @@ def run_workers(bench: Bench, workers: int, lower: CostModel | None) -> None:
                       + f" | {pct(s.ttft_p50_s, p50):>6}{pct(s.ttft_p90_s, p90):>6} | {s.itl_p50_s * 1e3:>11.2f} "
                       + "/".join(f"{r.itl_p50_s * 1e3:.2f}" for r in reals)
                       + f" | hit sim {s.hit_rate:.2f}, real " + "/".join(f"{r.hit_rate:.2f}" for r in reals), flush=True)
+                print(f"{'':>12} | {step_line(s, reals)}", flush=True)
                 at_speed, factor = bench.matched(config, reals)
                 if factor is not None:
                     m = bench.sim("kv_aware", at_speed, rate)

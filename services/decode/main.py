@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
+from kvmesh.engine.outputs import EngineStats
 from kvmesh.runtime import kvwire
 from kvmesh.runtime.bus import Bus
 from kvmesh.runtime.grpcutil import start_server
@@ -69,11 +70,13 @@ async def start(settings: DecodeSettings, bus: Bus | None = None) -> WorkerApp:
 
 async def _refresh_gauges(loop: EngineLoop | EngineProcess, interval_s: float) -> None:
     seen_query = seen_hit = seen_steps = 0
+    seen_batches: dict[str, int] = {}
     while True:
         s = loop.stats
         steps = loop.num_steps
         metrics.ENGINE_STEPS.inc(max(0, steps - seen_steps))
         seen_steps = steps
+        seen_batches = _count_batches(s, seen_batches)
         metrics.RUNNING.set(s.num_running)
         metrics.WAITING.set(s.num_waiting)
         metrics.KV_BLOCKS_FREE.set(s.num_free_blocks)
@@ -82,6 +85,21 @@ async def _refresh_gauges(loop: EngineLoop | EngineProcess, interval_s: float) -
         metrics.PREFIX_HIT_TOKENS.inc(max(0, s.prefix_hit_tokens - seen_hit))
         seen_query, seen_hit = s.prefix_query_tokens, s.prefix_hit_tokens
         await asyncio.sleep(interval_s)
+
+
+_BATCH_COUNTERS = (("steps", metrics.MODEL_STEPS, 1), ("step_rows", metrics.STEP_DECODE_ROWS, 1),
+                   ("step_padded_kv_tokens", metrics.STEP_PADDED_KV_TOKENS, 1), ("step_micros", metrics.ENGINE_BUSY, 1e-6))
+
+
+def _count_batches(s: EngineStats, seen: dict[str, int]) -> dict[str, int]:
+    """Adds the engine's step counters (EngineStats' decode_* and prefill_*) since `seen` to /metrics."""
+    now = {}
+    for kind in ("decode", "prefill"):
+        for what, counter, scale in _BATCH_COUNTERS:
+            name = f"{kind}_{what}"
+            now[name] = getattr(s, name)
+            counter.labels(kind).inc(max(0, now[name] - seen.get(name, 0)) * scale)
+    return now
 
 
 async def serve(settings: DecodeSettings, ready: asyncio.Event | None = None) -> None:

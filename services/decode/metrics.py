@@ -20,6 +20,12 @@ LOCAL_PREFILLS = Counter("kvmesh_decode_local_prefill_requests", "requests prefi
 STREAM_FRAMES = Counter("kvmesh_decode_stream_frames", "frames read on token streams by kind: generate, abort, or batch (several in one)", ["kind"])
 GENERATED_TOKENS = Counter("kvmesh_decode_generated_tokens", "tokens generated")
 ENGINE_STEPS = Counter("kvmesh_decode_engine_steps", "engine steps run (generated tokens / steps = the mean batch)")
+# By step kind (engine/batchstats.py): "decode" steps only decode, "prefill" steps prefill too.
+MODEL_STEPS = Counter("kvmesh_decode_model_steps", "engine steps that ran the model, by kind", ["kind"])
+STEP_DECODE_ROWS = Counter("kvmesh_decode_step_decode_rows", "decode rows over those steps (/ model_steps = the mean decode batch)", ["kind"])
+STEP_PADDED_KV_TOKENS = Counter("kvmesh_decode_step_padded_kv_tokens",
+                                "KV tokens those steps' decode attention read: each step's decode rows × its longest context", ["kind"])
+ENGINE_BUSY = Counter("kvmesh_decode_engine_busy_seconds", "wall time of those steps (its rate: the engine's busy fraction)", ["kind"])
 QUEUE_WAIT = Histogram("kvmesh_decode_queue_wait_seconds", "Generate received -> first engine step", buckets=LATENCY_BUCKETS)
 TTFT = Histogram("kvmesh_decode_ttft_seconds", "Generate received -> first token", buckets=LATENCY_BUCKETS)
 HANDBACK_BLOCKS = Counter("kvmesh_decode_kv_handback_blocks", "blocks handed to the KV store on finish")

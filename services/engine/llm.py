@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
 
+from kvmesh.engine.batchstats import BatchCounters
 from kvmesh.engine.block_manager import BlockManager
 from kvmesh.engine.config import ModelArgs
 from kvmesh.engine.constraints import StepConstraints
@@ -17,7 +19,7 @@ from kvmesh.engine.request_state import RequestState
 from kvmesh.engine.runner import ModelRunner, resolve_device, resolve_dtype
 from kvmesh.engine.sampler import Sampler
 from kvmesh.engine.sampling import SamplingParams
-from kvmesh.engine.scheduler import Scheduler
+from kvmesh.engine.scheduler import Scheduler, SchedulerOutput
 from kvmesh.engine.sequence import Sequence, SequenceStatus
 from kvmesh.engine.tiny import resolve_model
 from kvmesh.engine.tokenizer import Tokenizer
@@ -96,6 +98,7 @@ class LLMEngine:
         self._generator.manual_seed(config.seed)
         self._prompt_tokens_computed = 0
         self._generated_tokens = 0
+        self._batches = BatchCounters()
 
     def _profile(self, memory: DeviceMemory, max_len: int) -> MemoryProfile:
         """One forward pass at the full token budget (and a sampling pass over its logits) to
@@ -190,6 +193,7 @@ class LLMEngine:
             num_preemptions=c.num_preemptions,
             num_prompt_tokens_computed=self._prompt_tokens_computed,
             num_generated_tokens=self._generated_tokens,
+            **self._batches.as_fields(),
         )
 
     def take_kv_events(self) -> list[tuple[str, list[bytes], bytes | None]]:
@@ -211,6 +215,12 @@ class LLMEngine:
             self._finish(seq, "prefill", outputs)
         if not sched.scheduled:
             return outputs
+        started = time.perf_counter()
+        self._run_step(sched, outputs)
+        self._batches.add(sched.scheduled, time.perf_counter() - started)
+        return outputs
+
+    def _run_step(self, sched: SchedulerOutput, outputs: list[RequestOutput]) -> None:
         do_sample = [s.start + s.num_new_tokens == s.seq.num_tokens and not s.seq.prefill_only for s in sched.scheduled]
         if wants_prompt_logprobs(sched.scheduled):
             logits = split_all_logits(sched.scheduled, do_sample, self.runner.execute(sched.scheduled, do_sample, all_logits=True))
@@ -246,7 +256,6 @@ class LLMEngine:
                 self._finish(seq, "prefill", outputs)
                 continue
             outputs.append(state.take_output(False, None))
-        return outputs
 
     def _finish(self, seq: Sequence, reason: str, outputs: list[RequestOutput]) -> None:
         keep = reason == "prefill"

@@ -64,3 +64,15 @@ class EngineStats:
     num_preemptions: int
     num_prompt_tokens_computed: int
     num_generated_tokens: int
+    # The steps it ran, cumulative, by kind (engine/batchstats.py): steps that only decode, and
+    # steps that prefill (decode rows riding along). Per kind: steps, decode rows, the KV tokens
+    # their decode attention read (each step's rows × its longest decode context: the torch
+    # backend pads every row to it) and wall time in µs.
+    decode_steps: int = 0
+    decode_step_rows: int = 0
+    decode_step_padded_kv_tokens: int = 0
+    decode_step_micros: int = 0
+    prefill_steps: int = 0
+    prefill_step_rows: int = 0
+    prefill_step_padded_kv_tokens: int = 0
+    prefill_step_micros: int = 0

@@ -192,3 +192,23 @@ def test_killing_the_launcher_takes_the_whole_mesh_down(tmp_path):
                                               for c in children):
         time.sleep(0.2)
     assert [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE] == []
+
+
+def test_the_decode_workers_step_counters_show_what_a_request_ran(mesh):
+    from kvmesh.scheduler.sim.steps import difference, parse_metrics  # noqa: PLC0415 - the sim's reader of them
+
+    from .polling import eventually  # noqa: PLC0415
+
+    workers = [s.name for s in mesh.mesh.specs if s.service == "decode"]
+    before = {w: parse_metrics(mesh.metrics_text(w)) for w in workers}
+    mesh.openai_client().completions.create(model="tiny", prompt=PROMPT_IDS, max_tokens=24, temperature=0,
+                                            extra_body={"ignore_eos": True})
+
+    def ran():
+        return [difference(parse_metrics(mesh.metrics_text(w)), before[w]) for w in workers]
+
+    # 23 tokens after the first, each a decode row whose context is at least the prompt's 108 tokens
+    assert eventually(lambda: max(r.decode.rows for r in ran()) >= 23)
+    worker = max(ran(), key=lambda r: r.decode.rows)
+    assert worker.decode.steps >= 1 and worker.decode.seconds > 0
+    assert worker.decode.padded >= 108 * worker.decode.rows

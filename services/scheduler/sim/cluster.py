@@ -45,7 +45,9 @@ from ..router import RouteDecision, RouteQuery, Router, RouterConfig
 from ..sticky import StickySessions
 from .meshcost import MeshCost
 from .shapes import KERNEL_CACHE_COUNTS, ShapeCache
+from .decodectx import padded_tokens
 from .simworker import PrefillBatch, RequestResult, SimWorker
+from .steps import StepFigures, tally_decode, tally_prefill, without_stalls
 from .trace import TraceRequest
 
 
@@ -148,8 +150,24 @@ class Cluster:
                 self._heartbeats()
                 self._at(self.now + self.config.heartbeat_interval_s, "heartbeat")
         for w in self.workers.values():
-            w.mark_load(self.now)
+            self._mark(w)
         return self.results
+
+    def _mark(self, d: SimWorker) -> None:
+        """Brings d's load and step tallies up to now (before its running sequences change)."""
+        d.mark_load(self.now)
+        dt, d.tally_since = self.now - d.tally_since, self.now
+        if d.running:
+            d.running_s += dt
+            tally_decode(d.steps, dt, self._step_s(d) * self._host_slowdown(), d.running, padded_tokens(d.contexts))
+
+    def step_figures(self) -> StepFigures:
+        """What the decode workers' engine steps ran over the whole run, summed (steps.py)."""
+        total = StepFigures()
+        for w in self.workers.values():
+            if w.role is Role.DECODE:
+                total.add(without_stalls(w.steps, w.running_s, w.stall_s))
+        return total
 
     def _heartbeats(self) -> None:
         for router in self.routers:
@@ -232,7 +250,7 @@ class Cluster:
             if peer != j:  # replicas share each decision's load and predicted blocks over NATS
                 self._at(self.now + self.config.peer_delay_s, "peer_route", (peer, decision, hashes))
         d = self.workers[decision.decode.worker_id]
-        d.mark_load(self.now)
+        self._mark(d)
         result = RequestResult(r, d.worker_id, hashes, router=j)
         if d.running < d.max_num_seqs:
             self._start(d, result, decision)
@@ -266,6 +284,7 @@ class Cluster:
             d.busy_until = max(d.busy_until, batch.end_s) + added
             batch.end_s += added
             batch.tokens += tokens
+            tally_prefill(d.steps, added, batch.rows, 0.0, new_step=False)
             if self.config.mesh.prefill_stall:
                 self._at(batch.start_s, "stall", (d, self.config.mesh.prefill_stall * added))
         else:
@@ -274,6 +293,7 @@ class Cluster:
             shape = d.new_shape_s(batch, tokens, mesh, budget)
             end = batch.end_s = start + (self._prefill_s(tokens, cached, d) + extra + shape) * self._host_slowdown()
             d.busy_until = end
+            tally_prefill(d.steps, end - start, batch.rows, padded_tokens(d.contexts) if batch.rows else 0.0, new_step=True)
             if self.config.mesh.prefill_stall:
                 self._at(start, "stall", (d, self.config.mesh.prefill_stall * (end - start)))
         result.batch, result.batch_mark = batch, batch.end_s
@@ -352,7 +372,7 @@ class Cluster:
         if handback:  # NOTE: the turn's KV goes to the store: the worker's queued prefills wait, its streams stop
             d.busy_until = max(d.busy_until, self.now) + handback
             self._at(self.now, "stall", (d, handback))
-        d.mark_load(self.now)
+        self._mark(d)
         d.running -= 1
         d.contexts.remove(self._context(r))
         self.routers[result.router].complete(r.request_id)

@@ -6,6 +6,7 @@ replay (`replay.py`) both produce, so a sim row and a real row mean the same thi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ class RunSummary:
     itl_p99_s: float = math.nan
     goodput: float = math.nan    # requests/s that succeeded with TTFT <= the SLO
     errors: tuple[tuple[int, int], ...] = ()   # (HTTP status, requests), failed requests only
+    steps: dict[str, float] | None = None      # what the decode workers' engine steps ran (steps.py: StepFigures.row)
 
     def meets(self, slo_s: float, quantile: float = 0.99) -> bool:
         """TTFT p99 (or p50) within `slo_s` and no request failed."""
@@ -111,7 +113,9 @@ def summarize(policy: str, cluster: Cluster, results: list[RequestResult], windo
     loads = [cluster.window_load.get(w.worker_id, w.load_area) for w in cluster.workers.values() if w.role is Role.DECODE]
     mean_load = sum(loads) / len(loads)
     imbalance = max(loads) / mean_load if mean_load > 0 else 1.0
-    return figures(policy, cluster.config.num_workers, [outcome(r) for r in results], window, slo_ttft_s, imbalance)
+    summary = figures(policy, cluster.config.num_workers, [outcome(r) for r in results], window, slo_ttft_s, imbalance)
+    start = min((r.request.arrival_s for r in results), default=0.0)
+    return dataclasses.replace(summary, steps=cluster.step_figures().row(cluster.now - start))
 
 
 def simulate(policy: str, config: SimConfig, requests: list[TraceRequest], window: tuple[float, float] | None = None,

@@ -11,6 +11,7 @@ from ..registry import Role
 from ..router import RouteDecision
 from .meshcost import MeshCost
 from .shapes import KERNEL_CACHE_COUNTS, ShapeCache, Undo, step_counts
+from .steps import StepFigures
 from .trace import TraceRequest
 
 
@@ -65,6 +66,9 @@ class SimWorker:
     contexts: list[float] = field(default_factory=list)  # mean context (prompt + output / 2) of each sequence here
     batch: PrefillBatch | None = None  # its latest prefill step (joinable until it starts)
     shapes: ShapeCache = field(default_factory=lambda: ShapeCache(KERNEL_CACHE_COUNTS))  # its prefill steps' recent counts
+    steps: StepFigures = field(default_factory=StepFigures)  # what its engine steps ran (steps.py)
+    tally_since: float = 0.0        # when `steps` was last brought up to date
+    running_s: float = 0.0          # time it had sequences so far
 
     def cached_prefix(self, hashes: tuple[bytes, ...]) -> int:
         n = 0

@@ -1,0 +1,50 @@
+"""What the engine's steps ran, summed by kind: steps that only decode, and steps that prefill
+(decode rows ride along with them). For each: the steps, their decode rows, the KV tokens their
+decode attention read and their wall time (EngineStats; the decode worker's /metrics; `kvmesh
+sim`'s fidelity report sets them beside the simulator's own)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvmesh.engine.scheduler import ScheduledSeq
+
+
+def decode_contexts(scheduled: list[ScheduledSeq]) -> list[int]:
+    """The context of each decode row of a step (a row computing one new token, as the runner
+    groups them): its computed tokens plus the new one."""
+    return [s.start + 1 for s in scheduled if s.num_new_tokens == 1]
+
+
+def padded_kv_tokens(contexts: list[int]) -> int:
+    """KV tokens a decode group reads: every row padded to the longest (engine/attention.py)."""
+    return len(contexts) * max(contexts, default=0)
+
+
+@dataclass(slots=True)
+class KindCounters:
+    steps: int = 0
+    rows: int = 0
+    padded_kv_tokens: int = 0
+    micros: int = 0
+
+
+@dataclass(slots=True)
+class BatchCounters:
+    decode: KindCounters = field(default_factory=KindCounters)   # steps with decode rows only
+    prefill: KindCounters = field(default_factory=KindCounters)  # steps that prefill (rows ride along)
+
+    def add(self, scheduled: list[ScheduledSeq], seconds: float) -> None:
+        contexts = decode_contexts(scheduled)
+        kind = self.decode if len(contexts) == len(scheduled) else self.prefill
+        kind.steps += 1
+        kind.rows += len(contexts)
+        kind.padded_kv_tokens += padded_kv_tokens(contexts)
+        kind.micros += round(seconds * 1e6)
+
+    def as_fields(self) -> dict[str, int]:
+        """EngineStats' fields for these counters."""
+        return {f"{name}_{what}": getattr(kind, attr)
+                for name, kind in (("decode", self.decode), ("prefill", self.prefill))
+                for what, attr in (("steps", "steps"), ("step_rows", "rows"),
+                                   ("step_padded_kv_tokens", "padded_kv_tokens"), ("step_micros", "micros"))}
