@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         s = bench.sim("kv_aware", config, rate)
         print(f"  {rate:7.2f} req/s: TTFT p50 {s.ttft_p50_s:.3f} p90 {s.ttft_p90_s:.3f} p99 {s.ttft_p99_s:.3f}, "
               f"ITL p50 {s.itl_p50_s * 1e3:.2f} ms")
+        print(f"           {simfidelity.step_line(s, [])}")
     return 0
 
 

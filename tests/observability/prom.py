@@ -21,7 +21,7 @@ from kvmesh.runtime.launcher import free_port
 # Label values for a synthetic exporter; anything unnamed gets "x".
 SAMPLE_LABELS = {"status": "200", "route": "/v1/chat/completions", "policy": "kv_aware", "prefill": "remote",
                  "role": "decode", "pool": "production", "encoding": "raw", "source": "store", "tier": "memory",
-                 "reason": "lru", "quantile": "0.5"}
+                 "reason": "lru", "quantile": "0.5", "kind": "decode"}
 
 
 def prometheus_binary() -> str | None:
