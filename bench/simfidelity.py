@@ -156,6 +156,7 @@ def sim_costs(cal: MeshCalibration, workers: int) -> tuple[CostModel, MeshCost]:
                     prefill_s_new_shape=cal.prefill_s_new_shape,
                     attention_s_per_pair=cal.attention_s_per_pair, host_parallelism=cal.host_parallelism,
                     attention_s_per_cached_pair=cal.attention_s_per_cached_pair,
+                    decode_s_per_kv_token=cal.decode_s_per_kv_token,
                     decode_s_per_padded_token=cal.decode_s_per_padded_token,
                     decode_padded_knee_tokens=cal.decode_padded_knee_tokens,
                     pause_rate_hz=cal.pause_rate_hz, pause_s=cal.pause_s,

@@ -24,6 +24,7 @@ TRUE = MeshCalibration(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, dec
 CONTEXT_POINTS = ProbeConfig().context_points
 SHARED = dataclasses.replace(TRUE, host_parallelism=1.5)  # 2 workers on a host that runs 1.5 at full speed
 NEW_SHAPE = 4.0e-3  # a prefill step at a token count the worker has not run lately
+FROM_FIRST = dataclasses.replace(TRUE, decode_s_per_kv_token=3.0e-7)  # context costs from the first KV token too
 
 
 def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
@@ -36,7 +37,8 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
         return max(1.0, busy / cal.host_parallelism) if cal.host_parallelism else 1.0
 
     def step(k, context=64.0):  # k streams of this mean context (the ITL probe's: 64)
-        return step_s(cal, k) + hinge_s(k * context, cal.decode_s_per_padded_token, cal.decode_padded_knee_tokens)
+        return step_s(cal, k) + hinge_s(k * context, cal.decode_s_per_padded_token, cal.decode_padded_knee_tokens,
+                                        cal.decode_s_per_kv_token)
 
     def ttft(uncached, cached=0, new=True):  # every timed probe prefill is at a count not sent before
         new_shape = cal.prefill_s_new_shape if new else 0.0
@@ -64,17 +66,20 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
                                                    + cal.prefill_s_per_stream * beside + cal.prefill_s_beside + step(beside + 1)
                                                    + cal.prefill_s_new_shape)
             loaded_ttft = cal.request_overhead_s + cal.request_busy_s + prefill
-            samples.stall.append((n, k, step(k) + cal.prefill_stall * prefill, step(k), loaded_ttft))
+            worker = prefill - slowdown(min(k, workers)) * cal.prefill_s_beside  # the once-off term is latency only
+            samples.stall.append((n, k, step(k) + cal.prefill_stall * worker, step(k), loaded_ttft))
     return samples
 
 
 @pytest.mark.parametrize(("cal", "workers"), [(TRUE, 1), (SHARED, 2),
                                              (dataclasses.replace(TRUE, prefill_s_new_shape=NEW_SHAPE), 1),
-                                             (dataclasses.replace(SHARED, prefill_s_new_shape=NEW_SHAPE), 2)])
+                                             (dataclasses.replace(SHARED, prefill_s_new_shape=NEW_SHAPE), 2),
+                                             (FROM_FIRST, 1), (dataclasses.replace(FROM_FIRST, host_parallelism=1.5), 2)])
 def test_fit_gives_back_the_parameters_of_timings_made_by_the_model(cal, workers):
     got = fit(formula_samples(cal, workers), engine_decode_s_per_seq=cal.decode_s_per_seq)
     assert got.admission_limit is None and set(got.noise) == {1.0}  # one lone request per length: no spread
-    for name in ("prefill_s_per_token", "attention_s_per_pair", "decode_s_per_step", "decode_s_per_seq", "decode_s_per_padded_token",
+    for name in ("prefill_s_per_token", "attention_s_per_pair", "decode_s_per_step", "decode_s_per_seq",
+                 "decode_s_per_kv_token", "decode_s_per_padded_token",
                  "decode_padded_knee_tokens",
                  "request_overhead_s", "request_busy_s", "token_overhead_s", "hit_s_per_token", "prefill_stall",
                  "prefill_share", "prefill_s_per_stream", "prefill_s_beside", "host_parallelism", "attention_s_per_cached_pair",
@@ -135,9 +140,11 @@ def test_fit_gives_back_the_parameters_the_simulator_ran_with(new_shape):
     assert got.attention_s_per_cached_pair == pytest.approx(4.0e-8, rel=1e-6)
 
 
-def test_fit_gives_back_the_context_cost_of_simulated_decode_steps():
+@pytest.mark.parametrize("per_kv", [0.0, 3.0e-7])
+def test_fit_gives_back_the_context_cost_of_simulated_decode_steps(per_kv):
     cost = CostModel(decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4)
-    config = SimConfig(num_workers=1, cost=cost, mesh=MeshCost(decode_s_per_padded_token=5.0e-7, decode_padded_knee_tokens=6000.0))
+    config = SimConfig(num_workers=1, cost=cost, mesh=MeshCost(decode_s_per_kv_token=per_kv, decode_s_per_padded_token=5.0e-7,
+                                                               decode_padded_knee_tokens=6000.0))
     samples = formula_samples(dataclasses.replace(TRUE, token_overhead_s=0.0))
     samples.itl, samples.itl_context = [], 32 + 20 / 2  # streams of 32 prompt + 20 output tokens: mean context 42
     for k in (1, 4, 8):
@@ -148,7 +155,8 @@ def test_fit_gives_back_the_context_cost_of_simulated_decode_steps():
         long = [TraceRequest(0.0, f"x{j}", "", p, 200, tuple(range(1000 * j, 1000 * j + p // 16))) for j in range(k)]
         samples.itl_long.append((k, p + 100, itl_point(k, [o.itl_s for o in sim_outcomes(config, long)])[1]))
     got = fit(samples, engine_decode_s_per_seq=cost.decode_s_per_seq)
-    assert (got.decode_s_per_padded_token, got.decode_padded_knee_tokens) == pytest.approx((5.0e-7, 6000.0), rel=1e-9)
+    assert (got.decode_s_per_kv_token, got.decode_s_per_padded_token, got.decode_padded_knee_tokens) == pytest.approx(
+        (per_kv, 5.0e-7, 6000.0), rel=1e-9, abs=1e-15)
     assert (got.decode_s_per_step, got.decode_s_per_seq) == pytest.approx((cost.decode_s_per_step, cost.decode_s_per_seq), rel=1e-9)
 
 
@@ -278,6 +286,24 @@ def test_a_prefill_beside_streams_takes_the_share_and_the_per_stream_cost_longer
     assert loaded == pytest.approx(1024 * 1e-4 * (1 + 0.05 * 10) + 2e-3 * 10 + 1e-3)
     assert ttft(MeshCost(prefill_s_beside=6e-3), []) == pytest.approx(1024 * 1e-4 + 1e-3)  # alone: not paid
     assert ttft(MeshCost(prefill_s_beside=6e-3), streams) == pytest.approx(1024 * 1e-4 + 6e-3 + 1e-3)  # once, not per stream
+
+
+def test_the_once_off_cost_beside_streams_is_latency_it_holds_neither_the_streams_nor_the_next_prefill():
+    cost = CostModel(prefill_s_per_token=1e-4, decode_s_per_step=1e-3, decode_s_per_seq=0.0)
+    stream = TraceRequest(0.0, "stream", "", 16, 2000, (100,))
+    first = TraceRequest(0.5, "first", "", 1024, 1, tuple(range(1000, 1064)))
+    queued = TraceRequest(0.5 + 1e-6, "queued", "", 512, 1, tuple(range(2000, 2032)))  # waits for first's step
+
+    def run(beside: float) -> dict[str, object]:
+        outcomes = sim_outcomes(SimConfig(num_workers=1, cost=cost, mesh=MeshCost(prefill_s_beside=beside, prefill_stall=1.0)),
+                                [stream, first, queued])
+        return {o.prompt_tokens: o for o in outcomes}
+
+    without, with_it = run(0.0), run(6e-3)
+    assert with_it[1024].ttft_s == pytest.approx(without[1024].ttft_s + 6e-3)  # its own first token comes later
+    # the next step starts when first's ends, as without it; it is beside the stream too: its own latency only
+    assert with_it[512].first_token_s == pytest.approx(without[512].first_token_s + 6e-3)
+    assert with_it[16].finish_s == pytest.approx(without[16].finish_s)  # nor does the stream stall for it
 
 
 def test_with_one_hit_shape_the_cached_pairs_cost_what_the_new_ones_do():

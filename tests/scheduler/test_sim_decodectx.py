@@ -20,14 +20,37 @@ SLOPE, KNEE = 5.0e-7, 6000.0
 ])
 def test_the_fit_gives_back_a_hinge_from_the_timings_it_made(padded):
     points = [(t, hinge_s(t, SLOPE, KNEE)) for t in padded]
-    assert fit_hinge(points) == pytest.approx((SLOPE, KNEE), rel=1e-9)
+    assert fit_hinge(points) == pytest.approx((0.0, SLOPE, KNEE), rel=1e-9, abs=1e-15)
+
+
+PER_TOKEN, STEEPER, LATER_KNEE = 4.5e-7, 8.5e-7, 12000.0
+
+
+@pytest.mark.parametrize("padded", [
+    [4224, 4352, 6400, 8448, 12544, 16896, 25088, 37632],  # the probe's points (run AF): five below the knee
+    [2000, 13000, 20000],                                  # one below it, two past
+])
+def test_the_fit_gives_back_a_cost_from_the_first_token_that_steepens_past_a_knee(padded):
+    points = [(t, hinge_s(t, STEEPER, LATER_KNEE, PER_TOKEN)) for t in padded]
+    assert fit_hinge(points) == pytest.approx((PER_TOKEN, STEEPER, LATER_KNEE), rel=1e-9)
+
+
+def test_run_afs_probe_points_cost_from_the_first_token():
+    # the ITL probe's extra step time over the short streams' line (run AF, tiny, 1 worker): about
+    # 0.45 µs per padded token from the first, steeper past ~12k; a hinge with nothing below its
+    # knee priced 4-5k padded tokens (the trace's 3-4 rows of ~1.2k) at 0 against 1.7-2 ms measured
+    points = [(4224, 1.9e-3), (4352, 1.65e-3), (6400, 2.75e-3), (8448, 4.05e-3), (12544, 5.8e-3), (16896, 11.3e-3),
+              (25088, 25.4e-3), (37632, 37.7e-3)]
+    per_token, slope, knee = fit_hinge(points)
+    assert 3e-7 < per_token < 6e-7 and slope > per_token and 8000 < knee < 17000
+    assert hinge_s(4300, slope, knee, per_token) == pytest.approx(1.8e-3, rel=0.2)
 
 
 def test_a_flat_itl_has_no_context_cost_and_one_point_gives_the_old_line_through_the_origin():
-    assert fit_hinge([(t, 0.0) for t in (4000, 8000, 16000)]) == (0.0, 0.0)
-    assert fit_hinge([(t, -1e-4) for t in (4000, 8000, 16000)]) == (0.0, 0.0)  # faster with long contexts: noise
-    assert fit_hinge([(12544, 2.5e-3)]) == pytest.approx((2.5e-3 / 12544, 0.0), rel=1e-12)
-    assert fit_hinge([]) == (0.0, 0.0)
+    assert fit_hinge([(t, 0.0) for t in (4000, 8000, 16000)]) == (0.0, 0.0, 0.0)
+    assert fit_hinge([(t, -1e-4) for t in (4000, 8000, 16000)]) == (0.0, 0.0, 0.0)  # faster with long contexts: noise
+    assert fit_hinge([(12544, 2.5e-3)]) == pytest.approx((2.5e-3 / 12544, 0.0, 0.0), rel=1e-12)
+    assert fit_hinge([]) == (0.0, 0.0, 0.0)
 
 
 def test_padded_tokens_are_the_running_rows_times_the_longest():

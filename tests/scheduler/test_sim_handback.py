@@ -34,7 +34,7 @@ def test_a_request_arriving_as_a_turn_ends_waits_for_its_hand_back():
     ended = run([turn])["turn"][1]
     after = TraceRequest(ended + 1e-9, "after", "", 64, 4, (9000, 9001, 9002, 9003))
     quiet, busy = run([turn, after])["after"], run([turn, after], PER_TURN, PER_TOKEN)["after"]
-    held = handback_s(1024 + 8, PER_TURN, PER_TOKEN) - 1e-9
+    held = handback_s(1024, PER_TURN, PER_TOKEN) - 1e-9  # its 64 full blocks (8 output tokens fill none)
     assert busy[0] - quiet[0] == pytest.approx(held, rel=1e-6)
     assert busy[1] - quiet[1] == pytest.approx(held, rel=1e-6)
 
@@ -44,7 +44,24 @@ def test_the_streams_running_when_a_turn_ends_stop_for_its_hand_back():
     short = TraceRequest(0.05, "short", "", 64, 4, (1, 2, 3, 4))  # starts and ends while the long one decodes
     quiet, busy = run([short, long]), run([short, long], PER_TURN, PER_TOKEN)
     assert busy["short"] == quiet["short"]  # its own hand-back comes after it
-    assert busy["long"][1] - quiet["long"][1] == pytest.approx(handback_s(64 + 4, PER_TURN, PER_TOKEN), rel=1e-9)
+    assert busy["long"][1] - quiet["long"][1] == pytest.approx(handback_s(64, PER_TURN, PER_TOKEN), rel=1e-9)
+
+
+def test_a_turn_hands_back_only_the_blocks_the_store_lacks():
+    # the second turn repeats the first's 64 blocks and adds 16: the store gets those 16 only,
+    # as decode/handback.py looks every block up first; a repeat of it adds none
+    first = TraceRequest(0.0, "first", "", 1024, 8, tuple(range(64)))
+    second = TraceRequest(5.0, "second", "", 1280, 8, tuple(range(80)))
+    again = TraceRequest(10.0, "again", "", 1280, 8, tuple(range(80)))
+    after = {name: TraceRequest(t, name, "", 64, 4, tuple(range(9000 + 10 * i, 9004 + 10 * i)))
+             for i, (name, t) in enumerate((("a1", 0.0), ("a2", 5.0), ("a3", 10.0)))}
+    ends = run([first, second, again])
+    probes = [dataclasses.replace(after[n], arrival_s=ends[turn][1] + 1e-9) for n, turn in zip(after, ("first", "second", "again"))]
+    quiet = run([first, second, again, *probes])
+    busy = run([first, second, again, *probes], PER_TURN, PER_TOKEN)
+    waited = [busy[p.request_id][0] - quiet[p.request_id][0] + 1e-9 for p in probes]
+    assert waited == pytest.approx([handback_s(1024, PER_TURN, PER_TOKEN), handback_s(256, PER_TURN, PER_TOKEN),
+                                    handback_s(0, PER_TURN, PER_TOKEN)], rel=1e-6)
 
 
 def test_the_fit_gives_back_both_terms_from_two_turn_lengths():

@@ -81,10 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "busy ones at full speed (0 = a host each)")
     p.add_argument("--decode-s-per-context-token", type=float, default=mesh.decode_s_per_context_token,
                    help="mesh: added to a decode step per token of each running sequence's context (the old, linear model)")
+    p.add_argument("--decode-s-per-kv-token", type=float, default=mesh.decode_s_per_kv_token,
+                   help="mesh: added to a decode step per padded KV token (running x the longest context)")
     p.add_argument("--decode-s-per-padded-token", type=float, default=mesh.decode_s_per_padded_token,
-                   help="mesh: added to a decode step per padded KV token (running x the longest context) past the knee")
+                   help="mesh: added to a decode step per padded KV token past the knee, on top")
     p.add_argument("--decode-padded-knee-tokens", type=float, default=mesh.decode_padded_knee_tokens,
-                   help="mesh: padded KV tokens a decode step reads at no extra cost (`kvmesh sim calibrate` fits both)")
+                   help="mesh: where the decode step's cost per padded KV token steepens (`kvmesh sim calibrate` fits all three)")
     p.add_argument("--pause-rate-hz", type=float, default=mesh.pause_rate_hz,
                    help="mesh: a busy worker pauses all its work this many times a second (Poisson) ...")
     p.add_argument("--pause-s", type=float, default=mesh.pause_s, help="mesh: ... for this long each time")
@@ -156,7 +158,7 @@ def _unscaled_config(args: argparse.Namespace, n: int, routers: int) -> SimConfi
             attention_s_per_cached_pair=args.attention_s_per_cached_pair,
             decode_s_per_context_token=args.decode_s_per_context_token,
             pause_rate_hz=args.pause_rate_hz, pause_s=args.pause_s,
-            decode_s_per_padded_token=args.decode_s_per_padded_token, decode_padded_knee_tokens=args.decode_padded_knee_tokens,
+            decode_s_per_kv_token=args.decode_s_per_kv_token, decode_s_per_padded_token=args.decode_s_per_padded_token, decode_padded_knee_tokens=args.decode_padded_knee_tokens,
             noise=tuple(float(x) for x in args.ttft_noise.split(",") if x),
             admission_limit=args.admission_limit, admission_timeout_s=args.admission_timeout_s,
         ),

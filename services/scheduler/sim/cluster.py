@@ -98,6 +98,7 @@ class Cluster:
         self.in_flight = 0
         self.gate_free_s = 0.0          # when the mesh-wide request server (request_busy_s) is free
         self.admission: deque[TraceRequest] = deque()
+        self.stored: set[bytes] = set()  # blocks handed back to the KV store (MeshCost.handback_s)
         self._pending = 0
 
     # --- event loop ---
@@ -269,11 +270,12 @@ class Cluster:
         own = (cost.prefill_s(tokens) + attention) * (1.0 + mesh.prefill_share * beside)
         if joining:
             return own
-        return own + mesh.prefill_s_per_stream * beside + (mesh.prefill_s_beside if beside else 0.0) + chunks * self._step_s(d)
+        return own + mesh.prefill_s_per_stream * beside + chunks * self._step_s(d)
 
-    def _local_prefill(self, d: SimWorker, result: RequestResult, tokens: int, cached: int) -> tuple[float, float]:
+    def _local_prefill(self, d: SimWorker, result: RequestResult, tokens: int, cached: int) -> tuple[float, float, float]:
         """Puts a local prefill in d's next prefill step: the one not yet begun, if its token budget
-        holds these tokens too, else a new one after d's busy time. Returns (step start, step end)."""
+        holds these tokens too, else a new one after d's busy time. Returns (step start, step end, the
+        latency it adds for starting a step beside running streams: MeshCost.prefill_s_beside)."""
         mesh, budget = self.config.mesh, self.config.max_num_batched_tokens
         extra = cached * mesh.hit_s_per_token
         batch = d.batch
@@ -285,11 +287,13 @@ class Cluster:
             batch.end_s += added
             batch.tokens += tokens
             tally_prefill(d.steps, added, batch.rows, 0.0, new_step=False)
+            latency = 0.0
             if self.config.mesh.prefill_stall:
                 self._at(batch.start_s, "stall", (d, self.config.mesh.prefill_stall * added))
         else:
             start = max(self.now, d.busy_until)
             batch = d.batch = PrefillBatch(start, start, tokens, rows=max(0, d.running - 1))
+            latency = mesh.prefill_s_beside if batch.rows else 0.0
             shape = d.new_shape_s(batch, tokens, mesh, budget)
             end = batch.end_s = start + (self._prefill_s(tokens, cached, d) + extra + shape) * self._host_slowdown()
             d.busy_until = end
@@ -297,7 +301,7 @@ class Cluster:
             if self.config.mesh.prefill_stall:
                 self._at(start, "stall", (d, self.config.mesh.prefill_stall * (end - start)))
         result.batch, result.batch_mark = batch, batch.end_s
-        return batch.start_s, batch.end_s
+        return batch.start_s, batch.end_s, latency
 
     def _start(self, d: SimWorker, result: RequestResult, decision: RouteDecision) -> None:
         d.running += 1
@@ -308,7 +312,7 @@ class Cluster:
         result.pause_mark = d.paused_s
         if decision.prefill is None:
             result.cached_tokens = d_cached * bs
-            start, end = self._local_prefill(d, result, r.prompt_tokens - d_cached * bs, d_cached * bs)
+            start, end, latency = self._local_prefill(d, result, r.prompt_tokens - d_cached * bs, d_cached * bs)
         else:
             p = self.workers[decision.prefill.worker_id]
             cached = max(d_cached, p.cached_prefix(hashes))
@@ -322,10 +326,11 @@ class Cluster:
             self._publish(p, *p.insert(hashes))  # NOTE: published early; the scheduler sees it after the delay anyway
             end = p_end + (r.prompt_tokens - d_cached * bs) * self.config.kv_transfer_s_per_token
             end += self._step_s(d) * self._host_slowdown()
+            latency = 0.0
         # NOTE: the noise stretches this request's latency only, not the worker's busy time: the
         # probes measured it on lone requests, and a stretched prefill queued behind would count it twice.
         d.contexts.append(self._context(r))  # NOTE: after its prefill: that step's attention is the prefill's own
-        self._at(start + (end - start + self.config.mesh.request_overhead_s) * noise, "first_token", (d, result))
+        self._at(start + (end - start + self.config.mesh.request_overhead_s + latency) * noise, "first_token", (d, result))
 
     def _next_pause(self, w: SimWorker, rng: random.Random) -> None:
         self._at(self.now + rng.expovariate(self.config.mesh.pause_rate_hz), "pause", (w, rng))
@@ -368,7 +373,10 @@ class Cluster:
         self.results.append(result)
         output = tuple(h.to_bytes(8, "little") for h in r.output_hash_ids)
         self._publish(d, *d.insert(result.hashes + output))
-        handback = self.config.mesh.handback_s(r.prompt_tokens + r.output_tokens)
+        # NOTE: only the blocks the store lacks are copied and put (decode/handback.py); the lookup is per turn
+        fresh = [h for h in result.hashes + output if h not in self.stored]
+        self.stored.update(fresh)
+        handback = self.config.mesh.handback_s(len(fresh) * self.config.cost.block_size)
         if handback:  # NOTE: the turn's KV goes to the store: the worker's queued prefills wait, its streams stop
             d.busy_until = max(d.busy_until, self.now) + handback
             self._at(self.now, "stall", (d, handback))

@@ -25,43 +25,63 @@ def padded_tokens(contexts: list[float]) -> float:
     return len(contexts) * max(contexts, default=0.0)
 
 
-def hinge_s(padded: float, slope: float, knee: float) -> float:
+def hinge_s(padded: float, slope: float, knee: float, per_token: float = 0.0) -> float:
     """The decode step's extra time for `padded` KV tokens (see the module docstring)."""
-    return slope * max(0.0, padded - knee)
+    return per_token * padded + slope * max(0.0, padded - knee)
 
 
-def fit_hinge(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least squares (slope >= 0, knee >= 0) of extra = slope × max(0, padded − knee) over (padded
-    tokens, extra step time) points; returns (slope, knee). Exact for points the hinge made, given
-    two of them past the knee: each split of the points into those below and those past the knee
-    fits a line to the latter, its knee (where it crosses 0) held between the split's neighbours;
-    with one point past the knee, or fewer than two distinct ones, the knee is 0 (a line through
-    the origin: the old per-token model)."""
+def fit_hinge(points: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """Least squares (every term >= 0) of extra = per_token × padded + slope × max(0, padded − knee)
+    over (padded tokens, extra step time) points; returns (per_token, slope, knee). Exact for points
+    the model made, given a point below the knee (else per_token is 0) and two past it: each split of
+    the points into those below and those past the knee fits a line through the origin to the former
+    and a line to the latter, which meet at the knee; where they meet outside the split's neighbours
+    (or the slopes come out negative), the knee is held at the nearer neighbour and the two slopes
+    refitted. With fewer than two distinct points past any split, the knee is 0 (a line through the
+    origin: the old per-token model)."""
     pts = sorted((float(t), float(e)) for t, e in points)
-    best = (sum(e * e for _, e in pts), 0.0, 0.0)  # (residual, slope, knee): no context cost
-    if len({t for t, _ in pts}) < 2:
-        return _through_origin(pts, 0.0)[1:] if pts else (0.0, 0.0)
-    for m in range(len(pts) - 1):
-        past = pts[m:]
-        low = pts[m - 1][0] if m else 0.0
-        high = past[0][0]
+    best = (sum(e * e for _, e in pts), 0.0, 0.0, 0.0)  # (residual, per_token, slope, knee): no context cost
+    for m in range(len(pts)):
+        below, past = pts[:m], pts[m:]
         if len({t for t, _ in past}) < 2:
             continue
+        low, high = (pts[m - 1][0] if m else 0.0), past[0][0]
+        per_token = _line_through_origin(below)
         t, e = np.array([p[0] for p in past]), np.array([p[1] for p in past])
-        slope, intercept = np.polyfit(t, e, 1)
-        if slope <= 0:
-            continue
-        knee = min(high, max(low, -intercept / slope))
-        candidate = _through_origin(past, knee)
-        residual = candidate[0] + sum(e * e for _, e in pts[:m])
-        if residual < best[0] - 1e-24 * max(1.0, best[0]):
-            best = (residual, candidate[1], knee)
-    return best[1], best[2]
+        rise, intercept = np.polyfit(t, e, 1)
+        slope = rise - per_token
+        knee = -intercept / slope if slope > 0 else low
+        candidates = [_fixed_knee(pts, knee)] if low <= knee <= high and per_token >= 0 and slope >= 0 else []
+        candidates += [_fixed_knee(pts, low), _fixed_knee(pts, high)]
+        for candidate in candidates:
+            if candidate[0] < best[0] - 1e-24 * max(1.0, best[0]):
+                best = candidate
+    if best[1:] == (0.0, 0.0, 0.0) and pts:
+        best = min(best, _fixed_knee(pts, 0.0))
+    return best[1], best[2], best[3]
 
 
-def _through_origin(pts: list[tuple[float, float]], knee: float) -> tuple[float, float, float]:
-    """(residual, slope, knee) of extra = slope × max(0, padded − knee), slope >= 0, knee fixed."""
-    x = np.array([max(0.0, t - knee) for t, _ in pts])
+def _line_through_origin(pts: list[tuple[float, float]]) -> float:
+    x, y = np.array([t for t, _ in pts]), np.array([e for _, e in pts])
+    return float(x @ y / (x @ x)) if len(pts) and x @ x > 0 else 0.0
+
+
+def _fixed_knee(pts: list[tuple[float, float]], knee: float) -> tuple[float, float, float, float]:
+    """(residual, per_token, slope, knee) of the least squares, both slopes >= 0, knee fixed."""
     y = np.array([e for _, e in pts])
-    slope = max(0.0, float(x @ y / (x @ x))) if x @ x > 0 else 0.0
-    return float(np.sum((slope * x - y) ** 2)), slope, knee
+    cols = np.array([[t, max(0.0, t - knee)] for t, _ in pts])
+    best = (float(y @ y), 0.0, 0.0, knee)
+    for use in ((0, 1), (0,), (1,)):
+        x = cols[:, use]
+        if np.linalg.matrix_rank(x) < len(use):
+            continue
+        coef = np.linalg.lstsq(x, y, rcond=None)[0]
+        if np.any(coef < 0):
+            continue
+        full = [0.0, 0.0]
+        for j, c in zip(use, coef):
+            full[j] = float(c)
+        residual = float(np.sum((x @ coef - y) ** 2))
+        if residual < best[0] - 1e-24 * max(1.0, best[0]):
+            best = (residual, full[0], full[1] if 1 in use else 0.0, knee)
+    return best

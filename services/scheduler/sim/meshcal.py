@@ -13,10 +13,11 @@ one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy w
 - ITL (a request's mean gap between tokens) with k streams of mean context x decoding, spread over
   b = min(k, W) workers = s(b) · (step(k / b) + hinge(x · k / b)),
   step(k) = decode_s_per_step + (decode_s_per_seq + token_overhead_s) · k,
-  hinge(t) = decode_s_per_padded_token · max(0, t − decode_padded_knee_tokens) (decodectx.py: a
-  worker's k / b streams of context x read k / b × x padded KV tokens); the ITL probe's short streams
-  (context x0, k / b × x0 below the knee) fit the line, long ones at several (k, x) the hinge
-  (fit_hinge); the other probes' streams are short and take step(k), as the ITL probe measured them;
+  hinge(t) = decode_s_per_kv_token · t + decode_s_per_padded_token · max(0, t − decode_padded_knee_tokens)
+  (decodectx.py: a worker's k / b streams of context x read k / b × x padded KV tokens); the ITL
+  probe's short streams (context x0, k / b × x0 below the knee) fit the line step(k) + hinge(k x0),
+  long ones at several (k, x) the rest of the hinge (_fit_context); the other probes' streams are
+  short and take that line, as the ITL probe measured it;
 - W long prompts (n tokens) sent at once, one per worker: the last first token comes
   (W - 1) · request_busy + (s(W) - 1) · (lone prefill work + step(1) + new_shape) after a lone request's;
 - a prompt whose first c tokens are cached takes c · hit_s_per_token + attention_s_per_cached_pair · n · c
@@ -28,8 +29,8 @@ one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy w
 - a prefill of n tokens arriving while k ≥ 1 streams decode over b workers (k / b beside it) takes
   s(b) · (work(n) · (1 + prefill_share · k / b) + prefill_s_per_stream · k / b + prefill_s_beside
   + step(k / b + 1) + prefill_s_new_shape), and the streams beside it stop for prefill_stall of that
-  time (their largest gap grows by that much over their ITL); the probe sends it beside several stream counts, 0
-  included (its lone work(n), measured beside the others), at two lengths: the term proportional to
+  time less prefill_s_beside, which is latency only (their largest gap grows by that much over their
+  ITL); the probe sends it beside several stream counts, 0 included (its lone work(n), measured beside the others), at two lengths: the term proportional to
   the prefill's work and the additive one per stream are told apart by the length, the once-off
   one by the stream counts (fit_beside);
 - pauses: the ITL probe's runs (4 or more streams per worker) show gaps that most of a worker's
@@ -95,7 +96,8 @@ class MeshCalibration:
     admission_limit: int | None      # None: not probed, or more than the probe sent
     noise: tuple[float, ...] = ()    # deciles of TTFT / its probe point's median, beside decoding streams (ttft_noise)
     attention_s_per_pair: float = 0.0
-    decode_s_per_padded_token: float = 0.0  # a decode step's cost per padded KV token past the knee (decodectx.py)
+    decode_s_per_kv_token: float = 0.0      # a decode step's cost per padded KV token (decodectx.py) ...
+    decode_s_per_padded_token: float = 0.0  # ... and this much more per one past the knee
     decode_padded_knee_tokens: float = 0.0
     host_parallelism: float = 0.0    # busy workers the shared host runs at full speed (0: one worker, not measured)
     prefill_s_per_stream: float = 0.0  # ... plus this many seconds per stream beside it
@@ -115,6 +117,7 @@ class MeshCalibration:
             f"--request-busy-s {self.request_busy_s:.3g}", f"--token-overhead-s {self.token_overhead_s:.3g}",
             f"--hit-s-per-token {self.hit_s_per_token:.3g}", f"--prefill-stall {self.prefill_stall:.3g}",
             f"--prefill-share {self.prefill_share:.3g}", f"--attention-s-per-pair {self.attention_s_per_pair:.3g}",
+            f"--decode-s-per-kv-token {self.decode_s_per_kv_token:.3g}",
             f"--decode-s-per-padded-token {self.decode_s_per_padded_token:.3g}",
             f"--decode-padded-knee-tokens {self.decode_padded_knee_tokens:.0f}",
             f"--prefill-s-per-stream {self.prefill_s_per_stream:.3g} --prefill-s-beside {self.prefill_s_beside:.3g}",
@@ -217,6 +220,22 @@ def ttft_noise(samples: Samples) -> tuple[float, ...]:
     return noise_quantiles(around_median(beside or samples.ttft))
 
 
+def _fit_context(long: list[tuple[float, float, float]], short_context: float) -> tuple[float, float, float]:
+    """(per KV token, per one past the knee, knee) of the decode step's context cost (decodectx.py) from
+    the ITL probe's long streams: (streams per worker k, context x, ITL over the short streams' line
+    at k). That line already holds the cost of k rows of the short streams' context x0, so a long
+    point's excess is per_kv × k × (x − x0) plus the steeper part past the knee in k × x: refitted
+    with the short context's share added back until it settles (each round shrinks the error by
+    x0 / x, ~0.05 on the probe's points)."""
+    per_kv = per_padded = knee = 0.0
+    for _ in range(64):
+        before = (per_kv, per_padded, knee)
+        per_kv, per_padded, knee = fit_hinge([(k * x, extra + per_kv * k * short_context) for k, x, extra in long])
+        if all(abs(a - b) <= 1e-13 * max(abs(a), 1e-30) for a, b in zip((per_kv, per_padded, knee), before)):
+            break
+    return per_kv, per_padded, knee
+
+
 def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshCalibration:
     """Inverts the model above. `engine_decode_s_per_seq` (the in-process lower bound) splits the
     per-stream ITL slope into the engine's part and the mesh's per-token overhead."""
@@ -259,9 +278,10 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
 
     # NOTE: the hinge is fitted on what the long streams took over the short ones' line at their stream
     # count; the short ones (k / b × x0 <= 16 × 64 padded tokens) are taken to be below its knee
-    per_padded, knee = fit_hinge([(k / spread(k) * x, itl / slowdown(spread(k)) - step(k / spread(k)))
-                                  for k, x, itl in itl_long if x > samples.itl_context])
-    per_seq = max(0.0, per_stream)
+    long = [(k / spread(k), x, itl / slowdown(spread(k)) - step(k / spread(k))) for k, x, itl in itl_long
+            if x > samples.itl_context]
+    per_kv, per_padded, knee = _fit_context(long, samples.itl_context)
+    per_seq = max(0.0, per_stream - per_kv * samples.itl_context)  # the short streams' line holds their context's cost
     engine = per_seq if engine_decode_s_per_seq is None else min(per_seq, engine_decode_s_per_seq)
     hit, cached_pair = fit_hits(samples, attention, [intercept + work(uncached) for _, uncached, _ in samples.hit])
     overhead = max(0.0, intercept - step(1) - busy - new_shape)
@@ -280,7 +300,9 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
     for tokens, k, gap, itl, _ in samples.stall:
         if k > 0:
             b, w = spread(k), prefill(tokens)
-            took = w * (1.0 + share * k / b) + per_stream_s * k / b + once + step(k / b + 1) + new_shape
+            # NOTE: the once-off term is the prefill's latency, not its worker's time (cluster.py): the streams'
+            # gap is the stall's fraction of the rest
+            took = w * (1.0 + share * k / b) + per_stream_s * k / b + step(k / b + 1) + new_shape
             stalls.append((gap - itl) / (slowdown(b) * took))
     handback_turn, handback_token = fit_handback(medians(samples.handback))
     admitted = samples.admitted if samples.admitted is not None and samples.admitted < samples.probe_streams else None
@@ -300,6 +322,7 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         admission_limit=admitted,
         noise=ttft_noise(samples),
         attention_s_per_pair=attention,
+        decode_s_per_kv_token=per_kv,
         decode_s_per_padded_token=per_padded,
         decode_padded_knee_tokens=knee,
         host_parallelism=parallel,

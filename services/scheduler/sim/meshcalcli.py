@@ -53,8 +53,9 @@ def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list
         f"(new token, earlier new token) pair and {_or(cal.attention_s_per_cached_pair, cal.attention_s_per_pair):.3g} s "
         f"per (new, cached) pair (attention), {cal.hit_s_per_token:.3g} s per cached token",
         f"#   decode step {cal.decode_s_per_step:.3g} s + {cal.decode_s_per_seq + cal.token_overhead_s:.3g} s per stream "
-        f"(of which mesh per-token overhead {cal.token_overhead_s:.3g} s) + {cal.decode_s_per_padded_token:.3g} s "
-        f"per padded KV token (streams × the longest context) past {cal.decode_padded_knee_tokens:.0f}",
+        f"(of which mesh per-token overhead {cal.token_overhead_s:.3g} s) + {cal.decode_s_per_kv_token:.3g} s "
+        f"per padded KV token (streams × the longest context) + {cal.decode_s_per_padded_token:.3g} s more per one "
+        f"past {cal.decode_padded_knee_tokens:.0f}",
         f"#   per-request overhead {cal.request_overhead_s:.3g} s of latency, plus {cal.request_busy_s:.3g} s of work "
         "requests queue for mesh-wide (HTTP, tokenizing, routing, gRPC set-up, hand-back)",
         f"#   a prefill takes {cal.prefill_share:.3g}x longer plus {cal.prefill_s_per_stream:.3g} s per stream decoding "

@@ -12,10 +12,14 @@
   (gateway, scheduler, RPC set-up, hand-back): every request passes one FIFO server of this
   service time before admission, so it bounds the mesh's request rate whatever its worker count;
 - prefill_share, prefill_s_per_stream, prefill_s_beside: a prefill beside k ≥ 1 other running
-  streams takes (1 + prefill_share × k) times as long, plus prefill_s_per_stream × k, plus
-  prefill_s_beside once, since the worker's RPC loop (and the gateway) work for those streams on the
-  same CPU, and a worker that is decoding is mid-step when the request reaches it and shares the GIL
-  with its engine thread. `kvmesh sim calibrate` measures them beside 2-32 streams, at two prompt
+  streams takes (1 + prefill_share × k) times as long, plus prefill_s_per_stream × k, as worker
+  time, since the worker's RPC loop (and the gateway) work for those streams on the same CPU; and
+  the request that starts such a step gets its first token prefill_s_beside later, as latency only
+  (a worker that is decoding is mid-step when the request reaches it and shares the GIL with its
+  engine thread). Latency, not worker time: the engine's own prefill steps under the fidelity
+  trace (the decode worker's step counters, steps.py) took 0.095 and 0.16 of its time at 50% and
+  80% load, which the sim gives without it as worker time (0.10, 0.16) and not with it (0.13,
+  0.27, its queue running away: 7.5 decode rows a step against the mesh's 3.5). `kvmesh sim calibrate` measures them beside 2-32 streams, at two prompt
   lengths (the first term grows with the prefill, the others do not; the once-off one is what a
   line through the stream counts leaves at one stream). Why the once-off term: on a 1-worker mesh a
   904-token prompt (704 cached) took 20.8 ms alone and 26.8, 28.2, 25.1, 28.8 beside 1, 2, 4, 8
@@ -29,10 +33,11 @@
 - decode_s_per_context_token is added to a decode step per token of context of each running
   sequence (its attention over its KV; a sequence counts prompt + output / 2): the old, linear
   model, which `kvmesh sim calibrate` no longer fits;
-- decode_s_per_padded_token, decode_padded_knee_tokens: a decode step takes slope × max(0, padded −
-  knee) longer, padded = running sequences × the longest one's context, since the engine's
-  attention pads every row to the longest and costs little until that outgrows the CPU's cache
-  (decodectx.py has the measurement); what `kvmesh sim calibrate` fits;
+- decode_s_per_kv_token, decode_s_per_padded_token, decode_padded_knee_tokens: a decode step takes
+  decode_s_per_kv_token × padded + decode_s_per_padded_token × max(0, padded − knee) longer, padded =
+  running sequences × the longest one's context, since the engine's attention pads every row to the
+  longest, and it costs more per token once that outgrows the CPU's cache (decodectx.py has the
+  measurement); what `kvmesh sim calibrate` fits;
 - handback_s_per_turn, handback_s_per_token: when a turn ends its decode worker hands its KV back
   to the store, which holds the worker busy for per_turn + per_token × the turn's tokens (its queued
   prefills wait, its running streams stop; handback.py has the measurement);
@@ -76,6 +81,7 @@ class MeshCost:
     request_busy_s: float = 0.0
     token_overhead_s: float = 0.0
     decode_s_per_context_token: float = 0.0
+    decode_s_per_kv_token: float = 0.0
     decode_s_per_padded_token: float = 0.0
     decode_padded_knee_tokens: float = 0.0
     hit_s_per_token: float = 0.0
@@ -98,7 +104,8 @@ class MeshCost:
         """What the context of the sequences decoding (their mean contexts) adds to one decode step:
         the linear term and the padded-context hinge."""
         return (self.decode_s_per_context_token * sum(contexts)
-                + hinge_s(padded_tokens(contexts), self.decode_s_per_padded_token, self.decode_padded_knee_tokens))
+                + hinge_s(padded_tokens(contexts), self.decode_s_per_padded_token, self.decode_padded_knee_tokens,
+                          self.decode_s_per_kv_token))
 
     def handback_s(self, tokens: float) -> float:
         """The worker time handing back a finished turn of `tokens` tokens takes (handback.py)."""
