@@ -86,18 +86,24 @@ class Bench:
         return simulate(policy, config, self.trace(rate), self.window, self.args.slo_ttft_s)
 
     def real(self, url: str, policy: str, workers: int, rate: float, metrics: list[str] = ()) -> RunSummary:
-        """One replay at `rate`; with the decode workers' /metrics targets, what their engine steps ran too."""
+        """One replay at `rate`; with the /metrics targets of the gateway and the decode workers (gateway
+        first), what the workers' engine steps ran too, and the mean TTFT at the gateway and at the workers."""
         speed = asyncio.run(measure(Target(url))) if self.reference else None
-        before, started = [read_steps(t) for t in metrics], time.monotonic()
+        texts = [read_text(t) for t in metrics]
+        before, started = [parse_metrics(t) for t in texts[1:]], time.monotonic()
         outcomes = asyncio.run(replay(self.trace(rate), ReplayConfig(Target(url, timeout_s=60.0))))
         summary = figures(policy, workers, outcomes, self.window, self.args.slo_ttft_s)
         if metrics:
             # NOTE: the workers refresh these counters every heartbeat (0.5 s); the replay's drain covers the lag
             time.sleep(1.0)
+            after = [read_text(t) for t in metrics]
             ran = StepFigures()
-            for target, b in zip(metrics, before):
-                ran.add(difference(read_steps(target), b))
-            summary = dataclasses.replace(summary, steps=ran.row(time.monotonic() - started - 1.0))
+            for text, b in zip(after[1:], before):
+                ran.add(difference(parse_metrics(text), b))
+            row = ran.row(time.monotonic() - started - 1.0)
+            row["gateway_ttft_ms"] = mean_ms(texts[:1], after[:1], "kvmesh_gateway_ttft_seconds")
+            row["worker_ttft_ms"] = mean_ms(texts[1:], after[1:], "kvmesh_decode_ttft_seconds")
+            summary = dataclasses.replace(summary, steps=row)
         self.load[id(summary)] = os.getloadavg()[0]
         if speed:
             self.slowdown[id(summary)] = speed_ratio(speed, self.reference)
@@ -121,22 +127,38 @@ class Bench:
         return capacity(run_at, self.args.slo_ttft_s, start, steps)[0]
 
 
-def read_steps(target: str) -> StepFigures:
-    """A decode worker's engine step counters (sim/steps.py) from its /metrics at `target` (host:port)."""
+def read_text(target: str) -> str:
+    """A process's /metrics at `target` (host:port)."""
     with urllib.request.urlopen(f"http://{target}/metrics", timeout=10) as reply:
-        return parse_metrics(reply.read().decode())
+        return reply.read().decode()
 
 
-def decode_metrics(mesh: Mesh) -> list[str]:
-    return [s.metrics_target for s in mesh.specs if s.service == "decode" and s.metrics_target]
+def mean_ms(before: list[str], after: list[str], histogram: str) -> float:
+    """The mean of a histogram's observations between two readings of each process's /metrics, in ms."""
+    def totals(texts: list[str]) -> tuple[float, float]:
+        sums = counts = 0.0
+        for line in (line for text in texts for line in text.splitlines()):
+            name, _, value = line.partition(" ")
+            sums += float(value) if name.split("{")[0] == f"{histogram}_sum" else 0.0
+            counts += float(value) if name.split("{")[0] == f"{histogram}_count" else 0.0
+        return sums, counts
+    (s0, c0), (s1, c1) = totals(before), totals(after)
+    return 1e3 * (s1 - s0) / (c1 - c0) if c1 > c0 else float("nan")
+
+
+def mesh_metrics(mesh: Mesh) -> list[str]:
+    """The gateway's /metrics target, then the decode workers'."""
+    return [s.metrics_target for service in ("gateway", "decode") for s in mesh.specs
+            if s.service == service and s.metrics_target]
 
 
 def step_line(s: RunSummary, reals: list[RunSummary]) -> str:
     """The decode steps the sim ran against the real ones (sim/steps.py), at one load."""
     cells = []
-    for key, fmt in (("rows", ".1f"), ("context", ".0f"), ("step_ms", ".1f"), ("decode_busy", ".2f"), ("prefill_busy", ".2f")):
-        real = "/".join(format(r.steps[key], fmt) for r in reals if r.steps)
-        cells.append(f"{key} {format(s.steps[key], fmt) if s.steps else '-'} / {real or '-'}")
+    for key, fmt in (("rows", ".1f"), ("context", ".0f"), ("step_ms", ".1f"), ("decode_busy", ".2f"), ("prefill_busy", ".2f"),
+                     ("between", ".2f"), ("gateway_ttft_ms", ".1f"), ("worker_ttft_ms", ".1f")):
+        real = "/".join(format(r.steps[key], fmt) for r in reals if r.steps and key in r.steps)
+        cells.append(f"{key} {format(s.steps[key], fmt) if s.steps and key in s.steps else '-'} / {real or '-'}")
     return "steps sim / real: " + ", ".join(cells)
 
 
@@ -237,7 +259,7 @@ def run_workers(bench: Bench, workers: int, lower: CostModel | None) -> None:
             for load in (0.5, 0.8):
                 rate = load * base
                 s = bench.sim("kv_aware", config, rate)
-                reals = [bench.real(mesh.gateway_url, "kv_aware", workers, rate, decode_metrics(mesh)) for _ in range(args.runs)]
+                reals = [bench.real(mesh.gateway_url, "kv_aware", workers, rate, mesh_metrics(mesh)) for _ in range(args.runs)]
                 p50 = sum(r.ttft_p50_s for r in reals) / len(reals)
                 p90 = sum(r.ttft_p90_s for r in reals) / len(reals)
                 print(f"{load:>5.0%}{rate:>7.2f} | {s.ttft_p50_s:>8.3f}{s.ttft_p90_s:>7.3f}{s.ttft_p99_s:>7.3f} | "

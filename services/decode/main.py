@@ -99,6 +99,8 @@ def _count_batches(s: EngineStats, seen: dict[str, int]) -> dict[str, int]:
             name = f"{kind}_{what}"
             now[name] = getattr(s, name)
             counter.labels(kind).inc(max(0, now[name] - seen.get(name, 0)) * scale)
+    now["between"] = s.between_steps_micros
+    metrics.ENGINE_BETWEEN.inc(max(0, now["between"] - seen.get("between", 0)) / 1e6)
     return now
 
 

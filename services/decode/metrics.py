@@ -26,6 +26,8 @@ STEP_DECODE_ROWS = Counter("kvmesh_decode_step_decode_rows", "decode rows over t
 STEP_PADDED_KV_TOKENS = Counter("kvmesh_decode_step_padded_kv_tokens",
                                 "KV tokens those steps' decode attention read: each step's decode rows × its longest context", ["kind"])
 ENGINE_BUSY = Counter("kvmesh_decode_engine_busy_seconds", "wall time of those steps (its rate: the engine's busy fraction)", ["kind"])
+ENGINE_BETWEEN = Counter("kvmesh_decode_engine_between_steps_seconds",
+                         "time the engine had unfinished sequences and was not in a step (its loop's commands, the GIL)")
 QUEUE_WAIT = Histogram("kvmesh_decode_queue_wait_seconds", "Generate received -> first engine step", buckets=LATENCY_BUCKETS)
 TTFT = Histogram("kvmesh_decode_ttft_seconds", "Generate received -> first token", buckets=LATENCY_BUCKETS)
 HANDBACK_BLOCKS = Counter("kvmesh_decode_kv_handback_blocks", "blocks handed to the KV store on finish")

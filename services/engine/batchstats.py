@@ -33,6 +33,18 @@ class KindCounters:
 class BatchCounters:
     decode: KindCounters = field(default_factory=KindCounters)   # steps with decode rows only
     prefill: KindCounters = field(default_factory=KindCounters)  # steps that prefill (rows ride along)
+    between_micros: int = 0  # time from a step that left sequences unfinished to the next step
+    ended: float | None = None  # when the last step ended, if it left sequences unfinished
+
+    def started(self, now: float) -> None:
+        """A step starts at `now` (perf_counter): the time since the last one ended, if that left
+        work, is time the engine had sequences and did not step (its loop's commands, the GIL)."""
+        if self.ended is not None:
+            self.between_micros += round((now - self.ended) * 1e6)
+        self.ended = None
+
+    def finished(self, now: float, more: bool) -> None:
+        self.ended = now if more else None
 
     def add(self, scheduled: list[ScheduledSeq], seconds: float) -> None:
         contexts = decode_contexts(scheduled)
@@ -47,4 +59,5 @@ class BatchCounters:
         return {f"{name}_{what}": getattr(kind, attr)
                 for name, kind in (("decode", self.decode), ("prefill", self.prefill))
                 for what, attr in (("steps", "steps"), ("step_rows", "rows"),
-                                   ("step_padded_kv_tokens", "padded_kv_tokens"), ("step_micros", "micros"))}
+                                   ("step_padded_kv_tokens", "padded_kv_tokens"), ("step_micros", "micros"))} | {
+            "between_steps_micros": self.between_micros}

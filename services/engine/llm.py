@@ -216,8 +216,11 @@ class LLMEngine:
         if not sched.scheduled:
             return outputs
         started = time.perf_counter()
+        self._batches.started(started)
         self._run_step(sched, outputs)
-        self._batches.add(sched.scheduled, time.perf_counter() - started)
+        ended = time.perf_counter()
+        self._batches.add(sched.scheduled, ended - started)
+        self._batches.finished(ended, self.scheduler.has_work())
         return outputs
 
     def _run_step(self, sched: SchedulerOutput, outputs: list[RequestOutput]) -> None:

@@ -76,3 +76,4 @@ class EngineStats:
     prefill_step_rows: int = 0
     prefill_step_padded_kv_tokens: int = 0
     prefill_step_micros: int = 0
+    between_steps_micros: int = 0  # time it had unfinished sequences and was not in a step

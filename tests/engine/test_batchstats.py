@@ -4,6 +4,7 @@ and their wall time."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from kvmesh.engine.llm import EngineConfig, LLMEngine
@@ -33,3 +34,17 @@ def test_rows_decoding_beside_a_prefill_count_as_riding_along_with_it(tiny_dir: 
     s = engine.stats()
     assert (s.prefill_steps, s.prefill_step_rows, s.prefill_step_padded_kv_tokens) == (2, 1, 22)
     assert (s.decode_steps, s.decode_step_rows, s.decode_step_padded_kv_tokens) == (1, 1, 21)
+
+
+def test_time_between_steps_counts_only_while_sequences_are_unfinished(tiny_dir: Path) -> None:
+    engine = LLMEngine(EngineConfig(model=str(tiny_dir), num_kv_blocks=64))
+    engine.add_request("a", [7] * 20, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    engine.step()  # prefill and first token: a still has a token to go
+    time.sleep(0.05)
+    engine.step()  # its last token
+    held = engine.stats().between_steps_micros
+    assert held >= 50_000
+    time.sleep(0.05)  # nothing unfinished: not counted
+    engine.add_request("b", [9] * 20, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    engine.step()
+    assert engine.stats().between_steps_micros == held

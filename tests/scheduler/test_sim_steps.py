@@ -27,6 +27,7 @@ kvmesh_decode_step_padded_kv_tokens_total{kind="prefill"} 30000.0
 kvmesh_decode_engine_busy_seconds_total{kind="decode"} 0.9
 kvmesh_decode_engine_busy_seconds_total{kind="prefill"} 0.5
 kvmesh_decode_engine_steps_total 120.0
+kvmesh_decode_engine_between_steps_seconds_total 0.3
 """
 
 
@@ -39,6 +40,7 @@ def test_the_metrics_text_gives_each_kinds_counters_and_two_readings_give_what_r
     row = after.row(span_s=2.0)
     assert row["rows"] == 4 and row["context"] == 1000 and row["step_ms"] == pytest.approx(10.0)
     assert row["decode_busy"] == pytest.approx(0.45) and row["prefill_busy"] == pytest.approx(0.25)
+    assert row["between"] == pytest.approx(0.15) and ran.between == 0
 
 
 def steps_of(trace: list[TraceRequest], stall: float = 1.0) -> tuple[dict[str, float], Cluster]:

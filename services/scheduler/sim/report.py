@@ -115,7 +115,10 @@ def summarize(policy: str, cluster: Cluster, results: list[RequestResult], windo
     imbalance = max(loads) / mean_load if mean_load > 0 else 1.0
     summary = figures(policy, cluster.config.num_workers, [outcome(r) for r in results], window, slo_ttft_s, imbalance)
     start = min((r.request.arrival_s for r in results), default=0.0)
-    return dataclasses.replace(summary, steps=cluster.step_figures().row(cluster.now - start))
+    steps = cluster.step_figures().row(cluster.now - start)
+    served = [r.ttft_s for r in results if r.status == 200]
+    steps["gateway_ttft_ms"] = 1e3 * sum(served) / len(served) if served else math.nan  # as the gateway's histogram has it
+    return dataclasses.replace(summary, steps=steps)
 
 
 def simulate(policy: str, config: SimConfig, requests: list[TraceRequest], window: tuple[float, float] | None = None,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 KINDS = ("decode", "prefill")
 _METRICS = {"steps": "kvmesh_decode_model_steps_total", "rows": "kvmesh_decode_step_decode_rows_total",
             "padded": "kvmesh_decode_step_padded_kv_tokens_total", "seconds": "kvmesh_decode_engine_busy_seconds_total"}
+_BETWEEN = "kvmesh_decode_engine_between_steps_seconds_total"
 _SAMPLE = re.compile(r'^(\w+)\{kind="(\w+)"\}\s+(\S+)$')
 
 
@@ -40,6 +41,7 @@ class KindFigures:
 class StepFigures:
     decode: KindFigures = field(default_factory=KindFigures)
     prefill: KindFigures = field(default_factory=KindFigures)
+    between: float = 0.0  # seconds the engine had sequences and was not in a step (the real mesh's only)
 
     def kind(self, name: str) -> KindFigures:
         return self.decode if name == "decode" else self.prefill
@@ -47,6 +49,7 @@ class StepFigures:
     def add(self, other: StepFigures) -> StepFigures:
         for name in KINDS:
             self.kind(name).add(other.kind(name))
+        self.between += other.between
         return self
 
     def row(self, span_s: float) -> dict[str, float]:
@@ -59,6 +62,7 @@ class StepFigures:
             "step_ms": 1e3 * d.seconds / d.steps if d.steps else math.nan,
             "decode_busy": d.seconds / span_s if span_s > 0 else math.nan,
             "prefill_busy": self.prefill.seconds / span_s if span_s > 0 else math.nan,
+            "between": self.between / span_s if span_s > 0 else math.nan,
         }
 
 
@@ -67,6 +71,8 @@ def parse_metrics(text: str) -> StepFigures:
     names = {metric: what for what, metric in _METRICS.items()}
     figures = StepFigures()
     for line in text.splitlines():
+        if line.startswith(_BETWEEN + " "):
+            figures.between = float(line.split()[1])
         m = _SAMPLE.match(line)
         if m and m.group(1) in names and m.group(2) in KINDS:
             setattr(figures.kind(m.group(2)), names[m.group(1)], float(m.group(3)))
@@ -79,6 +85,7 @@ def difference(after: StepFigures, before: StepFigures) -> StepFigures:
     for name in KINDS:
         a, b, o = after.kind(name), before.kind(name), out.kind(name)
         o.steps, o.rows, o.padded, o.seconds = a.steps - b.steps, a.rows - b.rows, a.padded - b.padded, a.seconds - b.seconds
+    out.between = after.between - before.between
     return out
 
 
@@ -110,7 +117,7 @@ def without_stalls(figures: StepFigures, running_s: float, stalled_s: float) -> 
     cut to the time they were not stalled (`stalled_s`: prefill steps, hand-backs, pauses): the
     same rows and padding per step and step time, fewer steps."""
     keep = max(0.0, running_s - stalled_s) / running_s if running_s > 0 else 0.0
-    out = StepFigures(prefill=figures.prefill)
+    out = StepFigures(prefill=figures.prefill, between=figures.between)
     d, o = figures.decode, out.decode
     o.steps, o.rows, o.padded, o.seconds = d.steps * keep, d.rows * keep, d.padded * keep, d.seconds * keep
     return out
