@@ -243,8 +243,10 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
                 time.sleep(0.6)  # NOTE: the engine step counter is refreshed with the gauges (every heartbeat, 0.5 s)
                 frame_delta = {k: v - frames.get(k, 0.0) for k, v in _frame_counts(procs).items()}
                 steps = sum(frame_delta.pop(k) for k in list(frame_delta) if k.endswith(_STEPS))
+                timed = {kind: sum(frame_delta.pop(k) for k in list(frame_delta) if k.endswith(kind))
+                         for kind in _ENGINE_TIME.values()}
                 results[c] = {**load, "cpu_s": cpu, "switches": switches, "engine_thread_cpu_s": engine_cpu, "store": store_delta,
-                              "frames": frame_delta, "engine_steps": steps}
+                              "frames": frame_delta, "engine_steps": steps, "engine_time_s": timed}
         finally:
             mesh.stop()
     return results
@@ -253,6 +255,8 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
 _FRAME_METRICS = ("kvmesh_scheduler_route_stream_frames_total", "kvmesh_decode_stream_frames_total",
                   "kvmesh_decode_engine_steps_total")
 _STEPS = "engine steps"  # the kind `_frame_counts` gives the step counter (it has no kind label)
+_ENGINE_TIME = {"kvmesh_decode_engine_busy_seconds_total": "engine busy s",  # steps' wall time, both kinds
+                "kvmesh_decode_engine_between_steps_seconds_total": "engine between s"}  # work left, not stepping
 
 
 def _frame_counts(procs: dict) -> dict[str, float]:
@@ -268,7 +272,11 @@ def _frame_counts(procs: dict) -> dict[str, float]:
         url = f"http://127.0.0.1:{argv[argv.index('--metrics-port') + 1]}/metrics"
         with urllib.request.urlopen(url, timeout=10) as reply:
             for line in reply.read().decode().splitlines():
-                if line.startswith(_FRAME_METRICS):
+                timed = _ENGINE_TIME.get(line.split("{")[0].split(" ")[0])
+                if timed:
+                    key = f"{name} {timed}"
+                    out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+                elif line.startswith(_FRAME_METRICS):
                     kind = line.split('kind="', 1)[1].split('"', 1)[0] if 'kind="' in line else _STEPS
                     out[f"{name} {kind}"] = float(line.rsplit(" ", 1)[1])
     return out
@@ -347,6 +355,11 @@ def report(c: int, mesh: dict, engine: dict) -> None:
     if steps and engine.get("steps"):
         print(f"tokens per engine step (the mean batch): mesh {tokens / steps:.1f}, in-process engine "
               f"{engine['tokens'] / engine['steps']:.1f}")
+        timed = mesh.get("engine_time_s") or {}
+        busy, between = timed.get("engine busy s", 0.0), timed.get("engine between s", 0.0)
+        if busy:
+            print(f"the engine stepping: {busy:.2f} s; with work left and not stepping (its loop's commands, the GIL): "
+                  f"{between:.2f} s, {between / busy:.0%} of that")
         split = decode_split(mesh, engine)
         if split:
             print("decode worker above engine, split: " + ", ".join(f"{k} {v:+.0f}" for k, v in split.items()) + " µs per token")
