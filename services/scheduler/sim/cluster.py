@@ -43,9 +43,9 @@ from ..policy import CostModel, PolicyConfig, make_policy
 from ..registry import HeartbeatInfo, Registry, Role
 from ..router import RouteDecision, RouteQuery, Router, RouterConfig
 from ..sticky import StickySessions
+from .decodectx import padded_tokens
 from .meshcost import MeshCost
 from .shapes import KERNEL_CACHE_COUNTS, ShapeCache
-from .decodectx import padded_tokens
 from .simworker import PrefillBatch, RequestResult, SimWorker
 from .steps import StepFigures, tally_decode, tally_prefill, without_stalls
 from .trace import TraceRequest

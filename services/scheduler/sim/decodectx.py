@@ -1,5 +1,5 @@
-"""What a decode step's context costs: a hinge in the batch's padded KV tokens (the simulator's
-step cost, cluster.py, and the calibration's fit of it, meshcal.py).
+"""What a decode step's context costs: a line in the batch's padded KV tokens that steepens past a
+knee (the simulator's step cost, cluster.py, and the calibration's fit of it, meshcal.py).
 
 Measured on `kvmesh up --decode 1 --prefill 0` (tiny, CPU; bench/sim_calibration.md): the decode
 ITL of k streams with p-token prompts is flat until k × p reaches ~5-6k tokens whatever k is
@@ -10,9 +10,12 @@ context padded to the longest one (engine/attention.py), so the work is running 
 not the sum of the contexts and not each stream's own; the knee is where that gathered K/V (128
 bytes per token per layer on tiny, for K and for V) outgrows the core's 1 MiB L2. A line in each
 stream's context, fitted at 1,568 tokens through 64, priced the trace's ~1k-token contexts as if the
-gather never fitted in cache.
+gather never fitted in cache. Below the knee it is not free, though (run AF, 2026-12-02: 1.9 ms
+more at 4 × 1,056 tokens, 2.75 at 8 × 800, ~0.45 µs per padded token), and the trace's steps are
+there (3-4 rows of ~1.25k tokens); a hinge that priced them at 0 and every row past ~5k at the
+steep slope let the simulator's batch run away at 80% load.
 
-    extra step time = slope × max(0, padded − knee),   padded = running × longest context
+    extra step time = per_token × padded + slope × max(0, padded − knee),   padded = running × longest context
 """
 
 from __future__ import annotations
