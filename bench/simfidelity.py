@@ -103,6 +103,8 @@ class Bench:
             row = ran.row(time.monotonic() - started - 1.0)
             row["gateway_ttft_ms"] = mean_ms(texts[:1], after[:1], "kvmesh_gateway_ttft_seconds")
             row["worker_ttft_ms"] = mean_ms(texts[1:], after[1:], "kvmesh_decode_ttft_seconds")
+            row["engine_queue_ms"] = mean_ms(texts[1:], after[1:], "kvmesh_decode_engine_queue_seconds")
+            row["engine_prefill_ms"] = mean_ms(texts[1:], after[1:], "kvmesh_decode_engine_prefill_seconds")
             summary = dataclasses.replace(summary, steps=row)
         self.load[id(summary)] = os.getloadavg()[0]
         if speed:
@@ -156,7 +158,8 @@ def step_line(s: RunSummary, reals: list[RunSummary]) -> str:
     """The decode steps the sim ran against the real ones (sim/steps.py), at one load."""
     cells = []
     for key, fmt in (("rows", ".1f"), ("context", ".0f"), ("step_ms", ".1f"), ("decode_busy", ".2f"), ("prefill_busy", ".2f"),
-                     ("between", ".2f"), ("gateway_ttft_ms", ".1f"), ("worker_ttft_ms", ".1f")):
+                     ("between", ".2f"), ("gateway_ttft_ms", ".1f"), ("worker_ttft_ms", ".1f"), ("engine_queue_ms", ".1f"),
+                     ("engine_prefill_ms", ".1f")):
         real = "/".join(format(r.steps[key], fmt) for r in reals if r.steps and key in r.steps)
         cells.append(f"{key} {format(s.steps[key], fmt) if s.steps and key in s.steps else '-'} / {real or '-'}")
     return "steps sim / real: " + ", ".join(cells)

@@ -14,6 +14,7 @@ from kvmesh.runtime.telemetry import tracer
 from kvmesh.worker.delivery import OutputStream
 
 from . import metrics
+from .metrics import observe_engine_times
 from .worker import DecodeWorker, GenerateJob
 
 
@@ -78,6 +79,7 @@ async def generate(worker: DecodeWorker, job: GenerateJob) -> AsyncIterator[Delt
                         ttft = time.monotonic() - t0
                         metrics.TTFT.observe(ttft)
                         span.set_attribute("ttft_s", ttft)
+                        observe_engine_times(next(o for o in outs if o.new_token_ids), span)
                     metrics.GENERATED_TOKENS.inc(len(delta.token_ids))
                     if last is not None:
                         span.set_attribute("tokens", delta.completion_tokens)

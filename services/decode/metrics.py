@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from opentelemetry.trace import Span
 from prometheus_client import Counter, Gauge, Histogram
 
+from kvmesh.engine.outputs import RequestOutput
 from kvmesh.runtime.metrics import LATENCY_BUCKETS
 
 REQUESTS = Counter("kvmesh_decode_requests", "finished Generate calls", ["status"])
@@ -28,6 +30,21 @@ STEP_PADDED_KV_TOKENS = Counter("kvmesh_decode_step_padded_kv_tokens",
 ENGINE_BUSY = Counter("kvmesh_decode_engine_busy_seconds", "wall time of those steps (its rate: the engine's busy fraction)", ["kind"])
 ENGINE_BETWEEN = Counter("kvmesh_decode_engine_between_steps_seconds",
                          "time the engine had unfinished sequences and was not in a step (its loop's commands, the GIL)")
+ENGINE_QUEUE = Histogram("kvmesh_decode_engine_queue_seconds", "a request's add to the engine -> the first step that ran it",
+                         buckets=LATENCY_BUCKETS)
+ENGINE_PREFILL = Histogram("kvmesh_decode_engine_prefill_seconds", "that step's start -> the request's first token (its prefill)",
+                           buckets=LATENCY_BUCKETS)
 QUEUE_WAIT = Histogram("kvmesh_decode_queue_wait_seconds", "Generate received -> first engine step", buckets=LATENCY_BUCKETS)
 TTFT = Histogram("kvmesh_decode_ttft_seconds", "Generate received -> first token", buckets=LATENCY_BUCKETS)
 HANDBACK_BLOCKS = Counter("kvmesh_decode_kv_handback_blocks", "blocks handed to the KV store on finish")
+
+
+def observe_engine_times(out: RequestOutput, span: Span) -> None:
+    """A request's wait in the engine and its prefill (RequestOutput.queue_s / prefill_s, on the
+    output with its first token): the histograms and its decode.generate span."""
+    if out.queue_s is None or out.prefill_s is None:
+        return
+    ENGINE_QUEUE.observe(out.queue_s)
+    ENGINE_PREFILL.observe(out.prefill_s)
+    span.set_attribute("engine_queue_s", out.queue_s)
+    span.set_attribute("engine_prefill_s", out.prefill_s)

@@ -25,6 +25,7 @@ from kvmesh.runtime.pb import common_pb2, decode_pb2
 from kvmesh.runtime.telemetry import extract_context, tracer
 
 from . import metrics
+from .metrics import observe_engine_times
 from .worker import DecodeWorker, GenerateJob
 
 
@@ -180,6 +181,7 @@ class StreamSession:
                 ttft = time.monotonic() - run.t0
                 metrics.TTFT.observe(ttft)
                 run.span.set_attribute("ttft_s", ttft)
+                observe_engine_times(out, run.span)
             run.tokens += new
             if out.logprobs:
                 run.logprobs += out.logprobs

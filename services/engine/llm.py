@@ -217,6 +217,10 @@ class LLMEngine:
             return outputs
         started = time.perf_counter()
         self._batches.started(started)
+        for s in sched.scheduled:
+            state = self._requests[s.seq.request_id]
+            if state.first_step_at is None:
+                state.first_step_at = started
         self._run_step(sched, outputs)
         ended = time.perf_counter()
         self._batches.add(sched.scheduled, ended - started)

@@ -41,6 +41,10 @@ class RequestOutput:
     num_cached_tokens: int
     num_computed_tokens: int
     prompt_logprobs: list[TokenLogprob] | None = None  # once, on the first output, when asked
+    # Once, on the output with its first token (or its end): seconds from add_request to the first
+    # step that ran it (waiting in the engine), and from that step's start to this output (its prefill)
+    queue_s: float | None = None
+    prefill_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

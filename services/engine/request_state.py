@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,9 @@ class RequestState:
     new_text: str = ""
     new_logprobs: list[TokenLogprob] = field(default_factory=list)
     all_logprobs: list[TokenLogprob] = field(default_factory=list)
+    added_at: float = field(default_factory=time.perf_counter)  # add_request
+    first_step_at: float | None = None  # the start of the first step that ran it
+    timed: bool = False                 # its queue and prefill times went out
 
     @classmethod
     def create(cls, seq: Sequence, tokenizer: Tokenizer, generator: Any, detokenize: bool = True) -> RequestState:
@@ -80,6 +84,9 @@ class RequestState:
         )
         if seq.params.prompt_logprobs is not None and not seq.prompt_logprobs_sent and (finished or self.new_token_ids):
             out.prompt_logprobs, seq.prompt_logprobs_sent = list(seq.prompt_logprobs), True
+        if not self.timed and self.first_step_at is not None and (finished or self.new_token_ids):
+            out.queue_s, out.prefill_s = self.first_step_at - self.added_at, time.perf_counter() - self.first_step_at
+            self.timed = True
         self.all_logprobs.extend(self.new_logprobs)
         self.new_token_ids, self.new_text, self.new_logprobs = [], "", []
         return out

@@ -123,12 +123,12 @@ def _logprobs_from_wire(lps: list | None) -> list[TokenLogprob] | None:
 def output_to_wire(o: RequestOutput) -> list:
     return [o.request_id, o.new_token_ids, o.new_text, o.finished, o.finish_reason, _logprobs_to_wire(o.logprobs),
             o.num_prompt_tokens, o.num_output_tokens, o.num_cached_tokens, o.num_computed_tokens,
-            _logprobs_to_wire(o.prompt_logprobs)]
+            _logprobs_to_wire(o.prompt_logprobs), o.queue_s, o.prefill_s]
 
 
 def output_from_wire(w: list) -> RequestOutput:
     return RequestOutput(w[0], w[1], w[2], w[3], w[4], _logprobs_from_wire(w[5]), w[6], w[7], w[8], w[9],
-                         _logprobs_from_wire(w[10]))
+                         _logprobs_from_wire(w[10]), w[11], w[12])
 
 
 def stats_to_wire(s: EngineStats) -> list[int]:

@@ -201,6 +201,7 @@ def test_the_decode_workers_step_counters_show_what_a_request_ran(mesh):
 
     workers = [s.name for s in mesh.mesh.specs if s.service == "decode"]
     before = {w: parse_metrics(mesh.metrics_text(w)) for w in workers}
+    timed = sum(mesh.metric(w, "kvmesh_decode_engine_prefill_seconds_count") for w in workers)
     mesh.openai_client().completions.create(model="tiny", prompt=PROMPT_IDS, max_tokens=24, temperature=0,
                                             extra_body={"ignore_eos": True})
 
@@ -212,3 +213,6 @@ def test_the_decode_workers_step_counters_show_what_a_request_ran(mesh):
     worker = max(ran(), key=lambda r: r.decode.rows)
     assert worker.decode.steps >= 1 and worker.decode.seconds > 0
     assert worker.decode.padded >= 108 * worker.decode.rows
+    # and its wait in the engine and its prefill, once, on its first token
+    assert sum(mesh.metric(w, "kvmesh_decode_engine_prefill_seconds_count") for w in workers) == timed + 1
+    assert sum(mesh.metric(w, "kvmesh_decode_engine_queue_seconds_count") for w in workers) == timed + 1

@@ -48,3 +48,13 @@ def test_time_between_steps_counts_only_while_sequences_are_unfinished(tiny_dir:
     engine.add_request("b", [9] * 20, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
     engine.step()
     assert engine.stats().between_steps_micros == held
+
+
+def test_the_first_token_carries_the_requests_wait_in_the_engine_and_its_prefill_once(tiny_dir: Path) -> None:
+    engine = LLMEngine(EngineConfig(model=str(tiny_dir), num_kv_blocks=64))
+    engine.add_request("a", [7] * 20, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    time.sleep(0.05)  # added, not stepped yet: waiting in the engine
+    [first] = engine.step()
+    assert first.new_token_ids and first.queue_s >= 0.05 and 0 < first.prefill_s < 5
+    [second] = engine.step()
+    assert second.queue_s is None and second.prefill_s is None

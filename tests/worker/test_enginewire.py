@@ -32,7 +32,7 @@ def test_arguments_with_tensors_bytes_and_sampling_params_cross_exactly() -> Non
 
 def test_a_step_output_with_infinite_logprobs_crosses_exactly() -> None:
     lp = TokenLogprob(7, -0.25, [(7, -0.25), (9, float("-inf"))])
-    out = RequestOutput("r", [7], "é", True, "stop", [lp], 13, 1, 8, 14, prompt_logprobs=[lp])
+    out = RequestOutput("r", [7], "é", True, "stop", [lp], 13, 1, 8, 14, prompt_logprobs=[lp], queue_s=0.003, prefill_s=0.021)
     header, _ = through_a_frame({"o": [wire.output_to_wire(out)]}, [])
     assert wire.output_from_wire(header["o"][0]) == out
 
