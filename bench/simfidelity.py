@@ -35,6 +35,8 @@ import tempfile
 import time
 import urllib.request
 
+from soakstats import metric_in
+
 from kvmesh.runtime.launcher import MeshOptions, free_port
 from kvmesh.runtime.supervisor import Mesh
 from kvmesh.scheduler.policy import CostModel, PolicyConfig
@@ -138,12 +140,7 @@ def read_text(target: str) -> str:
 def mean_ms(before: list[str], after: list[str], histogram: str) -> float:
     """The mean of a histogram's observations between two readings of each process's /metrics, in ms."""
     def totals(texts: list[str]) -> tuple[float, float]:
-        sums = counts = 0.0
-        for line in (line for text in texts for line in text.splitlines()):
-            name, _, value = line.partition(" ")
-            sums += float(value) if name.split("{")[0] == f"{histogram}_sum" else 0.0
-            counts += float(value) if name.split("{")[0] == f"{histogram}_count" else 0.0
-        return sums, counts
+        return (sum(metric_in(t, f"{histogram}_sum") for t in texts), sum(metric_in(t, f"{histogram}_count") for t in texts))
     (s0, c0), (s1, c1) = totals(before), totals(after)
     return 1e3 * (s1 - s0) / (c1 - c0) if c1 > c0 else float("nan")
 

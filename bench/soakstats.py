@@ -24,6 +24,11 @@ def metric(target: str, name: str, **labels: str) -> float:
             text = reply.read().decode()
     except OSError:
         return float("nan")
+    return metric_in(text, name, **labels)
+
+
+def metric_in(text: str, name: str, **labels: str) -> float:
+    """Sum of one metric's samples (those whose labels include `labels`) in /metrics text."""
     total = 0.0
     for line in text.splitlines():
         match = re.match(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)$", line)

@@ -218,9 +218,10 @@ class LLMEngine:
         started = time.perf_counter()
         self._batches.started(started)
         for s in sched.scheduled:
-            state = self._requests[s.seq.request_id]
-            if state.first_step_at is None:
-                state.first_step_at = started
+            if s.start < s.seq.num_prompt_tokens:  # NOTE: a request's first step computes prompt tokens; decode rows never
+                state = self._requests[s.seq.request_id]
+                if state.first_step_at is None:
+                    state.first_step_at = started
         self._run_step(sched, outputs)
         ended = time.perf_counter()
         self._batches.add(sched.scheduled, ended - started)
