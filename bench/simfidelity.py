@@ -35,6 +35,7 @@ import tempfile
 import time
 import urllib.request
 
+from simrequests import rows as request_rows, write as write_requests
 from soakstats import metric_in
 
 from kvmesh.runtime.launcher import MeshOptions, free_port
@@ -42,7 +43,7 @@ from kvmesh.runtime.supervisor import Mesh
 from kvmesh.scheduler.policy import CostModel, PolicyConfig
 from kvmesh.scheduler.sim.calibrate import lower_bound
 from kvmesh.scheduler.sim.client import Target
-from kvmesh.scheduler.sim.cluster import SimConfig
+from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
 from kvmesh.scheduler.sim.hostspeed import Speed, measure, pooled, scaled, speed_ratio
 from kvmesh.scheduler.sim.meshcost import MeshCost
 from kvmesh.scheduler.sim.meshcal import MeshCalibration, Samples, fit
@@ -76,6 +77,7 @@ class Bench:
         self.load: dict[int, float] = {}  # id(a real run's summary) -> the 1-minute load average after it
         self.slowdown: dict[int, float] = {}  # id(a real run's summary) -> the host's speed before it over the calibration's
         self.reference: Speed | None = None   # the host's speed during the calibration (hostspeed.py)
+        self.outcomes: dict[int, list] = {}   # id(a real run's summary) -> its per-request outcomes (--save-requests)
 
     def trace(self, rate: float):
         return without_output_blocks(synthetic(self.trace_cfg, rate))
@@ -109,6 +111,7 @@ class Bench:
             row["engine_prefill_ms"] = mean_ms(texts[1:], after[1:], "kvmesh_decode_engine_prefill_seconds")
             summary = dataclasses.replace(summary, steps=row)
         self.load[id(summary)] = os.getloadavg()[0]
+        self.outcomes[id(summary)] = outcomes
         if speed:
             self.slowdown[id(summary)] = speed_ratio(speed, self.reference)
         log(f"real {policy} x{workers} at {rate:.2f} req/s: TTFT p50 {summary.ttft_p50_s:.3f} p99 {summary.ttft_p99_s:.3f} "
@@ -116,6 +119,12 @@ class Bench:
             f"errors {summary.errors or '-'} (load average {self.load[id(summary)]:.1f}"
             + (f"; host {self.slowdown[id(summary)]:.2f}x the calibration's time: {speed.describe()})" if speed else ")"))
         return summary
+
+    def save_requests(self, path: str, config: SimConfig, rate: float, reals: list[RunSummary]) -> None:
+        """Every request's sim and real outcomes at `rate`, for bench/simrequests.py."""
+        trace = self.trace(rate)
+        results = Cluster("kv_aware", config).run(trace, self.window)
+        write_requests(path, request_rows(trace, results, [self.outcomes[id(r)] for r in reals]), self.window)
 
     def matched(self, config: SimConfig, reals: list[RunSummary]) -> tuple[SimConfig, float | None]:
         """`config` scaled to the host's speed before `reals` (the median of their slowdowns), and that factor
@@ -269,6 +278,8 @@ def run_workers(bench: Bench, workers: int, lower: CostModel | None) -> None:
                       + "/".join(f"{r.itl_p50_s * 1e3:.2f}" for r in reals)
                       + f" | hit sim {s.hit_rate:.2f}, real " + "/".join(f"{r.hit_rate:.2f}" for r in reals), flush=True)
                 print(f"{'':>12} | {step_line(s, reals)}", flush=True)
+                if args.save_requests:
+                    bench.save_requests(f"{args.save_requests}.{workers}w.{load:.0%}.jsonl".replace("%", ""), config, rate, reals)
                 at_speed, factor = bench.matched(config, reals)
                 if factor is not None:
                     m = bench.sim("kv_aware", at_speed, rate)
@@ -360,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policies", default="round_robin,prefix_affinity,kv_aware",
                    help="policies compared at 2 workers ('' = skip)")
     p.add_argument("--save-samples", default="", help="write each mesh's probe timings to PREFIX.<N>w.json")
+    p.add_argument("--save-requests", default="",
+                   help="write every request's sim and real TTFT at each load to PREFIX.<N>w.<load>.jsonl (bench/simrequests.py reads them)")
     p.add_argument("--bootstrap", type=int, default=20,
                    help="refits of resampled probe repeats: each term's and the sim capacity's spread (0 = skip)")
     p.add_argument("--no-lower-bound", action="store_true", help="skip the in-process engine calibration")
