@@ -124,7 +124,10 @@ class Bench:
         """Every request's sim and real outcomes at `rate`, for bench/simrequests.py."""
         trace = self.trace(rate)
         results = Cluster("kv_aware", config).run(trace, self.window)
-        write_requests(path, request_rows(trace, results, [self.outcomes[id(r)] for r in reals]), self.window)
+        at_speed, factor = self.matched(config, reals)
+        matched = Cluster("kv_aware", at_speed).run(trace, self.window) if factor is not None else None
+        write_requests(path, request_rows(trace, results, [self.outcomes[id(r)] for r in reals], matched), self.window,
+                       [self.slowdown.get(id(r)) for r in reals])
 
     def matched(self, config: SimConfig, reals: list[RunSummary]) -> tuple[SimConfig, float | None]:
         """`config` scaled to the host's speed before `reals` (the median of their slowdowns), and that factor

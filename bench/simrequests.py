@@ -22,9 +22,11 @@ def waiting_at_arrival(arrivals: list[float], firsts: list[float]) -> list[int]:
     return [sum(1 for a, f in zip(arrivals, firsts, strict=True) if a < t < f) for t in arrivals]
 
 
-def rows(trace, sim_results, real_outcomes: list[list]) -> list[dict]:  # noqa: ANN001 - TraceRequest, RequestResult, Outcome
-    """One dict per trace request (trace order): its shape, the sim's outcome and each replay's."""
+def rows(trace, sim_results, real_outcomes: list[list], matched_results=None) -> list[dict]:  # noqa: ANN001 - sim types
+    """One dict per trace request (trace order): its shape, the sim's outcome (and the sim's matched to the
+    host's speed during the replays, if given) and each replay's."""
     by_id = {r.request.request_id: r for r in sim_results}
+    matched = {r.request.request_id: r for r in matched_results or ()}
     turns: dict[str, int] = {}
     sims = [by_id[r.request_id] for r in trace]
     out = []
@@ -37,16 +39,19 @@ def rows(trace, sim_results, real_outcomes: list[list]) -> list[dict]:  # noqa: 
             "i": i, "arrival_s": r.arrival_s, "session": r.session_id, "turn": turns[r.session_id],
             "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
             "sim": {"ttft_s": s.ttft_s if s.status == 200 else None, "cached": s.cached_tokens,
-                    "waiting": sim_waiting[i], "worker": s.decode_id},
-            "real": [{"ttft_s": o.ttft_s if o.ok else None, "cached": o.cached_tokens, "waiting": w[i]}
+                    "waiting": sim_waiting[i], "worker": s.decode_id, "first_s": s.first_token_s, "finish_s": s.finish_s,
+                    "matched_ttft_s": matched[r.request_id].ttft_s if r.request_id in matched else None},
+            "real": [{"ttft_s": o.ttft_s if o.ok else None, "cached": o.cached_tokens, "waiting": w[i],
+                      "sent_s": o.arrival_s, "first_s": o.first_token_s, "finish_s": o.finish_s}
                      for o, w in zip((outcomes[i] for outcomes in real_outcomes), real_waiting, strict=True)],
         })
     return out
 
 
-def write(path: str, data: list[dict], window: tuple[float, float]) -> None:
+def write(path: str, data: list[dict], window: tuple[float, float], slowdowns: list[float | None] = ()) -> None:
+    """`slowdowns`: each replay's host time over the calibration's, measured just before it (None: not measured)."""
     with open(path, "w") as f:
-        f.write(json.dumps({"window": list(window)}) + "\n")
+        f.write(json.dumps({"window": list(window), "slowdowns": list(slowdowns)}) + "\n")
         for row in data:
             f.write(json.dumps(row) + "\n")
 
@@ -90,8 +95,8 @@ def uncached(row: dict) -> float:
 
 
 def report(path: str) -> Iterable[str]:
-    window, data = read(path)
-    data = [r for r in data if window[0] <= r["arrival_s"] < window[1]]
+    window, all_rows = read(path)
+    data = [r for r in all_rows if window[0] <= r["arrival_s"] < window[1]]
     yield f"# {path}: {len(data)} requests in the window {window[0]:g}..{window[1]:g} s"
     yield from table(data, "all", lambda r: "all")
     yield from table(data, "uncached (real)", lambda r: bucket(uncached(r), (0, 64, 128, 256, 512, 1024)))
@@ -104,6 +109,43 @@ def report(path: str) -> Iterable[str]:
     for w in range(4):
         ttfts = [t for n, t in real_waiting if min(n, 3) == w]
         yield f"#   {w}{'+' if w == 3 else ' '} n {len(ttfts):>4}: {1e3 * pq(ttfts, 0.5):.1f} / {1e3 * pq(ttfts, 0.9):.1f}"
+    if all_rows and "sent_s" in all_rows[0]["real"][0]:
+        yield from residuals(data, all_rows)
+
+
+def context(run: list[dict], k: int) -> dict[str, int]:
+    """What else the real mesh was doing around request k of one replay (`run`: that replay's rows)."""
+    me = run[k]
+    t, end = me["sent_s"], me["first_s"]
+    others = [x for j, x in enumerate(run) if j != k and x["ttft_s"] is not None]
+    return {
+        "streams at arrival": sum(1 for x in others if x["first_s"] <= t < x["finish_s"]),
+        "others' first tokens during its TTFT": sum(1 for x in others if t < x["first_s"] < end),
+        "finishes during its TTFT": sum(1 for x in others if t - 0.005 < x["finish_s"] < end),
+        "arrivals 20 ms before": sum(1 for x in others if t - 0.02 <= x["sent_s"] < t),
+    }
+
+
+def residuals(data: list[dict], all_rows: list[dict]) -> Iterable[str]:
+    """real TTFT / the sim's matched to the host's speed (or the sim's), grouped by what the mesh was doing."""
+    runs = len(all_rows[0]["real"]) if all_rows else 0
+    inside = {r["i"] for r in data}
+    points: list[tuple[dict[str, int], float]] = []
+    for n in range(runs):
+        run = [r["real"][n] for r in all_rows]
+        for k, r in enumerate(all_rows):
+            sim = r["sim"]["matched_ttft_s"] or r["sim"]["ttft_s"]
+            if r["i"] in inside and run[k]["ttft_s"] is not None and sim:
+                points.append((context(run, k), run[k]["ttft_s"] / sim))
+    if not points:
+        return
+    yield "# real TTFT / the sim's (matched to the host's speed where measured), p50 / p90, by what the real mesh was doing:"
+    for name in points[0][0]:
+        groups: dict[int, list[float]] = {}
+        for ctx, ratio in points:
+            groups.setdefault(min(ctx[name], 4), []).append(ratio)
+        yield f"#   {name}: " + ", ".join(f"{k}{'+' if k == 4 else ''}: {pq(v, 0.5):.2f} / {pq(v, 0.9):.2f} (n {len(v)})"
+                                          for k, v in sorted(groups.items()))
 
 
 def main(argv: list[str]) -> int:

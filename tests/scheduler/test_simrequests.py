@@ -48,3 +48,5 @@ def test_rows_pair_each_trace_request_with_its_sim_and_real_outcomes(tmp_path) -
     lines = list(sr.report(str(path)))
     all_row = next(line for line in lines if line.strip().startswith("all") and "p50" not in line)
     assert all_row.split()[-2:] == ["2.00", "2.00"]  # real/sim at p50 and p90
+    streams = next(line for line in lines if "streams at arrival" in line)
+    assert streams.count("2.00 / 2.00") == streams.count("(n ")  # every group's real/sim ratio, per request
