@@ -253,7 +253,7 @@ def run_workers(bench: Bench, workers: int, lower: CostModel | None) -> None:
                 search.append(bench.real(mesh.gateway_url, "kv_aware", workers, rate))
                 return search[-1]
 
-            real_cap = bench.capacity_of(searched, max(sim_cap, 0.25), args.real_search_steps)
+            real_cap = args.real_capacity or bench.capacity_of(searched, max(sim_cap, 0.25), args.real_search_steps)
             print(f"capacity (req/s): sim {sim_cap:.2f}, real {real_cap:.2f}: sim/real {sim_cap / real_cap:.2f} "
                   f"({pct(sim_cap, real_cap)}); in-process calibration (lower bound): {low_cap:.2f}" if real_cap
                   else f"capacity (req/s): sim {sim_cap:.2f}, real: below the search's floor")
@@ -268,7 +268,7 @@ def run_workers(bench: Bench, workers: int, lower: CostModel | None) -> None:
                   + " | ".join(f"{'real#' + str(i + 1) + ' p50':>12}{'p90':>7}{'p99':>7}{'err':>5}{'load':>6}"
                                for i in range(args.runs))
                   + f" | {'Δp50':>6}{'Δp90':>6} | {'ITL p50 sim':>11}{'real':>6} ms")
-            for load in (0.5, 0.8):
+            for load in (float(x) for x in args.loads.split(",")):
                 rate = load * base
                 s = bench.sim("kv_aware", config, rate)
                 reals = [bench.real(mesh.gateway_url, "kv_aware", workers, rate, mesh_metrics(mesh)) for _ in range(args.runs)]
@@ -370,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration-s", type=float, default=16.0, help="sessions start during this long")
     p.add_argument("--warmup-s", type=float, default=4.0, help="figures start after this")
     p.add_argument("--repeats", type=int, default=5, help="calibration probe repeats")
+    p.add_argument("--loads", default="0.5,0.8", help="loads to compare at, as fractions of the real capacity")
+    p.add_argument("--real-capacity", type=float, default=0.0,
+                   help="take this as the real capacity (req/s) instead of searching for it (a quick look at other loads)")
     p.add_argument("--real-search-steps", type=int, default=3, help="bisection steps of the real capacity search")
     p.add_argument("--policies", default="round_robin,prefix_affinity,kv_aware",
                    help="policies compared at 2 workers ('' = skip)")
