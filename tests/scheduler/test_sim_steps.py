@@ -87,3 +87,14 @@ def test_stalled_time_is_not_counted_as_decode_steps():
     free, _ = steps_of(trace, stall=0.0)
     assert stalled["decode_busy"] < free["decode_busy"]
     assert stalled["prefill_busy"] == pytest.approx(free["prefill_busy"], rel=0.05)
+
+
+def test_each_request_keeps_its_wait_for_the_engine_and_its_prefill_as_the_engine_histograms_do():
+    # two prompts at once on one idle worker: the first prefills at once, the second after it
+    requests = [TraceRequest(0.0, f"r{i}", f"s{i}", 1000, 4, ()) for i in range(2)]
+    cluster = Cluster("round_robin", SimConfig(num_workers=1, cost=COST))
+    first, second = sorted(cluster.run(requests), key=lambda r: r.request.request_id)
+    prefill = first.prefill_s
+    assert first.queue_s == 0.0 and prefill == pytest.approx(1000 * PER_TOKEN + STEP + PER_SEQ)
+    assert second.queue_s == pytest.approx(prefill) and second.prefill_s > 0
+    assert first.first_token_s == pytest.approx(prefill) and second.first_token_s == pytest.approx(prefill + second.prefill_s)

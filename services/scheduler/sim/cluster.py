@@ -305,6 +305,7 @@ class Cluster:
 
     def _start(self, d: SimWorker, result: RequestResult, decision: RouteDecision) -> None:
         d.running += 1
+        result.started_s = self.now
         bs = self.config.cost.block_size
         r, hashes = result.request, result.hashes
         d_cached = d.cached_prefix(hashes)
@@ -357,6 +358,8 @@ class Cluster:
             result.pause_mark = d.paused_s
             return
         result.first_token_s = self.now
+        if batch is not None:  # what the engine's queue and prefill histograms see (a local prefill)
+            result.queue_s, result.prefill_s = batch.start_s - result.started_s, batch.end_s - batch.start_s
         self._publish(d, *d.insert(result.hashes))
         decode_s = (result.request.output_tokens - 1) * self._step_s(d) * self._host_slowdown()
         result.stall_mark = d.stall_s

@@ -4,6 +4,8 @@ lately (an LRU of counts), batch, prefill queue and the time it lost to stalls a
 
 from __future__ import annotations
 
+import math
+
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -30,6 +32,9 @@ class RequestResult:
     batch: PrefillBatch | None = None  # the engine step that prefills it (local prefills)
     batch_mark: float = 0.0         # that step's end when its first token was last scheduled
     noise: float = 1.0              # its latency factor (MeshCost.noise)
+    started_s: float = math.nan     # when its decode worker took it (its engine's add)
+    queue_s: float = math.nan       # on its first token: started → its prefill step's start (local prefills)
+    prefill_s: float = math.nan     # on its first token: its prefill step's start → end, as the engine measures it
 
     @property
     def ttft_s(self) -> float:
