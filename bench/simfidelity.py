@@ -207,7 +207,7 @@ def sim_costs(cal: MeshCalibration, workers: int) -> tuple[CostModel, MeshCost]:
                     token_overhead_s=cal.token_overhead_s, hit_s_per_token=cal.hit_s_per_token,
                     prefill_stall=cal.prefill_stall, prefill_share=cal.prefill_share, noise=cal.noise,
                     prefill_s_per_stream=cal.prefill_s_per_stream, prefill_s_beside=cal.prefill_s_beside,
-                    prefill_s_new_shape=cal.prefill_s_new_shape,
+                    prefill_s_new_shape=cal.prefill_s_new_shape, hidden_tokens=cal.hidden_tokens,
                     attention_s_per_pair=cal.attention_s_per_pair, host_parallelism=cal.host_parallelism,
                     attention_s_per_cached_pair=cal.attention_s_per_cached_pair,
                     decode_s_per_kv_token=cal.decode_s_per_kv_token,

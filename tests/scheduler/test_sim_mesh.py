@@ -3,13 +3,14 @@ the tiny model): shared hash ids become real prefix-cache hits, and the calibrat
 
 import asyncio
 import math
+import random
 
 import pytest
 
 from kvmesh.runtime.launcher import MeshOptions, free_port
 from kvmesh.runtime.supervisor import Mesh
 from kvmesh.scheduler.sim import sim_main
-from kvmesh.scheduler.sim.client import Target
+from kvmesh.scheduler.sim.client import Target, new_client, served_model, stream_one
 from kvmesh.scheduler.sim.hostspeed import SpeedConfig, measure
 from kvmesh.scheduler.sim.meshprobe import ProbeConfig, probe
 from kvmesh.scheduler.sim.replay import ReplayConfig, replay, sent_late
@@ -65,6 +66,7 @@ def test_the_host_speed_probe_times_a_lone_prefill_and_a_lone_stream(gateway):
 
 def test_calibration_probes_the_mesh(gateway):
     config = ProbeConfig(lengths=(32, 256), repeats=1, streams=(1, 2), stream_tokens=8, stall_streams=(0, 2), burst=4,
+                         visible_requests=3, visible_tokens=8,
                          stall_lengths=(256,), hit_new_tokens=(128,), admission_probe=0, context_points=((2, 256),), extra_repeats=0,
                          handback_points=((2, 64), (2, 256)), handback_lone_tokens=16, settle_s=0.05)
     samples = asyncio.run(probe(Target(gateway, timeout_s=60.0), config))
@@ -78,3 +80,29 @@ def test_calibration_probes_the_mesh(gateway):
     assert all(ttft > 0 for *_, ttft in samples.stall) and samples.stall[1][2] > 0  # the streams' gap beside it
     assert [(k, t) for k, t, _ in samples.handback] == [(2, 64 + 8), (2, 256 + 8)]  # turns per worker, tokens per turn
     assert [n for n, *_ in samples.shape] == [128, 384] and all(t > 0 for _, *ts in samples.shape for t in ts)
+    assert len(samples.visible) == 3 and all(0 <= k <= 8 for k in samples.visible)
+
+
+def test_a_request_timed_to_its_first_token_counts_the_tokens_before_its_text(gateway):
+    # NOTE: the tiny model writes random bytes: some of these greedy outputs start with bytes of an unfinished
+    # UTF-8 character, which the gateway holds back (no chunk) until the character is whole
+    rng = random.Random(5)
+    prompts = [[rng.randrange(32, 127) for _ in range(64)] for _ in range(8)]
+    target = Target(gateway, timeout_s=60.0)
+
+    async def run() -> tuple[list[int], list[int]]:
+        async with new_client(target) as client:
+            model = await served_model(client, target)
+            hidden: list[int] = []
+            chunks = []
+            for p in prompts:
+                await stream_one(client, target, model, p, 8, hidden=hidden)
+                times: list[float] = []
+                await stream_one(client, target, model, p, 8, token_times=times)
+                chunks.append(len(times))
+            return hidden, chunks
+
+    hidden, chunks = asyncio.run(run())
+    assert len(hidden) == 8 and all(0 <= k <= 8 for k in hidden) and any(k > 0 for k in hidden)
+    # without logprobs a request whose first tokens were hidden streams fewer chunks than tokens
+    assert all(c < 8 for k, c in zip(hidden, chunks, strict=True) if k > 0)

@@ -20,12 +20,16 @@ class FakeMesh(_Prober):
     def __init__(self, config: ProbeConfig, slow: set[int]) -> None:
         super().__init__(None, None, "fake", config, sleep=self.record_sleep)
         self.slow, self.sent = slow, []
+        self.timed_first: list[bool] = []  # per request: asked to be timed to its first token, visible or not
 
     async def record_sleep(self, seconds: float) -> None:
         self.sent.append(("sleep", seconds))
 
-    async def one(self, tokens, max_tokens, times=None):  # noqa: ANN001, ARG002
+    async def one(self, tokens, max_tokens, times=None, hidden=None):  # noqa: ANN001, ARG002
         self.sent.append(len(tokens))
+        self.timed_first.append(hidden is not None)
+        if hidden is not None:
+            hidden.append(len(tokens) % 3)  # the fake's tokens before its first visible text
         ttft = 0.010 + 2e-5 * len(tokens) + (0.030 if len(requests(self)) in self.slow else 0.0)
         return Outcome(0.0, len(tokens), max_tokens, ttft, ttft + 0.001)
 
@@ -138,8 +142,8 @@ class CachingMesh(FakeMesh):
         self.prompts: list[list[int]] = []
         self.prefilled: list[int] = []
 
-    async def one(self, tokens, max_tokens, times=None):  # noqa: ANN001
-        outcome = await super().one(tokens, max_tokens, times)
+    async def one(self, tokens, max_tokens, times=None, hidden=None):  # noqa: ANN001
+        outcome = await super().one(tokens, max_tokens, times, hidden)
         cached = max((len(p) // 16 * 16 for p in self.prompts if tokens[:len(p)] == p), default=0)
         cached = min(cached, (len(tokens) - 1) // 16 * 16)
         self.prompts.append(tokens)
@@ -152,3 +156,11 @@ def test_a_hits_fresh_twin_never_prefills_the_token_count_its_repeat_just_did():
     asyncio.run(mesh.hits())
     timed = mesh.prefilled[1::3] + mesh.prefilled[2::3]  # each run's repeat and its fresh twin
     assert len(set(timed)) == len(timed), mesh.prefilled
+
+
+def test_the_ttft_probes_time_the_first_token_and_the_visibility_probe_counts_hidden_ones():
+    mesh = FakeMesh(ProbeConfig(repeats=1, extra_repeats=0, visible_requests=6, visible_prompt_tokens=64), set())
+    asyncio.run(mesh.ttft())
+    assert mesh.timed_first and all(mesh.timed_first)  # every lone TTFT asks for logprobs (client.stream_one)
+    asyncio.run(mesh.visible())
+    assert mesh.samples.visible == [64 % 3] * 6

@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(CPU kernels are built per shape), as worker time")
     p.add_argument("--kernel-cache-counts", type=int, default=SimConfig().kernel_cache_counts,
                    help="the last N distinct prefill step token counts a worker's kernels stay cached for")
+    p.add_argument("--hidden-tokens", type=_counts, default=(), help="mesh: comma-separated counts of tokens a request streams "
+                   "before its first visible text, one per request by its id (`kvmesh sim calibrate` measures them)")
     p.add_argument("--ttft-noise", default="", help="mesh: comma-separated factors on prefill time and overhead, "
                    "one per request by its id (the host's noise, from `kvmesh sim calibrate`)")
     p.add_argument("--host-parallelism", type=float, default=mesh.host_parallelism,
@@ -161,6 +163,7 @@ def _unscaled_config(args: argparse.Namespace, n: int, routers: int) -> SimConfi
             decode_s_per_kv_token=args.decode_s_per_kv_token, decode_s_per_padded_token=args.decode_s_per_padded_token,
             decode_padded_knee_tokens=args.decode_padded_knee_tokens,
             noise=tuple(float(x) for x in args.ttft_noise.split(",") if x),
+            hidden_tokens=args.hidden_tokens,
             admission_limit=args.admission_limit, admission_timeout_s=args.admission_timeout_s,
         ),
         policy=PolicyConfig(
@@ -184,6 +187,17 @@ def _trace_source(args: argparse.Namespace) -> Callable[[float], tuple[list[Trac
     )
     strip = without_output_blocks if args.no_output_blocks else list
     return lambda rate: (strip(synthetic(synth, rate)), (args.warmup_s, args.duration_s))
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    """A comma-separated list of token counts (>= 0)."""
+    try:
+        counts = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {text!r}") from None
+    if any(k < 0 for k in counts):
+        raise argparse.ArgumentTypeError("token counts must be >= 0")
+    return counts
 
 
 def sim_main(argv: list[str] | None = None) -> int:

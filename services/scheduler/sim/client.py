@@ -66,14 +66,24 @@ def new_client(target: Target, connections: int = 1024):  # noqa: ANN201 - httpx
 
 async def stream_one(client, target: Target, model: str, prompt: list[int], max_tokens: int,  # noqa: ANN001
                      session_id: str = "", arrival_s: float | None = None, clock=time.perf_counter,
-                     token_times: list[float] | None = None) -> Outcome:
+                     token_times: list[float] | None = None, hidden: list[int] | None = None) -> Outcome:
     """Sends one request now; times are on `clock`, `arrival_s` (default: now) is its arrival;
-    `token_times`, if given, gets the arrival time of every streamed chunk."""
+    `token_times`, if given, gets the arrival time of every streamed chunk.
+
+    With `hidden` (a list), the request asks for the chosen tokens' logprobs, so every token comes
+    in a chunk even when its text is empty: the TTFT is then the first token's, not the first
+    visible text's, and `hidden` gets how many tokens came before the first text (the gateway
+    sends no chunk for a token whose text is held back: a byte of an unfinished UTF-8 character,
+    a skipped special token), or `max_tokens` when none had text."""
     import httpx  # noqa: PLC0415
 
     start = clock() if arrival_s is None else arrival_s
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}}
+    if hidden is not None:
+        body["logprobs"] = 0
+    before_text: int | None = None
+    seen = 0
     first, tokens, cached, status = math.nan, 0, 0, 200
     try:
         async with client.stream("POST", f"{target.url}/v1/completions", json=body,
@@ -102,6 +112,11 @@ async def stream_one(client, target: Target, model: str, prompt: list[int], max_
                     first = now if math.isnan(first) else first
                     if token_times is not None:
                         token_times.append(now)
+                    if hidden is not None and before_text is None:
+                        choice = chunk["choices"][0]
+                        if choice.get("text"):
+                            before_text = seen
+                        seen += len((choice.get("logprobs") or {}).get("tokens") or ())
                 usage = chunk.get("usage")
                 if usage:
                     tokens = usage.get("completion_tokens", 0)
@@ -110,6 +125,8 @@ async def stream_one(client, target: Target, model: str, prompt: list[int], max_
                 status = STREAM_ERROR
     except (httpx.HTTPError, OSError, asyncio.TimeoutError):
         status = CLIENT_ERROR
+    if hidden is not None and status == 200:
+        hidden.append(max_tokens if before_text is None else before_text)
     return Outcome(start, len(prompt), tokens or max_tokens, first, clock(), cached, status)
 
 

@@ -233,6 +233,12 @@ class Cluster:
         factors = self.config.mesh.noise
         return factors[zlib.crc32(request_id.encode()) % len(factors)] if factors else 1.0
 
+    def _hidden(self, request_id: str) -> int:
+        """How many tokens this request streams before its first visible text: one of MeshCost.hidden_tokens,
+        by request id (hashed apart from its noise factor's pick)."""
+        counts = self.config.mesh.hidden_tokens
+        return counts[zlib.crc32(b"hidden/" + request_id.encode()) % len(counts)] if counts else 0
+
     def _step_s(self, d: SimWorker) -> float:
         """One engine step of d now: its running sequences and their context (MeshCost)."""
         mesh = self.config.mesh
@@ -361,7 +367,9 @@ class Cluster:
         if batch is not None:  # what the engine's queue and prefill histograms see (a local prefill)
             result.queue_s, result.prefill_s = batch.start_s - result.started_s, batch.end_s - batch.start_s
         self._publish(d, *d.insert(result.hashes))
-        decode_s = (result.request.output_tokens - 1) * self._step_s(d) * self._host_slowdown()
+        step_s = self._step_s(d) * self._host_slowdown()
+        decode_s = (result.request.output_tokens - 1) * step_s
+        result.hidden_s = min(self._hidden(result.request.request_id), result.request.output_tokens - 1) * step_s
         result.stall_mark = d.stall_s
         self._at(self.now + decode_s, "finish", (d, result))
 

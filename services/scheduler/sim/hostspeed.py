@@ -87,7 +87,9 @@ async def measure(target: Target, config: SpeedConfig = SpeedConfig()) -> Speed:
             for tokens, max_tokens, into, timing in ((config.prompt_tokens, 2, ttfts, "ttft_s"),
                                                      (32, config.stream_tokens, itls, "itl_s")):
                 await asyncio.sleep(config.settle_s)
-                outcome = await stream_one(client, target, model, prompt(tokens), max_tokens)
+                # NOTE: timed to the first token, visible or not, as the calibration's TTFT probes are
+                outcome = await stream_one(client, target, model, prompt(tokens), max_tokens,
+                                           hidden=[] if timing == "ttft_s" else None)
                 if not outcome.ok:
                     raise RuntimeError(f"speed probe request failed with status {outcome.status}")
                 into.append(getattr(outcome, timing))

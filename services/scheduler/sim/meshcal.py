@@ -39,7 +39,11 @@ one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy w
 - KV hand-back (handback.py): k turns of t tokens per worker ending at once hold each worker busy
   for k · (handback_s_per_turn + handback_s_per_token · t): a lone stream sent right after them
   ends that much later than one sent once the worker has settled;
-- admission: the number of streams that got a first token before any of a burst finished.
+- admission: the number of streams that got a first token before any of a burst finished;
+- visibility: a client sees a request's first token only once its text is not empty; the probe's
+  lone requests give how many tokens came before that (hidden_tokens, as deciles), and the sim
+  adds that many of its worker's decode steps to the TTFT a client sees (the TTFT probes time the
+  first token itself).
 `fit` inverts these formulas, so timings made by them give the parameters back exactly.
 """
 
@@ -80,6 +84,7 @@ class Samples:
     # (turns per worker ending at once, tokens per turn, a lone stream's extra latency right after them)
     shape: list[tuple[float, float, float]] = field(default_factory=list)
     # (nominal uncached tokens, TTFT at a token count never sent, TTFT at that count again right after)
+    visible: list[int] = field(default_factory=list)  # tokens streamed before the first visible text, per request
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +113,7 @@ class MeshCalibration:
     handback_s_per_turn: float = 0.0  # a finished turn's KV hand-back holds its worker busy this long ...
     handback_s_per_token: float = 0.0  # ... plus this per token of the turn
     prefill_s_new_shape: float = 0.0  # a prefill step at a token count the worker did not run lately takes this longer
+    hidden_tokens: tuple[int, ...] = ()  # deciles of the tokens a request streams before its first visible text
 
     def sim_flags(self) -> list[str]:
         """`kvmesh sim` flags that reproduce this mesh."""
@@ -128,6 +134,8 @@ class MeshCalibration:
             flags.append(f"--attention-s-per-cached-pair {self.attention_s_per_cached_pair:.3g}")
         if self.pause_rate_hz:
             flags.append(f"--pause-rate-hz {self.pause_rate_hz:.3g} --pause-s {self.pause_s:.3g}")
+        if any(self.hidden_tokens):
+            flags.append("--hidden-tokens " + ",".join(str(k) for k in self.hidden_tokens))
         if self.host_parallelism:
             flags.append(f"--host-parallelism {self.host_parallelism:.3g}")
         if self.admission_limit:
@@ -331,7 +339,20 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         handback_s_per_turn=handback_turn,
         handback_s_per_token=handback_token,
         prefill_s_new_shape=new_shape,
+        hidden_tokens=hidden_quantiles(samples.visible),
     )
+
+
+def hidden_quantiles(counts: list[int], count: int = 10) -> tuple[int, ...]:
+    """The `count` quantiles (nearest rank, at (i + 0.5) / count) of the visibility probe's counts of
+    tokens before the first visible text: each stands for a tenth of the requests.
+
+    NOTE: the TTFT probes time the first token itself (meshprobe.py asks them for logprobs), so no
+    other term holds these tokens' steps."""
+    if not counts:
+        return ()
+    ordered = sorted(counts)
+    return tuple(ordered[min(len(ordered) - 1, int((i + 0.5) / count * len(ordered)))] for i in range(count))
 
 
 def _median(values: list[float]) -> float:

@@ -71,6 +71,9 @@ def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list
                                if cal.host_parallelism else "not measured (one decode worker)"),
         "#   admission limit: " + (f"{cal.admission_limit} requests in flight" if cal.admission_limit
                                    else "not reached by the probe (or not probed)"),
+        "#   tokens streamed before a request's first visible text (deciles): "
+        + (",".join(str(k) for k in cal.hidden_tokens) if cal.hidden_tokens else "not probed")
+        + "; a client's TTFT is that many decode steps after the first token",
     ]
     if lower_bound:
         lines += [

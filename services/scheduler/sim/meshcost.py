@@ -29,6 +29,14 @@
   longer, as worker time (its queued prefills wait, its streams stall as for the rest of the step):
   the engine's CPU kernels are built per shape and cached (shapes.py); `kvmesh sim calibrate`
   measures it as a lone request at a token count just run against one at a count never sent;
+- hidden_tokens: a request's client sees its first token only when it has text; one of these counts
+  per request (by its id) is how many tokens it streams before that, and its TTFT as a client sees
+  it (what the sim reports) is that many of its worker's decode steps after its first token. The
+  gateway sends no chunk for a token whose text is held back (a byte of an unfinished UTF-8
+  character, a skipped special token): the tiny model's random bytes hid 0 tokens in about half of
+  its requests and 1-4+ in the rest, so under load, where a step takes longer, its client-side TTFT
+  grew by several decode steps that the engine and the gateway's histogram do not see (run AM:
+  client mean 74-95 ms against the gateway's 49-58 at 50% load; 37-40 against 31-33 at 10%);
 - token_overhead_s is added to a decode step per running sequence (per-token RPC/SSE work);
 - decode_s_per_context_token is added to a decode step per token of context of each running
   sequence (its attention over its KV; a sequence counts prompt + output / 2): the old, linear
@@ -94,6 +102,7 @@ class MeshCost:
     prefill_s_new_shape: float = 0.0
     host_parallelism: float = 0.0
     noise: tuple[float, ...] = ()
+    hidden_tokens: tuple[int, ...] = ()
     pause_rate_hz: float = 0.0
     pause_s: float = 0.0
     admission_limit: int = 0

@@ -41,7 +41,14 @@ stream's ITL read 2.82 ms right after 16 streams of 1,024-token prompts, 1.12 ms
    uncached prompts at once, one per worker; how much later than a lone one's the last first
    token comes is how the host shares its CPU between busy workers;
 9. admission (`--admission-probe N`): N streams at once; those with a first token before the
-   first finish were admitted together.
+   first finish were admitted together;
+10. visibility (run right after 1): `visible_requests` lone requests; how many tokens each streamed
+   before its first visible text (`hidden_tokens`). The gateway sends no chunk for a token whose
+   text is held back (a byte of an unfinished UTF-8 character, a skipped special token), so a
+   client's TTFT is its first *visible* token's; the built-in tiny model, a byte-level vocabulary
+   with random weights, showed text at the first token in 32 of 60 greedy requests and 1-4+ tokens
+   later in the rest. Probes 1-3 ask for logprobs so that they time the first token itself; the
+   sim adds the hidden tokens' decode steps (cluster.py), which grow with the load.
 With `--engine-model`, the in-process engine (`calibrate.py`) is measured too, after the
 probes, and printed as a lower bound.
 """
@@ -91,6 +98,10 @@ class ProbeConfig:
     hit_pause_s: float = 0.2          # between a prompt and its repeat (the prefix-hit probe)
     hit_new_tokens: tuple[int, ...] = (512,)  # new tokens after a cached prefix (the hit probe's second shape)
     shape_tokens: tuple[int, ...] = (128, 384)  # uncached prompt lengths of the new-shape probe's pairs (empty: skip)
+    # lone requests whose tokens before the first visible text are counted (the visibility probe)
+    visible_requests: int = 24
+    visible_prompt_tokens: int = 64
+    visible_tokens: int = 16
     workers: int = 1                  # decode workers behind the gateway (> 1: probe how they share the host)
     admission_probe: int = 0          # burst size; 0 = skip the probe
     extra_repeats: int = 4            # more repeats, at most, of a probe point whose repeats disagree
@@ -114,6 +125,7 @@ async def probe(target: Target, config: ProbeConfig) -> Samples:
         for _ in range(3):
             await prober.one(prober.prompt(32), 4)  # warm-up
         await prober.ttft()
+        await prober.visible()
         await prober.hits()
         await prober.shapes()
         await prober.itl()
@@ -154,8 +166,11 @@ class _Prober:
                 return n
         return BLOCK_TOKENS
 
-    async def one(self, tokens: list[int], max_tokens: int, times: list[float] | None = None) -> Outcome:
-        outcome = await stream_one(self.client, self.target, self.model, tokens, max_tokens, token_times=times)
+    async def one(self, tokens: list[int], max_tokens: int, times: list[float] | None = None,
+                  hidden: list[int] | None = None) -> Outcome:
+        """One request; with `hidden`, timed to its first token, visible or not (client.stream_one)."""
+        outcome = await stream_one(self.client, self.target, self.model, tokens, max_tokens, token_times=times,
+                                   hidden=hidden)
         if not outcome.ok:
             raise RuntimeError(f"calibration request failed with status {outcome.status}")
         return outcome
@@ -190,19 +205,25 @@ class _Prober:
 
     async def ttft(self) -> None:
         async def lone(n: int) -> tuple[float, float]:
-            o = await self.one(self.prompt(self.unseen(n)), 2)
+            o = await self.one(self.prompt(self.unseen(n)), 2, hidden=[])
             return n - o.cached_tokens, o.ttft_s
 
         records = await self.repeated({n: partial(lone, n) for n in self.config.lengths}, lambda r: r[1])
         self.samples.ttft += [point for points in records.values() for point in points]
 
+    async def visible(self) -> None:
+        """The visibility probe: lone requests, each the number of tokens before its first text."""
+        for _ in range(self.config.visible_requests):
+            await self.one(self.prompt(self.config.visible_prompt_tokens), self.config.visible_tokens,
+                           hidden=self.samples.visible)
+
     async def shapes(self) -> None:
         """The new-shape probe: (nominal tokens, TTFT at a count never sent, TTFT at that count again)."""
         async def pair(n: int) -> tuple[float, float, float]:
             count = self.unseen(n)
-            cold = await self.one(self.prompt(count), 2)
+            cold = await self.one(self.prompt(count), 2, hidden=[])
             await self.sleep(self.config.settle_s)  # NOTE: not right after the first: its turn's hand-back
-            warm = await self.one(self.prompt(count), 2)
+            warm = await self.one(self.prompt(count), 2, hidden=[])
             return float(n), cold.ttft_s, warm.ttft_s
 
         records = await self.repeated({("shape", n): partial(pair, n) for n in self.config.shape_tokens}, lambda r: r[1] - r[2])
@@ -226,10 +247,10 @@ class _Prober:
             await self.one(first, 2)
             # NOTE: a trace's hits find prefixes cached long before, not while the first turn is handed back
             await self.sleep(self.config.hit_pause_s)
-            again = await self.one(first + self.prompt(new), 2)
+            again = await self.one(first + self.prompt(new), 2, hidden=[])
             uncached = prefix + new - again.cached_tokens
             self.lengths_sent.add(uncached)  # the count the repeat's step prefilled (a whole prompt's: its last block)
-            lone = await self.one(self.prompt(self.unseen(max(1, uncached))), 2)  # the same noise, no hit
+            lone = await self.one(self.prompt(self.unseen(max(1, uncached))), 2, hidden=[])  # the same noise, no hit
             return again.cached_tokens, uncached, again.ttft_s, lone.ttft_s
 
         records = await self.repeated({shape: partial(hit, *shape) for shape in shapes}, lambda r: r[2])

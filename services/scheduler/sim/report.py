@@ -103,7 +103,8 @@ def figures(policy: str, num_workers: int, outcomes: list[Outcome], window: tupl
 
 def outcome(result: RequestResult) -> Outcome:
     r = result.request
-    return Outcome(r.arrival_s, r.prompt_tokens, r.output_tokens, result.first_token_s, result.finish_s,
+    # NOTE: what the client sees: its first visible text, hidden_s after the first token (MeshCost.hidden_tokens)
+    return Outcome(r.arrival_s, r.prompt_tokens, r.output_tokens, result.first_token_s + result.hidden_s, result.finish_s,
                    result.cached_tokens, result.status)
 
 

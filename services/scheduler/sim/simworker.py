@@ -33,11 +33,13 @@ class RequestResult:
     batch_mark: float = 0.0         # that step's end when its first token was last scheduled
     noise: float = 1.0              # its latency factor (MeshCost.noise)
     started_s: float = math.nan     # when its decode worker took it (its engine's add)
+    hidden_s: float = 0.0           # its first token → its first visible text at the client (MeshCost.hidden_tokens)
     queue_s: float = math.nan       # on its first token: started → its prefill step's start (local prefills)
     prefill_s: float = math.nan     # on its first token: its prefill step's start → end, as the engine measures it
 
     @property
     def ttft_s(self) -> float:
+        """To its first token, as the gateway's TTFT histogram has it (the client's: + hidden_s)."""
         return self.first_token_s - self.request.arrival_s
 
 
