@@ -119,6 +119,8 @@ def summarize(policy: str, cluster: Cluster, results: list[RequestResult], windo
     steps = cluster.step_figures().row(cluster.now - start)
     served = [r.ttft_s for r in results if r.status == 200]
     steps["gateway_ttft_ms"] = 1e3 * sum(served) / len(served) if served else math.nan  # as the gateway's histogram has it
+    seen = [r.ttft_s + r.hidden_s for r in results if r.status == 200]  # to the first visible text, as a client has it
+    steps["client_ttft_ms"] = 1e3 * sum(seen) / len(seen) if seen else math.nan
     for key, values in (("engine_queue_ms", [r.queue_s for r in results]), ("engine_prefill_ms", [r.prefill_s for r in results])):
         known = [v for v in values if not math.isnan(v)]  # local prefills that reached their first token
         steps[key] = 1e3 * sum(known) / len(known) if known else math.nan
