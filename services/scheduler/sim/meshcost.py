@@ -34,7 +34,7 @@
   it (what the sim reports) is that many of its worker's decode steps after its first token. The
   gateway sends no chunk for a token whose text is held back (a byte of an unfinished UTF-8
   character, a skipped special token): the tiny model's random bytes hid 0 tokens in about half of
-  its requests and 1-4+ in the rest, so under load, where a step takes longer, its client-side TTFT
+  its requests and 1-4 in the rest, so under load, where a step takes longer, its client-side TTFT
   grew by several decode steps that the engine and the gateway's histogram do not see (run AM:
   client mean 74-95 ms against the gateway's 49-58 at 50% load; 37-40 against 31-33 at 10%);
 - token_overhead_s is added to a decode step per running sequence (per-token RPC/SSE work);

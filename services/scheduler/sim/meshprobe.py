@@ -46,7 +46,7 @@ stream's ITL read 2.82 ms right after 16 streams of 1,024-token prompts, 1.12 ms
    before its first visible text (`hidden_tokens`). The gateway sends no chunk for a token whose
    text is held back (a byte of an unfinished UTF-8 character, a skipped special token), so a
    client's TTFT is its first *visible* token's; the built-in tiny model, a byte-level vocabulary
-   with random weights, showed text at the first token in 32 of 60 greedy requests and 1-4+ tokens
+   with random weights, showed text at the first token in 32 of 60 greedy requests and 1-4 tokens
    later in the rest. Probes 1-3 ask for logprobs so that they time the first token itself; the
    sim adds the hidden tokens' decode steps (cluster.py), which grow with the load.
 With `--engine-model`, the in-process engine (`calibrate.py`) is measured too, after the
