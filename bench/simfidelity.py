@@ -28,6 +28,7 @@ import asyncio
 import dataclasses
 import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -52,7 +53,7 @@ from kvmesh.scheduler.sim.meshprobe import ProbeConfig, probe
 from kvmesh.scheduler.sim.meshspread import bootstrap, spread_lines, term_ranges
 from kvmesh.scheduler.sim.replay import ReplayConfig, replay
 from kvmesh.scheduler.sim.report import RunSummary, capacity, figures, simulate
-from kvmesh.scheduler.sim.steps import StepFigures, difference, parse_metrics
+from kvmesh.scheduler.sim.steps import StepFigures, difference, parse_metrics, step_slowdown
 from kvmesh.scheduler.sim.trace import SyntheticConfig, synthetic, without_output_blocks
 
 MAX_NUM_SEQS = 64       # the decode worker's default: admission allows 64 per worker
@@ -309,6 +310,18 @@ def run_workers(bench: Bench, workers: int, lower: CostModel | None) -> None:
                     print(f"{'':>5}{'':>7} | {m.ttft_p50_s:>8.3f}{m.ttft_p90_s:>7.3f}{m.ttft_p99_s:>7.3f} | matched to the "
                           f"host's speed before these replays (time {factor:.2f}x the calibration's) | "
                           f"{pct(m.ttft_p50_s, p50):>6}{pct(m.ttft_p90_s, p90):>6} | {m.itl_p50_s * 1e3:>11.2f}", flush=True)
+                # NOTE: a diagnostic, not a check: the replays' own decode steps gauge the host's speed while they
+                # ran (the probe before them can miss a drift within them); the TTFTs are then compared at that speed
+                during = [f for f in (step_slowdown(r.steps, config.cost, config.mesh) for r in reals if r.steps)
+                          if not math.isnan(f)]
+                if during:
+                    slow = statistics.median(during)
+                    cost, mesh_cost = scaled(config.cost, config.mesh, slow)
+                    m = bench.sim("kv_aware", dataclasses.replace(config, cost=cost, mesh=mesh_cost), rate)
+                    print(f"{'':>5}{'':>7} | {m.ttft_p50_s:>8.3f}{m.ttft_p90_s:>7.3f}{m.ttft_p99_s:>7.3f} | matched to the "
+                          f"host's speed the replays' decode steps ran at (time {slow:.2f}x; "
+                          + "/".join(f"{f:.2f}" for f in during) + f") | {pct(m.ttft_p50_s, p50):>6}{pct(m.ttft_p90_s, p90):>6} | "
+                          f"{m.itl_p50_s * 1e3:>11.2f}", flush=True)
         finally:
             mesh.stop()
     if workers == 2 and args.policies:

@@ -4,12 +4,14 @@ steps, checked against runs whose steps are known."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from kvmesh.scheduler.policy import CostModel
 from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
 from kvmesh.scheduler.sim.meshcost import MeshCost
-from kvmesh.scheduler.sim.steps import difference, parse_metrics
+from kvmesh.scheduler.sim.steps import difference, parse_metrics, step_slowdown
 from kvmesh.scheduler.sim.trace import TraceRequest
 
 STEP, PER_SEQ, PER_TOKEN = 0.01, 0.002, 1e-5
@@ -98,3 +100,14 @@ def test_each_request_keeps_its_wait_for_the_engine_and_its_prefill_as_the_engin
     assert first.queue_s == 0.0 and prefill == pytest.approx(1000 * PER_TOKEN + STEP + PER_SEQ)
     assert second.queue_s == pytest.approx(prefill) and second.prefill_s > 0
     assert first.first_token_s == pytest.approx(prefill) and second.first_token_s == pytest.approx(prefill + second.prefill_s)
+
+
+def test_a_replays_own_decode_steps_give_the_hosts_slowdown_against_the_sims_costs():
+    trace = [TraceRequest(0.0, f"r{i}", "", 64, 101, tuple(range(100 * i, 100 * i + 4))) for i in range(4)]
+    row, _ = steps_of(trace)
+    mesh = MeshCost(decode_s_per_kv_token=1e-6)  # no context cost in the run: the gauge charges it, so it reads fast
+    assert step_slowdown(row, COST, MeshCost()) == pytest.approx(1.0, rel=0.01)
+    assert step_slowdown(row, COST, mesh) < 1.0
+    slow = dict(row, step_ms=1.5 * row["step_ms"])  # the same steps on a host 1.5x slower
+    assert step_slowdown(slow, COST, MeshCost()) == pytest.approx(1.5, rel=0.01)
+    assert math.isnan(step_slowdown({"rows": math.nan, "context": 1.0, "step_ms": 1.0}, COST, MeshCost()))

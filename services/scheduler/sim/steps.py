@@ -16,6 +16,10 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from ..policy import CostModel
+from .decodectx import hinge_s
+from .meshcost import MeshCost
+
 KINDS = ("decode", "prefill")
 _METRICS = {"steps": "kvmesh_decode_model_steps_total", "rows": "kvmesh_decode_step_decode_rows_total",
             "padded": "kvmesh_decode_step_padded_kv_tokens_total", "seconds": "kvmesh_decode_engine_busy_seconds_total"}
@@ -121,3 +125,17 @@ def without_stalls(figures: StepFigures, running_s: float, stalled_s: float) -> 
     d, o = figures.decode, out.decode
     o.steps, o.rows, o.padded, o.seconds = d.steps * keep, d.rows * keep, d.padded * keep, d.seconds * keep
     return out
+
+
+def step_slowdown(row: dict[str, float], cost: CostModel, mesh: MeshCost) -> float:
+    """How much slower than the sim's costs say the host ran, as a replay's own decode steps show it:
+    their mean time (`row`: StepFigures.row) over the sim's step time for that many rows at that padded
+    context (nan: no decode steps). A gauge of the host's speed *during* the replay, where the speed
+    probe (hostspeed.py) times it just before."""
+    rows, context, step_ms = (row.get(k, math.nan) for k in ("rows", "context", "step_ms"))
+    if any(math.isnan(x) for x in (rows, context, step_ms)):
+        return math.nan
+    padded = rows * context
+    model = (cost.step_s(rows) + mesh.token_overhead_s * rows + mesh.decode_s_per_context_token * padded
+             + hinge_s(padded, mesh.decode_s_per_padded_token, mesh.decode_padded_knee_tokens, mesh.decode_s_per_kv_token))
+    return 1e-3 * step_ms / model if model > 0 else math.nan
