@@ -128,10 +128,11 @@ def without_stalls(figures: StepFigures, running_s: float, stalled_s: float) -> 
 
 
 def step_slowdown(row: dict[str, float], cost: CostModel, mesh: MeshCost) -> float:
-    """How much slower than the sim's costs say the host ran, as a replay's own decode steps show it:
-    their mean time (`row`: StepFigures.row) over the sim's step time for that many rows at that padded
-    context (nan: no decode steps). A gauge of the host's speed *during* the replay, where the speed
-    probe (hostspeed.py) times it just before."""
+    """How much slower than the sim's costs a replay's own decode steps ran: their mean time (`row`:
+    StepFigures.row) over the sim's step time for that many rows at that padded context (nan: no
+    decode steps). Under a trace's mixed load (arrivals, prefills, hand-backs, other streams' SSE on
+    the same cores) this is the host's speed and the interference together: in run AP 1.25-1.57x
+    where the speed probe (hostspeed.py) just before said 0.90-1.04x."""
     rows, context, step_ms = (row.get(k, math.nan) for k in ("rows", "context", "step_ms"))
     if any(math.isnan(x) for x in (rows, context, step_ms)):
         return math.nan
