@@ -16,6 +16,8 @@ import math
 import sys
 from collections.abc import Callable, Iterable
 
+from kvmesh.scheduler.sim.report import quantile
+
 
 def waiting_at_arrival(arrivals: list[float], firsts: list[float]) -> list[int]:
     """For each request, how many others had arrived and not yet had their first token when it arrived."""
@@ -62,9 +64,9 @@ def read(path: str) -> tuple[tuple[float, float], list[dict]]:
     return tuple(head["window"]), body
 
 
-def pq(values: list[float], q: float) -> float:
-    ordered = sorted(v for v in values if v is not None)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else math.nan
+def pq(values: list[float | None], q: float) -> float:
+    """The sim's quantile (report.quantile) of the values known (a failed request's TTFT is None)."""
+    return quantile([v for v in values if v is not None], q)
 
 
 def table(data: list[dict], name: str, key: Callable[[dict], object]) -> Iterable[str]:

@@ -31,8 +31,8 @@ one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy w
   + step(k / b + 1) + prefill_s_new_shape), and the streams beside it stop for prefill_stall of that
   time less prefill_s_beside, which is latency only (their largest gap grows by that much over their
   ITL); the probe sends it beside several stream counts, 0 included (its lone work(n), measured
-  beside the others), at two lengths: the term proportional to the prefill's work and the additive one per stream are told apart by the length, the once-off
-  one by the stream counts (fit_beside);
+  beside the others), at two lengths: the term proportional to the prefill's work and the additive
+  one per stream are told apart by the length, the once-off one by the stream counts (fit_beside);
 - pauses: the ITL probe's runs (4 or more streams per worker) show gaps that most of a worker's
   streams share (meshstreams.steady_run); their count over the worker-seconds searched is the rate,
   their mean extra gap the length, and the ITL above is measured without them;

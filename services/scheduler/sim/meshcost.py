@@ -112,9 +112,12 @@ class MeshCost:
     def decode_context_s(self, contexts: list[float]) -> float:
         """What the context of the sequences decoding (their mean contexts) adds to one decode step:
         the linear term and the padded-context hinge."""
-        return (self.decode_s_per_context_token * sum(contexts)
-                + hinge_s(padded_tokens(contexts), self.decode_s_per_padded_token, self.decode_padded_knee_tokens,
-                          self.decode_s_per_kv_token))
+        return self.context_s(sum(contexts), padded_tokens(contexts))
+
+    def context_s(self, context_tokens: float, padded: float) -> float:
+        """A decode step's context cost for `context_tokens` tokens of context in all, `padded` KV tokens read."""
+        return (self.decode_s_per_context_token * context_tokens
+                + hinge_s(padded, self.decode_s_per_padded_token, self.decode_padded_knee_tokens, self.decode_s_per_kv_token))
 
     def handback_s(self, tokens: float) -> float:
         """The worker time handing back a finished turn of `tokens` tokens takes (handback.py)."""

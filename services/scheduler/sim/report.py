@@ -108,6 +108,10 @@ def outcome(result: RequestResult) -> Outcome:
                    result.cached_tokens, result.status)
 
 
+def _mean_ms(values: list[float]) -> float:
+    return 1e3 * sum(values) / len(values) if values else math.nan
+
+
 def summarize(policy: str, cluster: Cluster, results: list[RequestResult], window: tuple[float, float],
               slo_ttft_s: float = 0.5) -> RunSummary:
     """Figures over the requests that arrived in `window` (the steady part of the trace)."""
@@ -117,13 +121,12 @@ def summarize(policy: str, cluster: Cluster, results: list[RequestResult], windo
     summary = figures(policy, cluster.config.num_workers, [outcome(r) for r in results], window, slo_ttft_s, imbalance)
     start = min((r.request.arrival_s for r in results), default=0.0)
     steps = cluster.step_figures().row(cluster.now - start)
-    served = [r.ttft_s for r in results if r.status == 200]
-    steps["gateway_ttft_ms"] = 1e3 * sum(served) / len(served) if served else math.nan  # as the gateway's histogram has it
-    seen = [r.ttft_s + r.hidden_s for r in results if r.status == 200]  # to the first visible text, as a client has it
-    steps["client_ttft_ms"] = 1e3 * sum(seen) / len(seen) if seen else math.nan
-    for key, values in (("engine_queue_ms", [r.queue_s for r in results]), ("engine_prefill_ms", [r.prefill_s for r in results])):
-        known = [v for v in values if not math.isnan(v)]  # local prefills that reached their first token
-        steps[key] = 1e3 * sum(known) / len(known) if known else math.nan
+    served = [r for r in results if r.status == 200]
+    steps["gateway_ttft_ms"] = _mean_ms([r.ttft_s for r in served])  # as the gateway's histogram has it
+    steps["client_ttft_ms"] = _mean_ms([r.ttft_s + r.hidden_s for r in served])  # to the first visible text
+    # NOTE: the engine's times are known for local prefills that reached their first token only
+    steps["engine_queue_ms"] = _mean_ms([r.queue_s for r in results if not math.isnan(r.queue_s)])
+    steps["engine_prefill_ms"] = _mean_ms([r.prefill_s for r in results if not math.isnan(r.prefill_s)])
     return dataclasses.replace(summary, steps=steps)
 
 

@@ -5,7 +5,6 @@ lately (an LRU of counts), batch, prefill queue and the time it lost to stalls a
 from __future__ import annotations
 
 import math
-
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 

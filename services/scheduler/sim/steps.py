@@ -17,7 +17,6 @@ import re
 from dataclasses import dataclass, field
 
 from ..policy import CostModel
-from .decodectx import hinge_s
 from .meshcost import MeshCost
 
 KINDS = ("decode", "prefill")
@@ -137,6 +136,5 @@ def step_slowdown(row: dict[str, float], cost: CostModel, mesh: MeshCost) -> flo
     if any(math.isnan(x) for x in (rows, context, step_ms)):
         return math.nan
     padded = rows * context
-    model = (cost.step_s(rows) + mesh.token_overhead_s * rows + mesh.decode_s_per_context_token * padded
-             + hinge_s(padded, mesh.decode_s_per_padded_token, mesh.decode_padded_knee_tokens, mesh.decode_s_per_kv_token))
+    model = cost.step_s(rows) + mesh.token_overhead_s * rows + mesh.context_s(padded, padded)
     return 1e-3 * step_ms / model if model > 0 else math.nan
