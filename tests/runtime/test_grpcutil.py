@@ -1,6 +1,9 @@
+import asyncio
+
 import grpc
 import pytest
 
+from kvmesh.runtime import grpcutil
 from kvmesh.runtime.errors import InvalidArgument, ResourceExhausted
 from kvmesh.runtime.grpcutil import ChannelPool, check_health, start_server
 from kvmesh.runtime.pb import decode_pb2, decode_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
@@ -126,3 +129,23 @@ async def test_a_bidi_call_failing_while_the_client_still_sends_gets_its_status_
                 pass
         codes.append(info.value.code())
     assert set(codes) == {grpc.StatusCode.INVALID_ARGUMENT}
+
+
+async def test_an_unimplemented_stream_answers_while_the_client_still_holds_its_stream_open(server, monkeypatch):
+    """A peer that keeps its request stream open (the gateway's Routes stream) against a servicer
+    without the method gets its status at once, not after the failed-call drain (made 10 minutes
+    here, so a drained call would hit the test's 5 s deadline)."""
+    monkeypatch.setattr(grpcutil, "DRAIN_S", 600.0)
+    monkeypatch.setattr(grpcutil._drain, "__defaults__", (600.0,))
+    _, channel = server  # Failing implements Route only: the generated Routes raises NotImplementedError
+    held = asyncio.Event()
+
+    async def open_stream():
+        yield scheduler_pb2.StreamedRoute(request=scheduler_pb2.RouteRequest(request_id="r"))
+        await held.wait()  # never set: the stream stays open until the call ends
+
+    call = scheduler_pb2_grpc.SchedulerStub(channel).Routes(open_stream(), timeout=5)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for _ in call:
+            pass
+    assert info.value.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.INTERNAL)  # INTERNAL: grpc/grpc#36066
