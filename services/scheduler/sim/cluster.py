@@ -20,7 +20,7 @@ reaches the decode worker after kv_transfer_s_per_token × tokens.
 Mesh terms (MeshCost: per-request overhead and work, per-token overhead, the decode step's context
 cost, CPU sharing, a prefill step at a token count its worker has not run lately (shapes.py), the
 worker's pauses, a finished turn's KV hand-back, admission) are described in meshcost.py; all are
-off by default.
+off by default. What a step and a prefill cost a worker, as pure functions: workertime.py.
 With `routers` K > 1, K scheduler replicas (each its own Router: registry, index, sticky) take
 arrivals in turn; replica j sees each KV event after event_delay_s × (1 + j / (K - 1)) (its own
 lag, up to twice the first's), and its peers' routing decisions (load and predicted blocks) and
@@ -49,6 +49,7 @@ from .shapes import KERNEL_CACHE_COUNTS, ShapeCache
 from .simworker import PrefillBatch, RequestResult, SimWorker
 from .steps import StepFigures, tally_decode, tally_prefill, without_stalls
 from .trace import TraceRequest
+from .workertime import context_tokens, hidden_count, host_slowdown, noise_factor, prefill_s, step_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +161,7 @@ class Cluster:
         dt, d.tally_since = self.now - d.tally_since, self.now
         if d.running:
             d.running_s += dt
-            tally_decode(d.steps, dt, self._step_s(d) * self._host_slowdown(), d.running, padded_tokens(d.contexts))
+            tally_decode(d.steps, dt, self._step_s(d) * self._slowdown(), d.running, padded_tokens(d.contexts))
 
     def step_figures(self) -> StepFigures:
         """What the decode workers' engine steps ran over the whole run, summed (steps.py)."""
@@ -219,34 +220,14 @@ class Cluster:
         self.results.append(RequestResult(r, "", status=status, first_token_s=self.now, finish_s=self.now))
         self._pending -= 1
 
-    def _host_slowdown(self) -> float:
-        """How much slower a decode worker runs now: max(1, busy workers / host_parallelism) on a
-        shared host (MeshCost), else 1."""
-        parallel = self.config.mesh.host_parallelism
-        if not parallel:
-            return 1.0
-        busy = sum(1 for w in self.workers.values() if w.role is Role.DECODE and w.running)
-        return max(1.0, busy / parallel)
-
-    def _noise(self, request_id: str) -> float:
-        """This request's factor on its latency to first token: one of MeshCost.noise, by request id."""
-        factors = self.config.mesh.noise
-        return factors[zlib.crc32(request_id.encode()) % len(factors)] if factors else 1.0
-
-    def _hidden(self, request_id: str) -> int:
-        """How many tokens this request streams before its first visible text: one of MeshCost.hidden_tokens,
-        by request id (hashed apart from its noise factor's pick)."""
-        counts = self.config.mesh.hidden_tokens
-        return counts[zlib.crc32(b"hidden/" + request_id.encode()) % len(counts)] if counts else 0
-
     def _step_s(self, d: SimWorker) -> float:
-        """One engine step of d now: its running sequences and their context (MeshCost)."""
-        mesh = self.config.mesh
-        return self.config.cost.step_s(d.running) + mesh.token_overhead_s * d.running + mesh.decode_context_s(d.contexts)
+        return step_s(self.config.cost, self.config.mesh, d)
 
-    @staticmethod
-    def _context(r: TraceRequest) -> float:
-        return r.prompt_tokens + r.output_tokens / 2
+    def _prefill_s(self, d: SimWorker, tokens: int, cached: int, joining: bool = False) -> float:
+        return prefill_s(self.config.cost, self.config.mesh, self.config.max_num_batched_tokens, d, tokens, cached, joining)
+
+    def _slowdown(self) -> float:
+        return host_slowdown(self.config.mesh, self.workers.values())
 
     def _arrive(self, r: TraceRequest) -> None:
         hashes = r.block_hashes()[: r.prompt_tokens // self.config.cost.block_size]
@@ -264,20 +245,6 @@ class Cluster:
         else:
             d.slot_queue.append((result, decision))
 
-    def _prefill_s(self, tokens: int, cached: int, d: SimWorker, joining: bool = False) -> float:
-        """A prefill of `tokens` new prompt tokens after `cached` ones on d, beside its running sequences;
-        `joining` a step that prefills other prompts too: its own work only (the step's ride-along is paid)."""
-        cost, mesh = self.config.cost, self.config.mesh
-        # NOTE: a fully cached prompt still takes one step: the engine computes its last token for the logits.
-        chunks = max(1, -(-tokens // self.config.max_num_batched_tokens))
-        beside = max(0, d.running - 1)
-        cached_pair = mesh.attention_s_per_pair if mesh.attention_s_per_cached_pair is None else mesh.attention_s_per_cached_pair
-        attention = mesh.attention_s_per_pair * tokens * tokens / 2 + cached_pair * tokens * cached
-        own = (cost.prefill_s(tokens) + attention) * (1.0 + mesh.prefill_share * beside)
-        if joining:
-            return own
-        return own + mesh.prefill_s_per_stream * beside + chunks * self._step_s(d)
-
     def _local_prefill(self, d: SimWorker, result: RequestResult, tokens: int, cached: int) -> tuple[float, float, float]:
         """Puts a local prefill in d's next prefill step: the one not yet begun, if its token budget
         holds these tokens too, else a new one after d's busy time. Returns (step start, step end, the
@@ -287,7 +254,7 @@ class Cluster:
         batch = d.batch
         if batch is not None and batch.start_s > self.now and batch.tokens + tokens <= budget:
             shape = d.new_shape_s(batch, batch.tokens + tokens, mesh, budget)
-            added = (self._prefill_s(tokens, cached, d, joining=True) + extra + shape) * self._host_slowdown()
+            added = (self._prefill_s(d, tokens, cached, joining=True) + extra + shape) * self._slowdown()
             # NOTE: a hand-back or pause queued after the step moves with it
             d.busy_until = max(d.busy_until, batch.end_s) + added
             batch.end_s += added
@@ -301,7 +268,7 @@ class Cluster:
             batch = d.batch = PrefillBatch(start, start, tokens, rows=max(0, d.running - 1))
             latency = mesh.prefill_s_beside if batch.rows else 0.0
             shape = d.new_shape_s(batch, tokens, mesh, budget)
-            end = batch.end_s = start + (self._prefill_s(tokens, cached, d) + extra + shape) * self._host_slowdown()
+            end = batch.end_s = start + (self._prefill_s(d, tokens, cached) + extra + shape) * self._slowdown()
             d.busy_until = end
             tally_prefill(d.steps, end - start, batch.rows, padded_tokens(d.contexts) if batch.rows else 0.0, new_step=True)
             if self.config.mesh.prefill_stall:
@@ -315,7 +282,7 @@ class Cluster:
         bs = self.config.cost.block_size
         r, hashes = result.request, result.hashes
         d_cached = d.cached_prefix(hashes)
-        noise = result.noise = self._noise(r.request_id)
+        noise = result.noise = noise_factor(self.config.mesh, r.request_id)
         result.pause_mark = d.paused_s
         if decision.prefill is None:
             result.cached_tokens = d_cached * bs
@@ -328,15 +295,15 @@ class Cluster:
             tokens = r.prompt_tokens - cached * bs
             shape = p.new_shape_s(PrefillBatch(start, start, tokens), tokens, self.config.mesh,
                                   self.config.max_num_batched_tokens)
-            p_end = start + self._prefill_s(tokens, cached * bs, p) + shape
+            p_end = start + self._prefill_s(p, tokens, cached * bs) + shape
             p.busy_until = p_end
             self._publish(p, *p.insert(hashes))  # NOTE: published early; the scheduler sees it after the delay anyway
             end = p_end + (r.prompt_tokens - d_cached * bs) * self.config.kv_transfer_s_per_token
-            end += self._step_s(d) * self._host_slowdown()
+            end += self._step_s(d) * self._slowdown()
             latency = 0.0
         # NOTE: the noise stretches this request's latency only, not the worker's busy time: the
         # probes measured it on lone requests, and a stretched prefill queued behind would count it twice.
-        d.contexts.append(self._context(r))  # NOTE: after its prefill: that step's attention is the prefill's own
+        d.contexts.append(context_tokens(r))  # NOTE: after its prefill: that step's attention is the prefill's own
         self._at(start + (end - start + self.config.mesh.request_overhead_s + latency) * noise, "first_token", (d, result))
 
     def _next_pause(self, w: SimWorker, rng: random.Random) -> None:
@@ -367,9 +334,9 @@ class Cluster:
         if batch is not None:  # what the engine's queue and prefill histograms see (a local prefill)
             result.queue_s, result.prefill_s = batch.start_s - result.started_s, batch.end_s - batch.start_s
         self._publish(d, *d.insert(result.hashes))
-        step_s = self._step_s(d) * self._host_slowdown()
+        step_s = self._step_s(d) * self._slowdown()
         decode_s = (result.request.output_tokens - 1) * step_s
-        result.hidden_s = min(self._hidden(result.request.request_id), result.request.output_tokens - 1) * step_s
+        result.hidden_s = min(hidden_count(self.config.mesh, result.request.request_id), result.request.output_tokens - 1) * step_s
         result.stall_mark = d.stall_s
         self._at(self.now + decode_s, "finish", (d, result))
 
@@ -393,7 +360,7 @@ class Cluster:
             self._at(self.now, "stall", (d, handback))
         self._mark(d)
         d.running -= 1
-        d.contexts.remove(self._context(r))
+        d.contexts.remove(context_tokens(r))
         self.routers[result.router].complete(r.request_id)
         for peer in range(len(self.routers)):
             if peer != result.router:

@@ -1,0 +1,62 @@
+"""What a simulated worker's work costs, for cluster.py's event loop (the terms: meshcost.py): a
+decode step now, a prefill's worker time beside the worker's running streams, the shared host's
+slowdown, and each request's draw of the calibrated TTFT noise and hidden tokens (fixed by its id,
+so every run of a trace draws alike)."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable
+
+from ..policy import CostModel
+from ..registry import Role
+from .meshcost import MeshCost
+from .simworker import SimWorker
+from .trace import TraceRequest
+
+
+def step_s(cost: CostModel, mesh: MeshCost, d: SimWorker) -> float:
+    """One engine step of d now: its running sequences and their context."""
+    return cost.step_s(d.running) + mesh.token_overhead_s * d.running + mesh.decode_context_s(d.contexts)
+
+
+def prefill_s(cost: CostModel, mesh: MeshCost, budget: int, d: SimWorker, tokens: int, cached: int,
+              joining: bool = False) -> float:
+    """A prefill of `tokens` new prompt tokens after `cached` ones on d, beside its running sequences,
+    in steps of at most `budget` tokens; `joining` a step that prefills other prompts too: its own work
+    only (the step's ride-along is paid)."""
+    # NOTE: a fully cached prompt still takes one step: the engine computes its last token for the logits.
+    chunks = max(1, -(-tokens // budget))
+    beside = max(0, d.running - 1)
+    cached_pair = mesh.attention_s_per_pair if mesh.attention_s_per_cached_pair is None else mesh.attention_s_per_cached_pair
+    attention = mesh.attention_s_per_pair * tokens * tokens / 2 + cached_pair * tokens * cached
+    own = (cost.prefill_s(tokens) + attention) * (1.0 + mesh.prefill_share * beside)
+    if joining:
+        return own
+    return own + mesh.prefill_s_per_stream * beside + chunks * step_s(cost, mesh, d)
+
+
+def host_slowdown(mesh: MeshCost, workers: Iterable[SimWorker]) -> float:
+    """How much slower a decode worker runs now: max(1, busy decode workers / host_parallelism) on a
+    shared host, else 1."""
+    if not mesh.host_parallelism:
+        return 1.0
+    busy = sum(1 for w in workers if w.role is Role.DECODE and w.running)
+    return max(1.0, busy / mesh.host_parallelism)
+
+
+def noise_factor(mesh: MeshCost, request_id: str) -> float:
+    """This request's factor on its latency to first token: one of mesh.noise, by request id."""
+    return mesh.noise[zlib.crc32(request_id.encode()) % len(mesh.noise)] if mesh.noise else 1.0
+
+
+def hidden_count(mesh: MeshCost, request_id: str) -> int:
+    """How many tokens this request streams before its first visible text: one of mesh.hidden_tokens,
+    by request id (hashed apart from its noise factor's draw)."""
+    counts = mesh.hidden_tokens
+    return counts[zlib.crc32(b"hidden/" + request_id.encode()) % len(counts)] if counts else 0
+
+
+def context_tokens(r: TraceRequest) -> float:
+    """A running sequence's context for its decode steps: its prompt and half its output."""
+    return r.prompt_tokens + r.output_tokens / 2

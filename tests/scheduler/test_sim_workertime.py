@@ -1,0 +1,64 @@
+"""sim/workertime.py: what a step and a prefill cost a simulated worker, hand-computed."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvmesh.scheduler.policy import CostModel
+from kvmesh.scheduler.registry import Role
+from kvmesh.scheduler.sim.meshcost import MeshCost
+from kvmesh.scheduler.sim.simworker import SimWorker
+from kvmesh.scheduler.sim.trace import TraceRequest
+from kvmesh.scheduler.sim.workertime import context_tokens, hidden_count, host_slowdown, noise_factor, prefill_s, step_s
+
+COST = CostModel(prefill_s_per_token=1e-4, decode_s_per_step=2e-3, decode_s_per_seq=1e-4)
+
+
+def worker(running: int, role: Role = Role.DECODE, contexts: list[float] | None = None) -> SimWorker:
+    w = SimWorker("d000", role, kv_blocks=64, max_num_seqs=8, running=running)
+    w.contexts = list(contexts or [])
+    return w
+
+
+def test_a_step_is_the_engines_plus_the_mesh_per_running_sequence():
+    mesh = MeshCost(token_overhead_s=5e-5)
+    assert step_s(COST, mesh, worker(3)) == pytest.approx(2e-3 + 3 * 1e-4 + 3 * 5e-5)
+
+
+def test_a_prefill_pays_a_ride_along_step_per_chunk_and_a_joining_one_only_its_own_work():
+    mesh = MeshCost(prefill_share=0.5, prefill_s_per_stream=1e-3)
+    d = worker(3)  # the prefilling request and 2 streams beside it
+    own = 300 * 1e-4 * (1 + 0.5 * 2)
+    one_step = 2e-3 + 3 * 1e-4
+    assert prefill_s(COST, mesh, 128, d, 300, 0) == pytest.approx(own + 2 * 1e-3 + 3 * one_step)  # 3 chunks of 128
+    assert prefill_s(COST, mesh, 128, d, 300, 0, joining=True) == pytest.approx(own)
+    assert prefill_s(COST, MeshCost(), 128, worker(1), 0, 512) == pytest.approx(2e-3 + 1e-4)  # all cached: one step
+
+
+def test_the_quadratic_attention_counts_cached_pairs_at_their_own_price_when_set():
+    d = worker(1)
+    base = prefill_s(COST, MeshCost(), 2048, d, 100, 50)
+    assert prefill_s(COST, MeshCost(attention_s_per_pair=1e-7), 2048, d, 100, 50) - base == pytest.approx(
+        1e-7 * (100 * 100 / 2 + 100 * 50))
+    assert prefill_s(COST, MeshCost(attention_s_per_pair=1e-7, attention_s_per_cached_pair=0.0), 2048, d, 100, 50) - base \
+        == pytest.approx(1e-7 * 100 * 100 / 2)
+
+
+def test_a_shared_host_slows_its_busy_decode_workers_past_its_parallelism():
+    busy = [worker(2), worker(1), worker(4), worker(0), worker(3, Role.PREFILL)]
+    assert host_slowdown(MeshCost(host_parallelism=2.0), busy) == pytest.approx(1.5)  # 3 busy decode workers
+    assert host_slowdown(MeshCost(host_parallelism=4.0), busy) == 1.0
+    assert host_slowdown(MeshCost(), busy) == 1.0  # each worker on a host of its own
+
+
+def test_each_request_draws_its_noise_and_hidden_tokens_by_id_alike_every_run():
+    mesh = MeshCost(noise=(0.5, 1.0, 2.0), hidden_tokens=(0, 1, 2, 3))
+    ids = [f"r{i}" for i in range(40)]
+    assert [noise_factor(mesh, i) for i in ids] == [noise_factor(mesh, i) for i in ids]
+    assert {noise_factor(mesh, i) for i in ids} == {0.5, 1.0, 2.0}
+    assert {hidden_count(mesh, i) for i in ids} == {0, 1, 2, 3}
+    assert noise_factor(MeshCost(), "r0") == 1.0 and hidden_count(MeshCost(), "r0") == 0
+
+
+def test_a_sequence_decodes_over_its_prompt_and_half_its_output():
+    assert context_tokens(TraceRequest(0.0, "r", "s", 1000, 64, ())) == 1032
