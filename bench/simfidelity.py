@@ -369,13 +369,13 @@ def order_verdicts(sim_p90: dict[str, float], real_p90: dict[str, list[float]], 
              f"{'same' if sim_order == real_order else 'DIFFERENT'}"]
     called = held = 0
     for a, b in itertools.combinations(policies, 2):
-        runs = zip(real_p90[a], real_p90[b])
+        runs = list(zip(real_p90[a], real_p90[b]))
         real = "real " + ", ".join(f"{ra:.3f} vs {rb:.3f}" for ra, rb in runs)
         if abs(sim_p90[a] - sim_p90[b]) <= tie * min(sim_p90[a], sim_p90[b]):
             lines.append(f"  {a} vs {b}: within {tie:.0%} in the sim (a tie); {real}")
             continue
         called += 1
-        agree = [(sim_p90[a] < sim_p90[b]) == (ra < rb) for ra, rb in zip(real_p90[a], real_p90[b])]
+        agree = [(sim_p90[a] < sim_p90[b]) == (ra < rb) for ra, rb in runs]
         verdict = "holds" if all(agree) else "does NOT hold" if not any(agree) else "split: the real runs disagree"
         held += all(agree)
         lines.append(f"  {a} vs {b}: sim {sim_p90[a]:.3f} vs {sim_p90[b]:.3f}, {real}: {verdict}")
