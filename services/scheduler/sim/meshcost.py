@@ -75,7 +75,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .decodectx import hinge_s, padded_tokens
+from ..policy import CostModel
+from .decodectx import hinge_s
 from .handback import handback_s
 
 
@@ -109,10 +110,10 @@ class MeshCost:
     admission_timeout_s: float = 30.0
     admission_queue_factor: float = 1.0
 
-    def decode_context_s(self, contexts: list[float]) -> float:
-        """What the context of the sequences decoding (their mean contexts) adds to one decode step:
-        the linear term and the padded-context hinge."""
-        return self.context_s(sum(contexts), padded_tokens(contexts))
+    def step_s(self, cost: CostModel, rows: float, context_tokens: float, padded: float) -> float:
+        """One decode step of `rows` sequences with `context_tokens` tokens of context in all, `padded` KV
+        tokens read: the engine's step (`cost`), the per-token overhead and the context cost."""
+        return cost.step_s(rows) + self.token_overhead_s * rows + self.context_s(context_tokens, padded)
 
     def context_s(self, context_tokens: float, padded: float) -> float:
         """A decode step's context cost for `context_tokens` tokens of context in all, `padded` KV tokens read."""

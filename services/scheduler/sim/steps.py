@@ -136,5 +136,5 @@ def step_slowdown(row: dict[str, float], cost: CostModel, mesh: MeshCost) -> flo
     if any(math.isnan(x) for x in (rows, context, step_ms)):
         return math.nan
     padded = rows * context
-    model = cost.step_s(rows) + mesh.token_overhead_s * rows + mesh.context_s(padded, padded)
+    model = mesh.step_s(cost, rows, padded, padded)
     return 1e-3 * step_ms / model if model > 0 else math.nan

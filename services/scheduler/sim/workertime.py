@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 from ..policy import CostModel
 from ..registry import Role
+from .decodectx import padded_tokens
 from .meshcost import MeshCost
 from .simworker import SimWorker
 from .trace import TraceRequest
@@ -17,7 +18,7 @@ from .trace import TraceRequest
 
 def step_s(cost: CostModel, mesh: MeshCost, d: SimWorker) -> float:
     """One engine step of d now: its running sequences and their context."""
-    return cost.step_s(d.running) + mesh.token_overhead_s * d.running + mesh.decode_context_s(d.contexts)
+    return mesh.step_s(cost, d.running, sum(d.contexts), padded_tokens(d.contexts))
 
 
 def prefill_s(cost: CostModel, mesh: MeshCost, budget: int, d: SimWorker, tokens: int, cached: int,
