@@ -12,7 +12,9 @@ printed with every real run.)
 For each `kvmesh up --decode N --prefill 0` (a real mesh: nats-server and one process per service):
 1. calibrate it end to end through the gateway (`kvmesh sim calibrate`'s probes);
 2. find the simulator's capacity (highest rate whose TTFT p99 <= the SLO, no errors) with that
-   calibration, and the real mesh's, replaying the same synthetic trace at each rate;
+   calibration, and the real mesh's, replaying the same synthetic trace at each rate (`--runs`
+   times: a rate holds only when every replay of it does; near its capacity one replay of a mesh
+   may hold where the next collapses);
 3. at 50% and 80% of the real capacity, simulate and replay (the real side `--runs` times) and
    print TTFT p50/p90 sim vs real;
 and, with 2 workers, the policy ordering at 80% load in the sim and in the real mesh (a fresh
@@ -34,6 +36,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 
 from simrequests import rows as request_rows, write as write_requests
 from soakstats import metric_in
@@ -273,7 +276,8 @@ def run_workers(bench: Bench, workers: int, lower: CostModel | None) -> None:
                 search.append(bench.real(mesh.gateway_url, "kv_aware", workers, rate))
                 return search[-1]
 
-            real_cap = args.real_capacity or bench.capacity_of(searched, max(sim_cap, 0.25), args.real_search_steps)
+            held = every_run(searched, args.slo_ttft_s, args.runs)
+            real_cap = args.real_capacity or bench.capacity_of(held, max(sim_cap, 0.25), args.real_search_steps)
             print(f"capacity (req/s): sim {sim_cap:.2f}, real {real_cap:.2f}: sim/real {sim_cap / real_cap:.2f} "
                   f"({pct(sim_cap, real_cap)}); in-process calibration (lower bound): {low_cap:.2f}" if real_cap
                   else f"capacity (req/s): sim {sim_cap:.2f}, real: below the search's floor")
@@ -357,6 +361,26 @@ def policy_order(bench: Bench, workers: int, config: SimConfig, rate: float) -> 
         print(f"# {line}")
 
 
+def every_run(run_at: Callable[[float], RunSummary], slo_s: float, runs: int) -> Callable[[float], RunSummary]:
+    """`run_at` for a capacity search that replays each rate up to `runs` times: the first replay
+    that misses the SLO answers for the rate (it does not hold), else the one with the highest p99.
+
+    NOTE: near its capacity a real mesh is bistable on this host (run AT: one replay held 15.75 req/s,
+    then both replays at 12.6 collapsed, ITL 60-80 ms), so one replay per rate overstates it."""
+
+    def run(rate: float) -> RunSummary:
+        worst = None
+        for _ in range(max(1, runs)):
+            summary = run_at(rate)
+            if not summary.meets(slo_s):
+                return summary
+            if worst is None or summary.ttft_p99_s > worst.ttft_p99_s:
+                worst = summary
+        return worst
+
+    return run
+
+
 def order_verdicts(sim_p90: dict[str, float], real_p90: dict[str, list[float]], tie: float = 0.1) -> list[str]:
     """The policy-order check: the sim's order and the real one (by each policy's mean p90), then each
     pair. A pair the sim calls (p90s more than `tie` apart) holds when every real run orders it as the
@@ -426,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="tiny")
     p.add_argument("--decode", default="1,2", help="decode worker counts, one mesh each")
-    p.add_argument("--runs", type=int, default=2, help="real replays per load (the machine's own noise)")
+    p.add_argument("--runs", type=int, default=2, help="real replays per load and per rate of the real capacity search (the machine's own noise)")
     p.add_argument("--slo-ttft-s", type=float, default=0.5)
     p.add_argument("--duration-s", type=float, default=16.0, help="sessions start during this long")
     p.add_argument("--warmup-s", type=float, default=4.0, help="figures start after this")
