@@ -8,10 +8,11 @@ from kvmesh.decode.config import DecodeSettings
 from kvmesh.runtime.pb import common_pb2, decode_pb2
 from kvmesh.worker.settings import engine_config
 
-# NOTE: these tests run the engine on a thread (the default) unless KVMESH_DECODE_ENGINE_PROCESS says
-# otherwise: an engine process takes ~5 s to start on 2 cores (20x this folder's time). The process
-# path has its own tests (test_engine_process.py), the decode conformance suite runs against both,
-# and this whole folder passes with KVMESH_DECODE_ENGINE_PROCESS=true.
+# NOTE: these tests run the engine on a thread unless KVMESH_DECODE_ENGINE_PROCESS says otherwise,
+# although a worker's default is its own process: an engine process takes ~5 s to start on 2 cores
+# (20x this folder's time). The process path has its own tests (test_engine_process.py), the decode
+# conformance suite runs against both, every mesh of tests/e2e runs it (the default), and this whole
+# folder passes with KVMESH_DECODE_ENGINE_PROCESS=true.
 ENGINE_PROCESS = os.environ.get("KVMESH_DECODE_ENGINE_PROCESS", "false")
 BLOCK_SIZE = 4
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33]  # 13 tokens: 3 blocks of KV

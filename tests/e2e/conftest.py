@@ -63,7 +63,15 @@ class MeshHandle:
         return self.mesh.pid_of(name)
 
     def all_pids(self) -> list[int]:
-        return [r.proc.pid for r in self.mesh.procs]
+        """Every mesh process and its children (a decode worker's engine process)."""
+        pids = []
+        for r in self.mesh.procs:
+            pids.append(r.proc.pid)
+            try:
+                pids += [c.pid for c in psutil.Process(r.proc.pid).children(recursive=True)]
+            except psutil.Error:
+                pass
+        return pids
 
     def stop(self) -> None:
         self.mesh.stop()
