@@ -10,7 +10,7 @@ import pytest
 from kvmesh.scheduler.policy import CostModel
 from kvmesh.scheduler.sim import sim_main
 from kvmesh.scheduler.sim.cluster import SimConfig
-from kvmesh.scheduler.sim.hostspeed import MESH_TIME_TERMS, Speed, pooled, scaled, speed_ratio
+from kvmesh.scheduler.sim.hostspeed import MESH_TIME_TERMS, Speed, drift, pooled, scaled, speed_ratio, steadiest
 from kvmesh.scheduler.sim.meshcost import MeshCost
 from kvmesh.scheduler.sim.trace import SyntheticConfig, scale_rate, synthetic
 
@@ -75,3 +75,17 @@ def test_kvmesh_sim_takes_a_time_scale_and_refuses_a_bad_one(capsys):
     assert ttft_p50(["--time-scale", "3"]) > 2.5 * ttft_p50([])
     with pytest.raises(SystemExit, match="time-scale"):
         sim_main([*base, "--time-scale", "0"])
+
+
+def test_drift_is_how_far_the_speed_moved_either_way():
+    start = Speed(ttft_s=0.0911, itl_s=0.00294)
+    end = Speed(ttft_s=0.0498, itl_s=0.00250)  # run AU's calibration: the host got faster under it
+    assert drift(start, end) == pytest.approx(1 / 0.6819, rel=1e-3)
+    assert drift(end, start) == pytest.approx(drift(start, end))
+    assert drift(start, start) == 1.0
+
+
+def test_the_first_calibration_within_the_tolerance_is_kept_else_the_steadiest():
+    assert steadiest([1.47, 1.08, 1.02], 0.15) == 1
+    assert steadiest([1.47, 1.30, 1.21], 0.15) == 2
+    assert steadiest([1.10], 0.15) == 0

@@ -67,6 +67,26 @@ def speed_ratio(now: Speed, reference: Speed) -> float:
     return math.sqrt(now.ttft_s / reference.ttft_s * now.itl_s / reference.itl_s)
 
 
+DRIFT_TOLERANCE = 0.15  # a calibration whose host drifted more than this (15%) is calibrated again
+
+
+def drift(start: Speed, end: Speed) -> float:
+    """How far the host's speed moved between a calibration's start and end, either way (>= 1):
+    its probes then measured a host that changed under them (run AU: 0.68x, a 1-stream ITL of
+    6.1 ms beside 3.3 at 4 streams), and its fit mixes the two speeds."""
+    ratio = speed_ratio(end, start)
+    return max(ratio, 1.0 / ratio)
+
+
+def steadiest(drifts: list[float], tolerance: float) -> int:
+    """Which of several calibrations to keep: the first whose host drifted at most `tolerance`
+    (0.15: 15%), else the one that drifted least."""
+    for i, d in enumerate(drifts):
+        if d <= 1.0 + tolerance:
+            return i
+    return min(range(len(drifts)), key=drifts.__getitem__)
+
+
 def scaled(cost: CostModel, mesh: MeshCost, factor: float) -> tuple[CostModel, MeshCost]:
     """The sim's costs on a host `factor` times slower (every time term × factor)."""
     if factor <= 0:

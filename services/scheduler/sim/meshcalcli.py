@@ -12,7 +12,7 @@ from collections import Counter
 
 from .calibrate import lower_bound
 from .client import Target, unreachable
-from .hostspeed import measure, pooled, speed_ratio
+from .hostspeed import DRIFT_TOLERANCE, drift, measure, pooled, speed_ratio
 from .meshcal import MeshCalibration, Samples, beside_medians, fit
 from .meshprobe import ProbeConfig, probe
 from .meshspread import bootstrap, spread_lines, term_ranges
@@ -161,6 +161,9 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     print(f"# host speed at the probes' start: {speeds[0].describe()}; at their end: {speeds[1].describe()} "
           f"({speed_ratio(speeds[1], speeds[0]):.2f}x); to match a later replay's sim to the host's speed then: "
           f"kvmesh sim replay ... --speed-reference {reference.ttft_s:.4g},{reference.itl_s:.4g}")
+    if drift(speeds[0], speeds[1]) > 1.0 + DRIFT_TOLERANCE:
+        print(f"# WARNING: the host's speed moved {drift(speeds[0], speeds[1]):.2f}x while the probes ran: they mix two "
+              "speeds and the fit is unreliable; calibrate again on a steadier host")
     print("kvmesh sim " + " ".join(cal.sim_flags()))
     return 0
 
