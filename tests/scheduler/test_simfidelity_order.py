@@ -3,22 +3,11 @@ orders it alike; real runs that disagree with each other are a split, not a pass
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from .benchmodule import bench_module
 
 
 def order_verdicts():
-    sys.path.insert(0, str(BENCH))  # NOTE: simfidelity imports its sibling bench scripts
-    try:
-        spec = importlib.util.spec_from_file_location("simfidelity", BENCH / "simfidelity.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module.order_verdicts
-    finally:
-        sys.path.remove(str(BENCH))
+    return bench_module("simfidelity").order_verdicts
 
 
 SIM = {"round_robin": 0.117, "prefix_affinity": 0.387, "kv_aware": 0.100}

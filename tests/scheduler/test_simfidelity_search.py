@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 from kvmesh.scheduler.sim.report import RunSummary, capacity
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from .benchmodule import bench_module
 
 
 def every_run():
-    sys.path.insert(0, str(BENCH))  # NOTE: simfidelity imports its sibling bench scripts
-    try:
-        spec = importlib.util.spec_from_file_location("simfidelity", BENCH / "simfidelity.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module.every_run
-    finally:
-        sys.path.remove(str(BENCH))
+    return bench_module("simfidelity").every_run
 
 
 def summary(rate: float, p99: float, errors: tuple = ()) -> RunSummary:

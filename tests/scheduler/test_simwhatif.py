@@ -3,29 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from kvmesh.scheduler.sim.meshcal import fit
 
+from .benchmodule import bench_module
 from .test_sim_calibrate import SHARED, formula_samples
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
 def simwhatif():
-    sys.path.insert(0, str(BENCH))  # NOTE: it imports simfidelity, as the bench scripts import each other
-    try:
-        spec = importlib.util.spec_from_file_location("simwhatif", BENCH / "simwhatif.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCH))
+    return bench_module("simwhatif")
 
 
 def test_a_saved_probe_set_loads_back_and_fits_as_it_did(tmp_path) -> None:
