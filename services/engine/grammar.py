@@ -22,7 +22,14 @@ from collections.abc import Sequence as Seq
 from typing import Any
 
 import torch
-import xgrammar as xgr
+
+
+def _xgr() -> Any:
+    """xgrammar, imported on first use: importing it takes ~1.5 s on 2 cores (it imports
+    transformers), at every engine's start, and only a structured output needs it."""
+    import xgrammar  # noqa: PLC0415
+
+    return xgrammar
 
 
 class GrammarError(ValueError):
@@ -38,8 +45,8 @@ class GrammarCompiler:
         for token, i in vocab.items():
             if 0 <= i < vocab_size:
                 encoded[i] = token
-        meta = xgr.TokenizerInfo._detect_metadata_from_hf(tokenizer_json)
-        self.info = xgr.TokenizerInfo(
+        meta = _xgr().TokenizerInfo._detect_metadata_from_hf(tokenizer_json)
+        self.info = _xgr().TokenizerInfo(
             encoded,
             meta["vocab_type"],
             vocab_size=vocab_size,
@@ -47,7 +54,7 @@ class GrammarCompiler:
             add_prefix_space=meta["add_prefix_space"],
         )
         self.vocab_size = vocab_size
-        self._compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
+        self._compiler = _xgr().GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -80,7 +87,7 @@ class GrammarCompiler:
 
     def matcher(self, kind: str, spec: str) -> Any:
         """A fresh matcher (one request's grammar state)."""
-        return xgr.GrammarMatcher(self.compile(kind, spec))
+        return _xgr().GrammarMatcher(self.compile(kind, spec))
 
 
 # NOTE: xgrammar 0.2.8 writes strings with maxLength/pattern as `[^"\\\r\n]{0,n}`, which lets raw
@@ -93,10 +100,10 @@ _JSON_STRING_CHAR = '[^\\0-\\x1f\\"\\\\\\uD800-\\uDFFF]'
 
 def json_schema_grammar(schema: str) -> Any:
     """xgrammar's grammar for a JSON schema: compact separators, no free whitespace, strict."""
-    text = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True))
+    text = str(_xgr().Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True))
     for loose in _LOOSE_STRING_CHARS:
         text = text.replace(loose, _JSON_STRING_CHAR)
-    return xgr.Grammar.from_ebnf(text)
+    return _xgr().Grammar.from_ebnf(text)
 
 
 def apply_grammar_masks(logits: torch.Tensor, matchers: Seq[Any | None]) -> None:
@@ -105,13 +112,13 @@ def apply_grammar_masks(logits: torch.Tensor, matchers: Seq[Any | None]) -> None
     if not rows:
         return
     vocab = logits.shape[1]
-    bitmask = xgr.allocate_token_bitmask(len(matchers), vocab)  # [S, ceil(V/32)] int32, CPU, all allowed
+    bitmask = _xgr().allocate_token_bitmask(len(matchers), vocab)  # [S, ceil(V/32)] int32, CPU, all allowed
     for i in rows:
         matchers[i].fill_next_token_bitmask(bitmask, i)
     if logits.device.type == "cuda":
         bitmask = bitmask.pin_memory().to(logits.device, non_blocking=True)
     # NOTE: unconstrained rows keep an all-ones mask, so no row index list has to reach the device.
-    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab)
+    _xgr().apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab)
 
 
 def advance(matcher: Any | None, token: int) -> bool:

@@ -161,6 +161,11 @@ class EngineProcess:
         """Run the named command that adds `request_id` to the engine; its outputs (or the
         engine's failure) then go to `deliver` on the event loop. Returns the command's result."""
         self._subs[request_id] = deliver  # NOTE: no output of it can come before the command's reply
+        if not self.has_work:
+            # NOTE: idle time is not a stall. An idle child sends no step frames, so progress_at is
+            # the last frame's; without this, the watchdog's first look after a long idle, before the
+            # new request's first frame, found "work pending, no progress for 70 s" and deregistered.
+            self.progress_at = time.monotonic()
         self.has_work = True  # NOTE: a step that hangs from here on is a stall, even if the engine was idle
         try:
             return await self.call(command, *args)

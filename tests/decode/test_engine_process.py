@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 
 import grpc
 import pytest
@@ -147,3 +148,17 @@ async def test_a_killed_engine_fails_its_requests_and_takes_the_worker_out_of_se
     finally:
         await asyncio.wait_for(app.stop(), 15)
 
+
+
+async def test_a_request_after_a_long_idle_is_not_a_stall(engine) -> None:
+    # NOTE: an idle child sends no step frames, so progress_at stays at the last one's. A request
+    # arriving after more than the stall budget of idleness had work pending and "no progress" until
+    # its first step frame: a watchdog look in that gap deregistered a healthy worker (a fresh-clone
+    # e2e run: "engine made no progress for 71.1 s with work pending").
+    await run(engine, "before-idle", PROMPT)
+    engine.progress_at -= 100.0  # what 100 s of idleness leaves
+    started = asyncio.create_task(run(engine, "after-idle", PROMPT))
+    await asyncio.sleep(0)  # the request's add is sent; its reply and first step frame are not in yet
+    assert engine.has_work
+    assert not stalled(engine, 30.0, time.monotonic())
+    await started
