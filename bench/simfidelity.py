@@ -49,11 +49,11 @@ from kvmesh.scheduler.policy import CostModel, PolicyConfig
 from kvmesh.scheduler.sim.calibrate import lower_bound
 from kvmesh.scheduler.sim.client import Target
 from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
-from kvmesh.scheduler.sim.hostspeed import DRIFT_TOLERANCE, Speed, drift, measure, pooled, scaled, speed_ratio, steadiest
+from kvmesh.scheduler.sim.hostspeed import DRIFT_TOLERANCE, Speed, drift, measure, pooled, scaled, speed_ratio, steadiest, timed_probe
 from kvmesh.scheduler.sim.meshcost import MeshCost
 from kvmesh.scheduler.sim.meshcal import MeshCalibration, Samples, fit
 from kvmesh.scheduler.sim.meshcalcli import probe_lines
-from kvmesh.scheduler.sim.meshprobe import ProbeConfig, probe
+from kvmesh.scheduler.sim.meshprobe import ProbeConfig
 from kvmesh.scheduler.sim.meshspread import bootstrap, spread_lines, term_ranges
 from kvmesh.scheduler.sim.replay import ReplayConfig, replay
 from kvmesh.scheduler.sim.report import RunSummary, capacity, figures, simulate
@@ -249,9 +249,7 @@ def steady_calibration(url: str, args: argparse.Namespace, workers: int) -> tupl
     attempts: list[tuple[list[Speed], Samples]] = []
     drifts: list[float] = []
     for attempt in range(max(1, args.calibrations)):
-        speeds = [asyncio.run(measure(Target(url)))]
-        samples = asyncio.run(probe(Target(url), ProbeConfig(repeats=args.repeats, workers=workers)))
-        speeds.append(asyncio.run(measure(Target(url))))
+        speeds, samples = timed_probe(Target(url), ProbeConfig(repeats=args.repeats, workers=workers))
         attempts.append((speeds, samples))
         drifts.append(drift(speeds[0], speeds[1]))
         if drifts[-1] <= 1.0 + args.drift_tolerance:

@@ -45,8 +45,9 @@ class GrammarCompiler:
         for token, i in vocab.items():
             if 0 <= i < vocab_size:
                 encoded[i] = token
-        meta = _xgr().TokenizerInfo._detect_metadata_from_hf(tokenizer_json)
-        self.info = _xgr().TokenizerInfo(
+        xgr = _xgr()
+        meta = xgr.TokenizerInfo._detect_metadata_from_hf(tokenizer_json)
+        self.info = xgr.TokenizerInfo(
             encoded,
             meta["vocab_type"],
             vocab_size=vocab_size,
@@ -54,7 +55,7 @@ class GrammarCompiler:
             add_prefix_space=meta["add_prefix_space"],
         )
         self.vocab_size = vocab_size
-        self._compiler = _xgr().GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
+        self._compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -112,13 +113,14 @@ def apply_grammar_masks(logits: torch.Tensor, matchers: Seq[Any | None]) -> None
     if not rows:
         return
     vocab = logits.shape[1]
-    bitmask = _xgr().allocate_token_bitmask(len(matchers), vocab)  # [S, ceil(V/32)] int32, CPU, all allowed
+    xgr = _xgr()
+    bitmask = xgr.allocate_token_bitmask(len(matchers), vocab)  # [S, ceil(V/32)] int32, CPU, all allowed
     for i in rows:
         matchers[i].fill_next_token_bitmask(bitmask, i)
     if logits.device.type == "cuda":
         bitmask = bitmask.pin_memory().to(logits.device, non_blocking=True)
     # NOTE: unconstrained rows keep an all-ones mask, so no row index list has to reach the device.
-    _xgr().apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab)
+    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab)
 
 
 def advance(matcher: Any | None, token: int) -> bool:

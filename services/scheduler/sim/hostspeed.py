@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 from ..policy import CostModel
 from .client import Target, new_client, served_model, stream_one
 from .meshcost import MeshCost
-from .meshprobe import FreshPrompts
+from .meshcal import Samples
+from .meshprobe import FreshPrompts, ProbeConfig, probe
 
 MESH_TIME_TERMS = (
     "attention_s_per_pair", "attention_s_per_cached_pair", "request_overhead_s", "request_busy_s", "token_overhead_s",
@@ -114,3 +115,12 @@ async def measure(target: Target, config: SpeedConfig = SpeedConfig()) -> Speed:
                     raise RuntimeError(f"speed probe request failed with status {outcome.status}")
                 into.append(getattr(outcome, timing))
     return Speed(statistics.median(ttfts), statistics.median(itls))
+
+
+def timed_probe(target: Target, config: ProbeConfig) -> tuple[list[Speed], Samples]:
+    """A calibration's probes with the reference probe before and after them: ([start, end], the
+    probe timings). `kvmesh sim calibrate` and bench/simfidelity.py both calibrate this way."""
+    speeds = [asyncio.run(measure(target))]
+    samples = asyncio.run(probe(target, config))
+    speeds.append(asyncio.run(measure(target)))
+    return speeds, samples

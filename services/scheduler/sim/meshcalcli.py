@@ -5,16 +5,15 @@ their bootstrap ranges (meshspread.py), and the `kvmesh sim` flags that reproduc
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import time
 from collections import Counter
 
 from .calibrate import lower_bound
 from .client import Target, unreachable
-from .hostspeed import DRIFT_TOLERANCE, drift, measure, pooled, speed_ratio
+from .hostspeed import DRIFT_TOLERANCE, drift, pooled, speed_ratio, timed_probe
 from .meshcal import MeshCalibration, Samples, beside_medians, fit
-from .meshprobe import ProbeConfig, probe
+from .meshprobe import ProbeConfig
 from .meshspread import bootstrap, spread_lines, term_ranges
 from .meshstats import medians
 
@@ -138,9 +137,7 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     target = Target(args.url.rstrip("/"), args.model, args.api_key)
     t0 = time.perf_counter()
     try:
-        speeds = [asyncio.run(measure(target))]
-        samples = asyncio.run(probe(target, config))
-        speeds.append(asyncio.run(measure(target)))
+        speeds, samples = timed_probe(target, config)
     except Exception as exc:  # noqa: BLE001 - only the gateway's failures are turned into a message
         if not (unreachable(exc) or isinstance(exc, RuntimeError)):
             raise
@@ -161,8 +158,9 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     print(f"# host speed at the probes' start: {speeds[0].describe()}; at their end: {speeds[1].describe()} "
           f"({speed_ratio(speeds[1], speeds[0]):.2f}x); to match a later replay's sim to the host's speed then: "
           f"kvmesh sim replay ... --speed-reference {reference.ttft_s:.4g},{reference.itl_s:.4g}")
-    if drift(speeds[0], speeds[1]) > 1.0 + DRIFT_TOLERANCE:
-        print(f"# WARNING: the host's speed moved {drift(speeds[0], speeds[1]):.2f}x while the probes ran: they mix two "
+    moved = drift(speeds[0], speeds[1])
+    if moved > 1.0 + DRIFT_TOLERANCE:
+        print(f"# WARNING: the host's speed moved {moved:.2f}x while the probes ran: they mix two "
               "speeds and the fit is unreliable; calibrate again on a steadier host")
     print("kvmesh sim " + " ".join(cal.sim_flags()))
     return 0
