@@ -214,6 +214,7 @@ def sim_costs(cal: MeshCalibration, workers: int) -> tuple[CostModel, MeshCost]:
                     prefill_s_per_stream=cal.prefill_s_per_stream, prefill_s_beside=cal.prefill_s_beside,
                     prefill_s_new_shape=cal.prefill_s_new_shape, hidden_tokens=cal.hidden_tokens,
                     attention_s_per_pair=cal.attention_s_per_pair, host_parallelism=cal.host_parallelism,
+                    host_cpu_s_per_request=cal.host_cpu_s_per_request,
                     attention_s_per_cached_pair=cal.attention_s_per_cached_pair,
                     decode_s_per_kv_token=cal.decode_s_per_kv_token,
                     decode_s_per_padded_token=cal.decode_s_per_padded_token,

@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("samples", help="a PREFIX.<N>w.json file from simfidelity --save-samples")
     p.add_argument("--rates", default="", help="comma-separated rates (req/s) to simulate")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
+    p.add_argument("--policies", default="kv_aware",
+                   help="comma-separated policies to simulate at each rate (the capacity is kv_aware's); with several, "
+                   "sessions are not sticky, as in simfidelity's policy ordering")
     p.add_argument("--noise", choices=["beside", "lone"], default="beside")
     p.add_argument("--engine-decode-s-per-seq", type=float, default=None,
                    help="the in-process lower bound's per-sequence decode cost (simfidelity prints it); splits the ITL slope")
@@ -63,11 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     cap = bench.capacity_of(lambda r: bench.sim("kv_aware", config, r), 2.0 * workers, 4)
     print(f"{args.samples}: {workers} worker(s), {' '.join(args.set) or 'as fitted'}, {args.noise} noise: "
           f"sim capacity {cap:.2f} req/s")
+    policies = [p for p in args.policies.split(",") if p]
+    if len(policies) > 1:
+        config = dataclasses.replace(config, sticky_ttl_s=0.0)
     for rate in (float(x) for x in args.rates.split(",") if x):
-        s = bench.sim("kv_aware", config, rate)
-        print(f"  {rate:7.2f} req/s: TTFT p50 {s.ttft_p50_s:.3f} p90 {s.ttft_p90_s:.3f} p99 {s.ttft_p99_s:.3f}, "
-              f"ITL p50 {s.itl_p50_s * 1e3:.2f} ms")
-        print(f"           {simfidelity.step_line(s, [])}")
+        for policy in policies:
+            s = bench.sim(policy, config, rate)
+            print(f"  {rate:7.2f} req/s{'' if len(policies) == 1 else ' ' + policy}: TTFT p50 {s.ttft_p50_s:.3f} "
+                  f"p90 {s.ttft_p90_s:.3f} p99 {s.ttft_p99_s:.3f}, ITL p50 {s.itl_p50_s * 1e3:.2f} ms, hit {s.hit_rate:.2f}")
+            print(f"           {simfidelity.step_line(s, [])}")
     return 0
 
 

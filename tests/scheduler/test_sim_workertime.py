@@ -51,6 +51,15 @@ def test_a_shared_host_slows_its_busy_decode_workers_past_its_parallelism():
     assert host_slowdown(MeshCost(), busy) == 1.0  # each worker on a host of its own
 
 
+def test_the_mesh_own_work_at_the_recent_request_rate_takes_from_the_shared_hosts_cores():
+    busy = [worker(2), worker(1), worker(0)]
+    shared = MeshCost(host_parallelism=1.9, host_cpu_s_per_request=0.05)
+    assert host_slowdown(shared, busy, request_rate=10.0) == pytest.approx((2 + 0.5) / 1.9)
+    assert host_slowdown(shared, busy, request_rate=0.0) == pytest.approx(2 / 1.9)
+    assert host_slowdown(shared, [worker(1), worker(0)], request_rate=10.0) == 1.0  # 1.5 cores of 1.9: room
+    assert host_slowdown(MeshCost(host_cpu_s_per_request=0.05), busy, request_rate=10.0) == 1.0  # a host each
+
+
 def test_each_request_draws_its_noise_and_hidden_tokens_by_id_alike_every_run():
     mesh = MeshCost(noise=(0.5, 1.0, 2.0), hidden_tokens=(0, 1, 2, 3))
     ids = [f"r{i}" for i in range(40)]

@@ -33,3 +33,12 @@ def test_set_changes_the_named_terms_and_refuses_an_unknown_one() -> None:
     assert dataclasses.replace(got, host_parallelism=cal.host_parallelism, pause_s=cal.pause_s) == cal
     with pytest.raises(SystemExit):
         module.changed(cal, samples, ["no_such_term=1"], "beside")
+
+
+def test_policies_are_simulated_side_by_side_at_each_rate(tmp_path, capsys) -> None:
+    path = tmp_path / "run.2w.json"
+    path.write_text(json.dumps(dataclasses.asdict(formula_samples(SHARED, workers=2))))
+    simwhatif().main([str(path), "--rates", "4", "--policies", "round_robin,kv_aware", "--duration-s", "6", "--warmup-s", "1"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if "req/s " in line]
+    assert [line.split(":")[0].split()[-1] for line in lines] == ["round_robin", "kv_aware"]
+    assert all("hit " in line for line in lines)

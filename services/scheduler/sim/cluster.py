@@ -44,7 +44,7 @@ from ..registry import HeartbeatInfo, Registry, Role
 from ..router import RouteDecision, RouteQuery, Router, RouterConfig
 from ..sticky import StickySessions
 from .decodectx import padded_tokens
-from .meshcost import MeshCost
+from .meshcost import HOST_LOAD_WINDOW_S, MeshCost
 from .shapes import KERNEL_CACHE_COUNTS, ShapeCache
 from .simworker import PrefillBatch, RequestResult, SimWorker
 from .steps import StepFigures, tally_decode, tally_prefill, without_stalls
@@ -101,6 +101,7 @@ class Cluster:
         self.admission: deque[TraceRequest] = deque()
         self.stored: set[bytes] = set()  # blocks handed back to the KV store (MeshCost.handback_s)
         self._pending = 0
+        self._recent: deque[float] = deque()  # arrival times within HOST_LOAD_WINDOW_S of now (host_slowdown)
 
     # --- event loop ---
 
@@ -121,6 +122,8 @@ class Cluster:
         self._pending = len(requests)
         while self._events and self._pending:
             self.now, _, kind, payload = heapq.heappop(self._events)
+            if kind == "arrive":
+                self._recent.append(self.now)
             if kind == "arrive" and self.config.mesh.request_busy_s:
                 self.gate_free_s = max(self.now, self.gate_free_s) + self.config.mesh.request_busy_s
                 self._at(self.gate_free_s, "admit", payload)
@@ -227,7 +230,9 @@ class Cluster:
         return prefill_s(self.config.cost, self.config.mesh, self.config.max_num_batched_tokens, d, tokens, cached, joining)
 
     def _slowdown(self) -> float:
-        return host_slowdown(self.config.mesh, self.workers.values())
+        while self._recent and self._recent[0] < self.now - HOST_LOAD_WINDOW_S:
+            self._recent.popleft()
+        return host_slowdown(self.config.mesh, self.workers.values(), len(self._recent) / HOST_LOAD_WINDOW_S)
 
     def _arrive(self, r: TraceRequest) -> None:
         hashes = r.block_hashes()[: r.prompt_tokens // self.config.cost.block_size]

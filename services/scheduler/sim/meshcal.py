@@ -73,6 +73,7 @@ class Samples:
     burst: list[tuple[float, float, float]] = field(default_factory=list)  # (requests, prompt tokens, last TTFT)
     pair: list[tuple[float, float, float]] = field(default_factory=list)   # (long prompts at once, tokens, last TTFT)
     workers: int = 1                                                     # decode workers behind the gateway
+    host: list[tuple[float, float]] = field(default_factory=list)  # (requests, host CPU s outside the engines), per run
     stall: list[tuple[float, float, float, float, float]] = field(default_factory=list)
     # (prefill tokens, streams decoding meanwhile, the largest gap of any, their ITL, the prefill's TTFT)
     admitted: int | None = None                                          # streams admitted at once (None: not probed)
@@ -114,6 +115,7 @@ class MeshCalibration:
     handback_s_per_token: float = 0.0  # ... plus this per token of the turn
     prefill_s_new_shape: float = 0.0  # a prefill step at a token count the worker did not run lately takes this longer
     hidden_tokens: tuple[int, ...] = ()  # deciles of the tokens a request streams before its first visible text
+    host_cpu_s_per_request: float = 0.0  # the host CPU a request costs outside the engines (0: not measured)
 
     def sim_flags(self) -> list[str]:
         """`kvmesh sim` flags that reproduce this mesh."""
@@ -138,6 +140,8 @@ class MeshCalibration:
             flags.append("--hidden-tokens " + ",".join(str(k) for k in self.hidden_tokens))
         if self.host_parallelism:
             flags.append(f"--host-parallelism {self.host_parallelism:.3g}")
+        if self.host_cpu_s_per_request:
+            flags.append(f"--host-cpu-s-per-request {self.host_cpu_s_per_request:.3g}")
         if self.admission_limit:
             flags.append(f"--admission-limit {self.admission_limit}")
         if self.noise:
@@ -340,6 +344,7 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         handback_s_per_token=handback_token,
         prefill_s_new_shape=new_shape,
         hidden_tokens=hidden_quantiles(samples.visible),
+        host_cpu_s_per_request=_median([cpu / n for n, cpu in samples.host if n > 0]),
     )
 
 

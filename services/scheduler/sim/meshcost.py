@@ -65,6 +65,13 @@
   busy workers at full speed (its cores left over by the gateway, scheduler and client): with b
   busy workers (any running sequence) a worker's prefill and decode steps take max(1, b / this)
   times as long, taken when the work is scheduled; 0 = each worker has a host of its own;
+- host_cpu_s_per_request: the host CPU a request costs outside the engines (the gateway, the scheduler,
+  the workers' RPC loops, the KV store, a client on the same host), which takes from the cores the busy
+  workers share: at r requests a second (those that arrived in the last HOST_LOAD_WINDOW_S) the
+  slowdown above is max(1, (b + host_cpu_s_per_request × r) / host_parallelism). Why: on 2 cores at
+  9 req/s of the fidelity trace, with 2 decode workers, everything but the two engines took 0.53 of a
+  core (the workers' RPC loops 0.18, the gateway 0.14, the replay client 0.13, the KV store 0.04, the
+  scheduler 0.03), which the host-sharing probe (lone prefills, no other traffic) does not see;
 - admission_limit: at most this many requests in flight mesh-wide, the rest wait (FIFO) before
   routing; one that waits longer than admission_timeout_s fails with 504, one that finds
   admission_limit × admission_queue_factor already waiting fails with 429 (the scheduler's
@@ -78,6 +85,8 @@ from dataclasses import dataclass
 from ..policy import CostModel
 from .decodectx import hinge_s
 from .handback import handback_s
+
+HOST_LOAD_WINDOW_S = 1.0  # the recent past whose arrivals set the mesh's own load on a shared host
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +111,7 @@ class MeshCost:
     prefill_s_beside: float = 0.0
     prefill_s_new_shape: float = 0.0
     host_parallelism: float = 0.0
+    host_cpu_s_per_request: float = 0.0
     noise: tuple[float, ...] = ()
     hidden_tokens: tuple[int, ...] = ()
     pause_rate_hz: float = 0.0

@@ -49,6 +49,10 @@ stream's ITL read 2.82 ms right after 16 streams of 1,024-token prompts, 1.12 ms
    with random weights, showed text at the first token in 32 of 60 greedy requests and 1-4 tokens
    later in the rest. Probes 1-3 ask for logprobs so that they time the first token itself; the
    sim adds the hidden tokens' decode steps (cluster.py), which grow with the load.
+11. host load (with `workers` > 1, when the engines run on this host: hostcpu.py): `host_requests`
+   conversation turns on a cached prefix, arriving at `host_rate` a second per worker; the host's busy
+   CPU outside the engines (the gateway, scheduler, workers' RPC loops, KV store and this client),
+   per request (`host_cpu_s_per_request`), which takes from the cores the busy workers share.
 With `--engine-model`, the in-process engine (`calibrate.py`) is measured too, after the
 probes, and printed as a lower bound.
 """
@@ -66,6 +70,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from . import hostcpu
 from .client import Target, new_client, served_model, stream_one
 from .meshcal import Samples
 from .meshstats import unsettled
@@ -103,6 +108,12 @@ class ProbeConfig:
     visible_prompt_tokens: int = 64
     visible_tokens: int = 16
     workers: int = 1                  # decode workers behind the gateway (> 1: probe how they share the host)
+    # the host-load probe's conversation turns (11): a cached prefix, new tokens after it, output tokens
+    # (the fidelity trace's mean turn: ~930 prompt tokens, ~80% of them cached, ~55 out), arriving at
+    # this many a second per worker, so many in all per run
+    host_turn: tuple[int, int, int] = (768, 160, 48)
+    host_rate: float = 4.0
+    host_requests: int = 32
     admission_probe: int = 0          # burst size; 0 = skip the probe
     extra_repeats: int = 4            # more repeats, at most, of a probe point whose repeats disagree
     spread_limit: float = 0.15        # ... by more than this (half the interquartile range over the median)
@@ -131,6 +142,8 @@ async def probe(target: Target, config: ProbeConfig) -> Samples:
         await prober.itl()
         await prober.handback()
         await prober.sharing()
+        if config.workers > 1:
+            await prober.host_load()
         prober.samples.workers = config.workers
         if config.admission_probe:
             await prober.admission()
@@ -347,6 +360,37 @@ class _Prober:
         m = self.config.workers
         outcomes = await asyncio.gather(*(self.one(self.prompt(self.unseen(self.longest)), 1) for _ in range(m)))
         return float(m), float(self.longest), max(o.ttft_s for o in outcomes)
+
+    async def host_load(self) -> None:
+        """The host-load probe: (requests, the host's CPU seconds outside the engines) per run; no runs
+        when the first finds no engine on this host (hostcpu.py)."""
+        if await self.host_run() is None:
+            return
+        records = await self.repeated({"host": self.host_run}, lambda r: r[1] / r[0])
+        self.samples.host += records["host"]
+
+    async def host_run(self) -> tuple[float, float] | None:
+        """`host_requests` conversation turns on one cached prefix, arriving evenly at `host_rate` a
+        second per worker, with the host's CPU read before and after.
+
+        NOTE: paced, not back to back: on 2 workers the fidelity trace's requests at 9 a second cost the
+        host 54 ms each outside the engines (the client 13, the gateway 14, the workers' RPC loops 17),
+        while turns of the same shape sent 4 at a time, ~25 a second, cost 34-36 (22-25 in another mesh):
+        a request that finds the mesh idle pays its wake-ups alone."""
+        prefix_tokens, new_tokens, output_tokens = self.config.host_turn
+        prefix = self.prompt(prefix_tokens)
+        await self.one(prefix, 1)
+        await self.sleep(self.config.settle_s)  # NOTE: past its hand-back, which a turn of the trace finds done
+        gap_s = 1.0 / (self.config.host_rate * self.config.workers)
+
+        async def turn(i: int) -> None:
+            await self.sleep(i * gap_s)
+            await self.one(prefix + self.prompt(new_tokens), output_tokens)
+
+        before = hostcpu.read()
+        await asyncio.gather(*(turn(i) for i in range(self.config.host_requests)))
+        outside = hostcpu.outside_engines_s(before, hostcpu.read())
+        return None if outside is None else (float(self.config.host_requests), outside)
 
     async def admission(self) -> None:
         # NOTE: beyond slots + queue a request gets 429; only the served ones count

@@ -37,13 +37,14 @@ def prefill_s(cost: CostModel, mesh: MeshCost, budget: int, d: SimWorker, tokens
     return own + mesh.prefill_s_per_stream * beside + chunks * step_s(cost, mesh, d)
 
 
-def host_slowdown(mesh: MeshCost, workers: Iterable[SimWorker]) -> float:
-    """How much slower a decode worker runs now: max(1, busy decode workers / host_parallelism) on a
-    shared host, else 1."""
+def host_slowdown(mesh: MeshCost, workers: Iterable[SimWorker], request_rate: float = 0.0) -> float:
+    """How much slower a decode worker runs now on a shared host: max(1, (busy decode workers + the
+    cores the mesh's own work takes at `request_rate` requests a second) / host_parallelism); 1 when
+    each worker has a host of its own."""
     if not mesh.host_parallelism:
         return 1.0
     busy = sum(1 for w in workers if w.role is Role.DECODE and w.running)
-    return max(1.0, busy / mesh.host_parallelism)
+    return max(1.0, (busy + mesh.host_cpu_s_per_request * request_rate) / mesh.host_parallelism)
 
 
 def noise_factor(mesh: MeshCost, request_id: str) -> float:

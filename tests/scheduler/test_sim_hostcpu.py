@@ -1,0 +1,106 @@
+"""sim/hostcpu.py: the host's busy CPU and its engines', read from /proc texts, and the host-load
+probe (meshprobe.py) that turns them into the CPU a request costs outside the engines."""
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from kvmesh.scheduler.policy import CostModel
+from kvmesh.scheduler.sim import hostcpu
+from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
+from kvmesh.scheduler.sim.hostcpu import CpuReading, host_busy_s, is_engine_process, is_engine_thread, outside_engines_s, task_cpu_s
+from kvmesh.scheduler.sim.meshcost import MeshCost
+from kvmesh.scheduler.sim.meshprobe import ProbeConfig, _Prober
+from kvmesh.scheduler.sim.report import Outcome
+from kvmesh.scheduler.sim.trace import TraceRequest
+
+STAT = """cpu  1000 20 300 9000 50 7 3 0 0 0
+cpu0 500 10 150 4500 25 4 2 0 0 0
+intr 12345
+"""
+
+
+def test_the_hosts_busy_time_leaves_out_idle_and_iowait():
+    assert host_busy_s(STAT, 100.0) == pytest.approx((1000 + 20 + 300 + 7 + 3 + 0) / 100)
+    with pytest.raises(ValueError):
+        host_busy_s("intr 1\n", 100.0)
+
+
+def test_a_tasks_cpu_is_its_user_and_system_time_whatever_its_name_holds():
+    # pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime ...
+    text = "4242 (python -m x) S 1 4242 4242 0 -1 4194304 10 0 0 0 250 50 0 0 20 0 3 0"
+    assert task_cpu_s(text, 100.0) == pytest.approx(3.0)
+
+
+def test_an_engine_is_a_worker_enginehost_process_or_an_engine_thread():
+    assert is_engine_process(["/venv/bin/python", "-m", "kvmesh.decode.enginehost", "--fd", "5"])
+    assert not is_engine_process(["/venv/bin/python", "-m", "kvmesh", "decode"])
+    assert is_engine_thread("decode-engine\n") and not is_engine_thread("grpc_global_tim")
+
+
+def test_outside_the_engines_is_the_hosts_time_less_theirs_and_nothing_without_an_engine_here():
+    before, after = CpuReading(100.0, 10.0, 2), CpuReading(103.0, 11.5, 2)
+    assert outside_engines_s(before, after) == pytest.approx(1.5)
+    assert outside_engines_s(CpuReading(100.0, 0.0, 0), CpuReading(103.0, 0.0, 0)) is None  # the mesh is elsewhere
+    assert outside_engines_s(before, CpuReading(103.0, 11.5, 1)) is None  # an engine went away meanwhile
+
+
+def test_the_real_host_reads_as_busy_time_that_only_grows():
+    first = hostcpu.read()
+    sum(i * i for i in range(200_000))
+    assert hostcpu.read().host_s >= first.host_s > 0
+
+
+class HostMesh(_Prober):
+    """A mesh whose host spends 40 ms of CPU outside its engines per request; sleeps recorded, not slept."""
+
+    def __init__(self, config: ProbeConfig, engines: int) -> None:
+        super().__init__(None, None, "fake", config, sleep=self.record_sleep)
+        self.engines, self.requests, self.sleeps, self.cpu = engines, [], [], 0.0
+
+    async def record_sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+
+    async def one(self, tokens, max_tokens, times=None, hidden=None):  # noqa: ANN001, ARG002
+        self.requests.append((len(tokens), max_tokens))
+        self.cpu += 0.040
+        return Outcome(0.0, len(tokens), max_tokens, 0.01, 0.02)
+
+    def read(self) -> CpuReading:
+        return CpuReading(1000.0 + self.cpu + 0.5 * len(self.requests), 0.5 * len(self.requests), self.engines)
+
+
+@pytest.mark.parametrize("engines", [2, 0])
+def test_the_host_load_probe_paces_conversation_turns_and_measures_only_with_the_engines_here(monkeypatch, engines):
+    config = ProbeConfig(workers=2, repeats=3, host_requests=8, host_rate=4.0, host_turn=(768, 160, 48))
+    mesh = HostMesh(config, engines)
+    monkeypatch.setattr(hostcpu, "read", mesh.read)
+    asyncio.run(mesh.host_load())
+    if not engines:
+        assert mesh.samples.host == [] and len(mesh.requests) == 1 + 8  # one run, then nothing more
+        return
+    assert mesh.samples.host == [pytest.approx((8.0, 8 * 0.040))] * 3
+    assert mesh.requests[:2] == [(768, 1), (928, 48)]  # the prefix, then turns on it
+    gaps = sorted(set(mesh.sleeps) - {config.settle_s})
+    assert gaps == pytest.approx([i / 8.0 for i in range(8)])  # 4 a second per worker, evenly
+
+
+def durations(mesh: MeshCost, requests: list[TraceRequest]) -> dict[str, float]:
+    config = SimConfig(num_workers=2, cost=CostModel(prefill_s_per_token=1e-4, decode_s_per_step=2e-3, decode_s_per_seq=1e-4),
+                       mesh=mesh)
+    return {r.request.request_id: r.finish_s - r.request.arrival_s for r in Cluster("round_robin", config).run(requests)}
+
+
+def test_the_sims_busy_workers_slow_with_the_requests_of_the_last_second_on_a_shared_host():
+    burst = [TraceRequest(0.001 * i, f"b{i}", "", 32, 100, (i,)) for i in range(10)]  # 10 a second on both workers
+    late = [TraceRequest(10.0, "late", "", 32, 100, (99,))]  # alone on the host, 10 s later
+    shared = MeshCost(host_parallelism=1.9)
+    idle, loaded = durations(shared, burst + late), durations(replace(shared, host_cpu_s_per_request=0.05), burst + late)
+    # both workers busy beside 10 × 0.05 s a second of the mesh's work: (2 + 0.5) / 1.9 against 2 / 1.9, once
+    # all 10 have come (a sequence decodes at the slowdown of its first token's time)
+    ratios = [loaded[f"b{i}"] / idle[f"b{i}"] for i in range(10)]
+    assert all(1.1 < x <= 2.5 / 2 + 1e-9 for x in ratios) and max(ratios) == pytest.approx(2.5 / 2, rel=0.01)
+    assert loaded["late"] == pytest.approx(idle["late"])  # 1 busy worker + 0.05 cores: the host has room
+    own_hosts = MeshCost(host_cpu_s_per_request=0.05)  # no shared host: the mesh's work slows nothing
+    assert durations(own_hosts, burst + late) == durations(MeshCost(), burst + late)
