@@ -149,7 +149,6 @@ async def test_a_killed_engine_fails_its_requests_and_takes_the_worker_out_of_se
         await asyncio.wait_for(app.stop(), 15)
 
 
-
 async def test_a_request_after_a_long_idle_is_not_a_stall(engine) -> None:
     # NOTE: an idle child sends no step frames, so progress_at stays at the last one's. A request
     # arriving after more than the stall budget of idleness had work pending and "no progress" until

@@ -164,7 +164,7 @@ class Cluster:
         dt, d.tally_since = self.now - d.tally_since, self.now
         if d.running:
             d.running_s += dt
-            tally_decode(d.steps, dt, self._step_s(d) * self._slowdown(), d.running, padded_tokens(d.contexts))
+            tally_decode(d.steps, dt, self._host_step_s(d), d.running, padded_tokens(d.contexts))
 
     def step_figures(self) -> StepFigures:
         """What the decode workers' engine steps ran over the whole run, summed (steps.py)."""
@@ -225,6 +225,10 @@ class Cluster:
 
     def _step_s(self, d: SimWorker) -> float:
         return step_s(self.config.cost, self.config.mesh, d)
+
+    def _host_step_s(self, d: SimWorker) -> float:
+        """d's decode step now, on its host as busy as it is now."""
+        return self._step_s(d) * self._slowdown()
 
     def _prefill_s(self, d: SimWorker, tokens: int, cached: int, joining: bool = False) -> float:
         return prefill_s(self.config.cost, self.config.mesh, self.config.max_num_batched_tokens, d, tokens, cached, joining)
@@ -304,7 +308,7 @@ class Cluster:
             p.busy_until = p_end
             self._publish(p, *p.insert(hashes))  # NOTE: published early; the scheduler sees it after the delay anyway
             end = p_end + (r.prompt_tokens - d_cached * bs) * self.config.kv_transfer_s_per_token
-            end += self._step_s(d) * self._slowdown()
+            end += self._host_step_s(d)
             latency = 0.0
         # NOTE: the noise stretches this request's latency only, not the worker's busy time: the
         # probes measured it on lone requests, and a stretched prefill queued behind would count it twice.
@@ -339,7 +343,7 @@ class Cluster:
         if batch is not None:  # what the engine's queue and prefill histograms see (a local prefill)
             result.queue_s, result.prefill_s = batch.start_s - result.started_s, batch.end_s - batch.start_s
         self._publish(d, *d.insert(result.hashes))
-        step_s = self._step_s(d) * self._slowdown()
+        step_s = self._host_step_s(d)
         decode_s = (result.request.output_tokens - 1) * step_s
         result.hidden_s = min(hidden_count(self.config.mesh, result.request.request_id), result.request.output_tokens - 1) * step_s
         result.stall_mark = d.stall_s
