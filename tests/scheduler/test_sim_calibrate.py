@@ -105,7 +105,7 @@ def test_fit_gives_back_the_parameters_the_simulator_ran_with(new_shape):
     mesh = MeshCost(request_overhead_s=0.031, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5, prefill_share=0.05,
                     prefill_s_per_stream=4.0e-4, attention_s_per_pair=1.1e-7, attention_s_per_cached_pair=4.0e-8,
                     prefill_s_beside=3.0e-3, prefill_s_new_shape=new_shape)
-    config = SimConfig(num_workers=1, cost=cost, mesh=mesh)
+    config = SimConfig(num_workers=1, cost=cost, mesh=mesh, warm_kernel_caches=False)  # the probes' counts are new
     samples = Samples()
     lone = [TraceRequest(10.0 * i, f"l{i}", "", n, 2, tuple(range(1000 * i, 1000 * i + n // 16)))
             for i, n in enumerate((64, 256, 1024, 1536))]

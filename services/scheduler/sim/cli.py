@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(CPU kernels are built per shape), as worker time")
     p.add_argument("--kernel-cache-counts", type=int, default=SimConfig().kernel_cache_counts,
                    help="the last N distinct prefill step token counts a worker's kernels stay cached for")
+    p.add_argument("--cold-kernel-caches", action="store_true",
+                   help="start every worker's kernel-count cache empty (default: as a first pass of the same trace "
+                   "left it, a mesh in steady state on this workload)")
     p.add_argument("--hidden-tokens", type=_counts, default=(), help="mesh: comma-separated counts of tokens a request streams "
                    "before its first visible text, one per request by its id (`kvmesh sim calibrate` measures them)")
     p.add_argument("--ttft-noise", default="", help="mesh: comma-separated factors on prefill time and overhead, "
@@ -150,6 +153,7 @@ def _unscaled_config(args: argparse.Namespace, n: int, routers: int) -> SimConfi
         event_delay_s=args.event_delay_s,
         sticky_ttl_s=args.sticky_ttl_s,
         kernel_cache_counts=args.kernel_cache_counts,
+        warm_kernel_caches=not args.cold_kernel_caches,
         cost=CostModel(args.prefill_s_per_token, args.decode_s_per_step, args.decode_s_per_seq, args.block_size),
         pd=PdConfig(local_prefill_max_tokens=args.local_prefill_max_tokens),
         mesh=MeshCost(

@@ -35,7 +35,7 @@ import itertools
 import random
 import zlib
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..index import BlockIndex, EventBatch, Removed, Stored
 from ..pd import PdConfig
@@ -67,6 +67,9 @@ class SimConfig:
     routers: int = 1                # scheduler replicas, each with its own view
     peer_delay_s: float = 0.005     # a replica's routing decision reaching its peers (one NATS hop)
     kernel_cache_counts: int = KERNEL_CACHE_COUNTS  # prefill step token counts a worker's CPU kernels stay cached for
+    # each worker's kernel-count cache starts as a first pass of the same trace left it (a mesh in steady
+    # state on this workload, shapes.py), not empty
+    warm_kernel_caches: bool = True
     cost: CostModel = field(default_factory=CostModel)
     pd: PdConfig = field(default_factory=PdConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -78,6 +81,7 @@ class Cluster:
 
     def __init__(self, policy_name: str, config: SimConfig) -> None:
         self.config = config
+        self.policy_name = policy_name
         self.now = 0.0
         self.routers = [
             Router(Registry(heartbeat_timeout_s=3600.0, clock=lambda: self.now), BlockIndex(),
@@ -110,6 +114,11 @@ class Cluster:
 
     def run(self, requests: list[TraceRequest], window: tuple[float, float] | None = None) -> list[RequestResult]:
         """Replays `requests` to the end; `window_load` gets each decode worker's ∫load dt over `window`."""
+        if self.config.warm_kernel_caches and self.config.mesh.prefill_s_new_shape:
+            first = Cluster(self.policy_name, replace(self.config, warm_kernel_caches=False))
+            first.run(requests)
+            for name, w in self.workers.items():
+                w.shapes = first.workers[name].shapes
         for r in requests:
             self._at(r.arrival_s, "arrive", r)
         for t in window or ():

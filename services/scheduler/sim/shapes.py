@@ -7,6 +7,13 @@ not run lately builds its kernels first. Lone requests of 704 cached + 200 new t
 17.7 ms with 200 new every time and 21.8 ms with a new count each time. The cache holds
 `cpu_kernel_cache_entries` kernels (256, services/worker/settings.py), least recently used out.
 
+A sim run starts every worker's cache as a first pass of the same trace left it (SimConfig
+.warm_kernel_caches, `kvmesh sim --cold-kernel-caches` to start empty): a mesh serving a workload
+for a while has its counts cached, and the fidelity bench's real replays always come after the same
+trace's lengths were sent (the capacity search; a policy run's warm-up replay). On run AV's saved
+probes a cold sim put the 1-worker capacity at 11.0 req/s against a real 13.75 and its TTFT p50 17%
+over the real one at 50% load; warm, 11.5 and +7% (and +3% / +3% at 80%, where it was +22% / +19%).
+
 NOTE: the sim keeps the counts of prefill steps only. A decode step has one row per running
 sequence, at most max_num_seqs (64) counts that every busy worker runs all the time, so they stay
 cached and are not tracked; and each count takes one entry per distinct linear weight shape in the
