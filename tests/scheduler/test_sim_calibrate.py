@@ -187,8 +187,10 @@ def test_largest_gap_looks_only_at_gaps_overlapping_the_window():
     assert largest_gap(times, 1.0, 1.0) == pytest.approx(1.5)
 
 
-def test_the_sim_takes_the_printed_mesh_flags(tmp_path, capsys):
-    flags = " ".join(TRUE.sim_flags()).split()
+@pytest.mark.parametrize("cal", [TRUE, SHARED])
+def test_the_sim_takes_the_printed_mesh_flags(tmp_path, capsys, cal):
+    flags = " ".join(cal.sim_flags()).split()
+    assert ("--host-cpu-s-per-request" in flags) == (cal is SHARED)
     assert sim_main(["--workers", "1", "--policy", "round_robin", "--no-capacity", "--rate", "2", "--duration-s", "4",
                      "--warmup-s", "1", "--system-prompts", "2", *flags]) == 0
     out = capsys.readouterr().out
