@@ -22,8 +22,10 @@ TRUE = MeshCalibration(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, dec
                        decode_s_per_padded_token=5.0e-7, decode_padded_knee_tokens=6000.0,
                        prefill_s_per_stream=4.0e-4, attention_s_per_cached_pair=4.0e-8, prefill_s_beside=3.0e-3)
 CONTEXT_POINTS = ProbeConfig().context_points
-# 2 workers on a host that runs 1.5 at full speed, a request costing it 45 ms of CPU outside their engines
-SHARED = dataclasses.replace(TRUE, host_parallelism=1.5, host_cpu_s_per_request=0.045)
+# 2 workers on a host that runs 1.5 at full speed, which spends 25 ms a request, 0.9 ms an engine step and 60 µs
+# a token outside their engines
+SHARED = dataclasses.replace(TRUE, host_parallelism=1.5, host_cpu_s_per_request=0.025, host_cpu_s_per_step=9e-4,
+                             host_cpu_s_per_token=6e-5)
 NEW_SHAPE = 4.0e-3  # a prefill step at a token count the worker has not run lately
 FROM_FIRST = dataclasses.replace(TRUE, decode_s_per_kv_token=3.0e-7)  # context costs from the first KV token too
 
@@ -59,7 +61,8 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
         lone = ttft(1536)
         samples.pair = [(workers, 1536, lone + (workers - 1) * cal.request_busy_s
                          + (slowdown(workers) - 1) * (work(1536) + step(1) + cal.prefill_s_new_shape))]
-    samples.host = [(32.0, 32 * cal.host_cpu_s_per_request)] * 3 if cal.host_cpu_s_per_request else []
+    samples.host = [(n, s, t, n * cal.host_cpu_s_per_request + s * cal.host_cpu_s_per_step + t * cal.host_cpu_s_per_token)
+                    for n, s, t in ((2, 512, 512), (8, 512, 2048), (16, 512, 4096), (16, 64, 512))] if cal.host_cpu_s_per_step else []
     samples.stall = [(n, 0, 0.0, 0.0, ttft(n)) for n in (512, 1536)]  # alone, then beside k streams
     for k in (2, 8, 16, 32):
         beside = k / min(k, workers)  # k streams over the workers
@@ -85,7 +88,7 @@ def test_fit_gives_back_the_parameters_of_timings_made_by_the_model(cal, workers
                  "decode_padded_knee_tokens",
                  "request_overhead_s", "request_busy_s", "token_overhead_s", "hit_s_per_token", "prefill_stall",
                  "prefill_share", "prefill_s_per_stream", "prefill_s_beside", "host_parallelism", "attention_s_per_cached_pair",
-                 "prefill_s_new_shape", "host_cpu_s_per_request"):
+                 "prefill_s_new_shape", "host_cpu_s_per_request", "host_cpu_s_per_step", "host_cpu_s_per_token"):
         assert getattr(got, name) == pytest.approx(getattr(cal, name), rel=1e-9, abs=1e-15), name
 
 

@@ -10,6 +10,7 @@ from kvmesh.scheduler.policy import CostModel
 from kvmesh.scheduler.sim import hostcpu
 from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
 from kvmesh.scheduler.sim.hostcpu import CpuReading, host_busy_s, is_engine_process, is_engine_thread, outside_engines_s, task_cpu_s
+from kvmesh.scheduler.sim.meshcal import fit_host
 from kvmesh.scheduler.sim.meshcost import MeshCost
 from kvmesh.scheduler.sim.meshprobe import ProbeConfig, _Prober
 from kvmesh.scheduler.sim.report import Outcome
@@ -53,37 +54,48 @@ def test_the_real_host_reads_as_busy_time_that_only_grows():
 
 
 class HostMesh(_Prober):
-    """A mesh whose host spends 40 ms of CPU outside its engines per request; sleeps recorded, not slept."""
+    """A mesh whose host spends 20 ms a request and 50 µs a token outside its engines; no sleeps."""
 
     def __init__(self, config: ProbeConfig, engines: int) -> None:
         super().__init__(None, None, "fake", config, sleep=self.record_sleep)
-        self.engines, self.requests, self.sleeps, self.cpu = engines, [], [], 0.0
+        self.engines, self.requests, self.cpu = engines, [], 0.0
 
     async def record_sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
+        pass
 
     async def one(self, tokens, max_tokens, times=None, hidden=None):  # noqa: ANN001, ARG002
         self.requests.append((len(tokens), max_tokens))
-        self.cpu += 0.040
+        self.cpu += 0.020 + 50e-6 * max_tokens
         return Outcome(0.0, len(tokens), max_tokens, 0.01, 0.02)
 
     def read(self) -> CpuReading:
-        return CpuReading(1000.0 + self.cpu + 0.5 * len(self.requests), 0.5 * len(self.requests), self.engines)
+        return CpuReading(1000.0 + self.cpu, 0.0, self.engines)
 
 
 @pytest.mark.parametrize("engines", [2, 0])
-def test_the_host_load_probe_paces_conversation_turns_and_measures_only_with_the_engines_here(monkeypatch, engines):
-    config = ProbeConfig(workers=2, repeats=3, host_requests=8, host_rate=4.0, host_turn=(768, 160, 48))
+def test_the_host_load_probe_sends_streams_and_measures_only_with_the_engines_here(monkeypatch, engines):
+    config = ProbeConfig(workers=2, repeats=2, host_points=((1, 256), (8, 32)))
     mesh = HostMesh(config, engines)
     monkeypatch.setattr(hostcpu, "read", mesh.read)
     asyncio.run(mesh.host_load())
     if not engines:
-        assert mesh.samples.host == [] and len(mesh.requests) == 1 + 8  # one run, then nothing more
+        assert mesh.samples.host == [] and mesh.requests == [(32, 256)] * 2  # one run, then nothing more
         return
-    assert mesh.samples.host == [pytest.approx((8.0, 8 * 0.040))] * 3
-    assert mesh.requests[:2] == [(768, 1), (928, 48)]  # the prefix, then turns on it
-    gaps = sorted(set(mesh.sleeps) - {config.settle_s})
-    assert gaps == pytest.approx([i / 8.0 for i in range(8)])  # 4 a second per worker, evenly
+    # (requests, steps: 2 workers × the tokens of their streams, tokens, CPU outside the engines)
+    want = [(2.0, 512.0, 512.0, 2 * 0.020 + 512 * 50e-6)] * 2 + [(16.0, 64.0, 512.0, 16 * 0.020 + 512 * 50e-6)] * 2
+    assert [x for run in mesh.samples.host for x in run] == pytest.approx([x for run in want for x in run])
+    assert mesh.requests[:2] == [(32, 256)] * 2  # the first run checks for engines here; its figures are not kept
+
+
+def test_the_fit_splits_the_hosts_cpu_into_requests_steps_and_tokens():
+    per = (0.025, 0.9e-3, 60e-6)
+    points = [(n, s, t, per[0] * n + per[1] * s + per[2] * t) for n, s, t in
+              ((2, 512, 512), (8, 512, 2048), (16, 512, 4096), (16, 64, 512))]
+    got = fit_host(points)
+    assert (got["host_cpu_s_per_request"], got["host_cpu_s_per_step"], got["host_cpu_s_per_token"]) == pytest.approx(per)
+    assert fit_host([(32.0, 1.6)]) == pytest.approx({"host_cpu_s_per_request": 0.05, "host_cpu_s_per_step": 0.0,
+                                                    "host_cpu_s_per_token": 0.0})  # stop 34's first probe's runs
+    assert fit_host([]) == {}
 
 
 def durations(mesh: MeshCost, requests: list[TraceRequest]) -> dict[str, float]:

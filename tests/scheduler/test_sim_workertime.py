@@ -46,18 +46,29 @@ def test_the_quadratic_attention_counts_cached_pairs_at_their_own_price_when_set
 
 def test_a_shared_host_slows_its_busy_decode_workers_past_its_parallelism():
     busy = [worker(2), worker(1), worker(4), worker(0), worker(3, Role.PREFILL)]
-    assert host_slowdown(MeshCost(host_parallelism=2.0), busy) == pytest.approx(1.5)  # 3 busy decode workers
-    assert host_slowdown(MeshCost(host_parallelism=4.0), busy) == 1.0
-    assert host_slowdown(MeshCost(), busy) == 1.0  # each worker on a host of its own
+    assert host_slowdown(COST, MeshCost(host_parallelism=2.0), busy) == pytest.approx(1.5)  # 3 busy decode workers
+    assert host_slowdown(COST, MeshCost(host_parallelism=4.0), busy) == 1.0
+    assert host_slowdown(COST, MeshCost(), busy) == 1.0  # each worker on a host of its own
 
 
 def test_the_mesh_own_work_at_the_recent_request_rate_takes_from_the_shared_hosts_cores():
     busy = [worker(2), worker(1), worker(0)]
     shared = MeshCost(host_parallelism=1.9, host_cpu_s_per_request=0.05)
-    assert host_slowdown(shared, busy, request_rate=10.0) == pytest.approx((2 + 0.5) / 1.9)
-    assert host_slowdown(shared, busy, request_rate=0.0) == pytest.approx(2 / 1.9)
-    assert host_slowdown(shared, [worker(1), worker(0)], request_rate=10.0) == 1.0  # 1.5 cores of 1.9: room
-    assert host_slowdown(MeshCost(host_cpu_s_per_request=0.05), busy, request_rate=10.0) == 1.0  # a host each
+    assert host_slowdown(COST, shared, busy, request_rate=10.0) == pytest.approx((2 + 0.5) / 1.9)
+    assert host_slowdown(COST, shared, busy, request_rate=0.0) == pytest.approx(2 / 1.9)
+    assert host_slowdown(COST, shared, [worker(1), worker(0)], request_rate=10.0) == 1.0  # 1.5 cores of 1.9: room
+    assert host_slowdown(COST, MeshCost(host_cpu_s_per_request=0.05), busy, request_rate=10.0) == 1.0  # a host each
+
+
+def test_the_mesh_per_step_work_slows_with_the_steps_it_serves():
+    busy = [worker(2), worker(1), worker(0)]
+    mesh = MeshCost(host_parallelism=2.0, host_cpu_s_per_step=1e-3, host_cpu_s_per_token=1e-4)
+    # per busy worker (per_step + per_token × rows) / its step: (1e-3 + 2e-4) / 2.2e-3 and (1e-3 + 1e-4) / 2.1e-3
+    a = (1.2e-3 / step_s(COST, mesh, busy[0])) + (1.1e-3 / step_s(COST, mesh, busy[1]))
+    s = host_slowdown(COST, mesh, busy)
+    assert s == pytest.approx((2 + a / s) / 2.0, rel=1e-12)  # the fixed point: its steps slow too
+    assert 1.0 < s < (2 + a) / 2.0
+    assert host_slowdown(COST, mesh, [worker(1)]) == 1.0  # one busy worker, 1.5 cores of 2: room
 
 
 def test_each_request_draws_its_noise_and_hidden_tokens_by_id_alike_every_run():

@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-cpu-s-per-request", type=float, default=mesh.host_cpu_s_per_request,
                    help="mesh: on that shared host, the CPU a request costs outside the engines (gateway, scheduler, "
                    "RPC loops, KV store, a local client), taken from the busy workers' cores at the recent request rate")
+    p.add_argument("--host-cpu-s-per-step", type=float, default=mesh.host_cpu_s_per_step,
+                   help="mesh: ... and per engine step of a busy decode worker (its step frame and the wake-ups it causes)")
+    p.add_argument("--host-cpu-s-per-token", type=float, default=mesh.host_cpu_s_per_token,
+                   help="mesh: ... and per streamed token")
     p.add_argument("--decode-s-per-context-token", type=float, default=mesh.decode_s_per_context_token,
                    help="mesh: added to a decode step per token of each running sequence's context (the old, linear model)")
     p.add_argument("--decode-s-per-kv-token", type=float, default=mesh.decode_s_per_kv_token,
@@ -164,6 +168,7 @@ def _unscaled_config(args: argparse.Namespace, n: int, routers: int) -> SimConfi
             prefill_s_per_stream=args.prefill_s_per_stream, prefill_s_beside=args.prefill_s_beside,
             prefill_s_new_shape=args.prefill_s_new_shape,
             host_parallelism=args.host_parallelism, host_cpu_s_per_request=args.host_cpu_s_per_request,
+            host_cpu_s_per_step=args.host_cpu_s_per_step, host_cpu_s_per_token=args.host_cpu_s_per_token,
             attention_s_per_pair=args.attention_s_per_pair,
             attention_s_per_cached_pair=args.attention_s_per_cached_pair,
             decode_s_per_context_token=args.decode_s_per_context_token,

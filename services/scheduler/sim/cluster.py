@@ -245,7 +245,7 @@ class Cluster:
     def _slowdown(self) -> float:
         while self._recent and self._recent[0] < self.now - HOST_LOAD_WINDOW_S:
             self._recent.popleft()
-        return host_slowdown(self.config.mesh, self.workers.values(), len(self._recent) / HOST_LOAD_WINDOW_S)
+        return host_slowdown(self.config.cost, self.config.mesh, self.workers.values(), len(self._recent) / HOST_LOAD_WINDOW_S)
 
     def _arrive(self, r: TraceRequest) -> None:
         hashes = r.block_hashes()[: r.prompt_tokens // self.config.cost.block_size]

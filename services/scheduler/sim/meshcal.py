@@ -73,7 +73,9 @@ class Samples:
     burst: list[tuple[float, float, float]] = field(default_factory=list)  # (requests, prompt tokens, last TTFT)
     pair: list[tuple[float, float, float]] = field(default_factory=list)   # (long prompts at once, tokens, last TTFT)
     workers: int = 1                                                     # decode workers behind the gateway
-    host: list[tuple[float, float]] = field(default_factory=list)  # (requests, host CPU s outside the engines), per run
+    # (requests, busy workers' engine steps, streamed tokens, host CPU s outside the engines), per run
+    # (a 2-tuple, as stop 34's first probe saved it: (requests, CPU s))
+    host: list[tuple[float, ...]] = field(default_factory=list)
     stall: list[tuple[float, float, float, float, float]] = field(default_factory=list)
     # (prefill tokens, streams decoding meanwhile, the largest gap of any, their ITL, the prefill's TTFT)
     admitted: int | None = None                                          # streams admitted at once (None: not probed)
@@ -115,7 +117,9 @@ class MeshCalibration:
     handback_s_per_token: float = 0.0  # ... plus this per token of the turn
     prefill_s_new_shape: float = 0.0  # a prefill step at a token count the worker did not run lately takes this longer
     hidden_tokens: tuple[int, ...] = ()  # deciles of the tokens a request streams before its first visible text
-    host_cpu_s_per_request: float = 0.0  # the host CPU a request costs outside the engines (0: not measured)
+    host_cpu_s_per_request: float = 0.0  # the host CPU outside the engines per request (0: not measured) ...
+    host_cpu_s_per_step: float = 0.0     # ... per engine step of a busy worker ...
+    host_cpu_s_per_token: float = 0.0    # ... and per streamed token
 
     def sim_flags(self) -> list[str]:
         """`kvmesh sim` flags that reproduce this mesh."""
@@ -140,8 +144,9 @@ class MeshCalibration:
             flags.append("--hidden-tokens " + ",".join(str(k) for k in self.hidden_tokens))
         if self.host_parallelism:
             flags.append(f"--host-parallelism {self.host_parallelism:.3g}")
-        if self.host_cpu_s_per_request:
-            flags.append(f"--host-cpu-s-per-request {self.host_cpu_s_per_request:.3g}")
+        if self.host_cpu_s_per_request or self.host_cpu_s_per_step or self.host_cpu_s_per_token:
+            flags.append(f"--host-cpu-s-per-request {self.host_cpu_s_per_request:.3g} "
+                         f"--host-cpu-s-per-step {self.host_cpu_s_per_step:.3g} --host-cpu-s-per-token {self.host_cpu_s_per_token:.3g}")
         if self.admission_limit:
             flags.append(f"--admission-limit {self.admission_limit}")
         if self.noise:
@@ -344,8 +349,19 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         handback_s_per_token=handback_token,
         prefill_s_new_shape=new_shape,
         hidden_tokens=hidden_quantiles(samples.visible),
-        host_cpu_s_per_request=_median([cpu / n for n, cpu in samples.host if n > 0]),
+        **fit_host(samples.host),
     )
+
+
+def fit_host(points: list[tuple[float, ...]]) -> dict[str, float]:
+    """Least squares CPU = per_request × requests + per_step × steps + per_token × tokens over the
+    host-load probe's runs, every term >= 0; a 2-tuple run (requests, CPU) counts per request only."""
+    if not points:
+        return {}
+    rows = [p if len(p) == 4 else (p[0], 0.0, 0.0, p[1]) for p in points]
+    coef = nonnegative_fit(np.array([r[:3] for r in rows], dtype=float), np.array([r[3] for r in rows], dtype=float))
+    return {"host_cpu_s_per_request": float(coef[0]), "host_cpu_s_per_step": float(coef[1]),
+            "host_cpu_s_per_token": float(coef[2])}
 
 
 def hidden_quantiles(counts: list[int], count: int = 10) -> tuple[int, ...]:

@@ -68,8 +68,10 @@ def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list
         f"{cal.pause_s * 1e3:.0f} ms on average",
         "#   shared host: " + (f"runs {cal.host_parallelism:.3g} busy decode workers at full speed, more slow down"
                                if cal.host_parallelism else "not measured (one decode worker)")
-        + (f"; a request costs it {cal.host_cpu_s_per_request:.3g} s of CPU outside the engines, taken from theirs"
-           if cal.host_cpu_s_per_request else ""),
+        + (f"; outside the engines it spends {cal.host_cpu_s_per_request:.3g} s of CPU a request, "
+           f"{cal.host_cpu_s_per_step:.3g} s an engine step of a busy worker and {cal.host_cpu_s_per_token:.3g} s a "
+           "streamed token, taken from the engines' cores"
+           if cal.host_cpu_s_per_request or cal.host_cpu_s_per_step or cal.host_cpu_s_per_token else ""),
         "#   admission limit: " + (f"{cal.admission_limit} requests in flight" if cal.admission_limit
                                    else "not reached by the probe (or not probed)"),
         "#   tokens streamed before a request's first visible text (deciles): "

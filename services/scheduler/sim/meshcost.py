@@ -65,10 +65,14 @@
   busy workers at full speed (its cores left over by the gateway, scheduler and client): with b
   busy workers (any running sequence) a worker's prefill and decode steps take max(1, b / this)
   times as long, taken when the work is scheduled; 0 = each worker has a host of its own;
-- host_cpu_s_per_request: the host CPU a request costs outside the engines (the gateway, the scheduler,
-  the workers' RPC loops, the KV store, a client on the same host), which takes from the cores the busy
-  workers share: at r requests a second (those that arrived in the last HOST_LOAD_WINDOW_S) the
-  slowdown above is max(1, (b + host_cpu_s_per_request × r) / host_parallelism). Why: on 2 cores at
+- host_cpu_s_per_request, host_cpu_s_per_step, host_cpu_s_per_token: the host CPU the mesh spends
+  outside the engines (the gateway, the scheduler, the workers' RPC loops, the KV store, a client on
+  the same host) per request, per engine step of a busy decode worker (its step frame, the RPC loop's
+  and the gateway's wake-ups) and per streamed token, which takes from the cores the busy workers
+  share: with r requests in the last HOST_LOAD_WINDOW_S a second and A = Σ over busy workers of
+  (per_step + per_token × its rows) / its own step time, the slowdown s above solves
+  s = max(1, (b + per_request × r + A / s) / host_parallelism) (the mesh's per-step work slows with the
+  steps it serves), i.e. s = ((b + R) + √((b + R)² + 4 P A)) / 2P, R = per_request × r. Why: on 2 cores at
   9 req/s of the fidelity trace, with 2 decode workers, everything but the two engines took 0.53 of a
   core (the workers' RPC loops 0.18, the gateway 0.14, the replay client 0.13, the KV store 0.04, the
   scheduler 0.03), which the host-sharing probe (lone prefills, no other traffic) does not see;
@@ -112,6 +116,8 @@ class MeshCost:
     prefill_s_new_shape: float = 0.0
     host_parallelism: float = 0.0
     host_cpu_s_per_request: float = 0.0
+    host_cpu_s_per_step: float = 0.0
+    host_cpu_s_per_token: float = 0.0
     noise: tuple[float, ...] = ()
     hidden_tokens: tuple[int, ...] = ()
     pause_rate_hz: float = 0.0

@@ -49,10 +49,11 @@ stream's ITL read 2.82 ms right after 16 streams of 1,024-token prompts, 1.12 ms
    with random weights, showed text at the first token in 32 of 60 greedy requests and 1-4 tokens
    later in the rest. Probes 1-3 ask for logprobs so that they time the first token itself; the
    sim adds the hidden tokens' decode steps (cluster.py), which grow with the load.
-11. host load (with `workers` > 1, when the engines run on this host: hostcpu.py): `host_requests`
-   conversation turns on a cached prefix, arriving at `host_rate` a second per worker; the host's busy
-   CPU outside the engines (the gateway, scheduler, workers' RPC loops, KV store and this client),
-   per request (`host_cpu_s_per_request`), which takes from the cores the busy workers share.
+11. host load (with `workers` > 1, when the engines run on this host: hostcpu.py): at each of
+   `host_points` (streams per worker, tokens each), that many streams at once; the host's busy CPU
+   outside the engines (the gateway, scheduler, workers' RPC loops, KV store and this client) against
+   their requests, the busy workers' engine steps and the streamed tokens (`host_cpu_s_per_request`,
+   `_per_step`, `_per_token`), which takes from the cores the busy workers share.
 With `--engine-model`, the in-process engine (`calibrate.py`) is measured too, after the
 probes, and printed as a lower bound.
 """
@@ -108,12 +109,9 @@ class ProbeConfig:
     visible_prompt_tokens: int = 64
     visible_tokens: int = 16
     workers: int = 1                  # decode workers behind the gateway (> 1: probe how they share the host)
-    # the host-load probe's conversation turns (11): a cached prefix, new tokens after it, output tokens
-    # (the fidelity trace's mean turn: ~930 prompt tokens, ~80% of them cached, ~55 out), arriving at
-    # this many a second per worker, so many in all per run
-    host_turn: tuple[int, int, int] = (768, 160, 48)
-    host_rate: float = 4.0
-    host_requests: int = 32
+    # the host-load probe's points (11): (streams per worker, tokens each), sent at once on 32-token
+    # prompts; tokens per request vary apart from requests, and steps from tokens
+    host_points: tuple[tuple[int, int], ...] = ((1, 256), (4, 256), (8, 256), (8, 32))
     admission_probe: int = 0          # burst size; 0 = skip the probe
     extra_repeats: int = 4            # more repeats, at most, of a probe point whose repeats disagree
     spread_limit: float = 0.15        # ... by more than this (half the interquartile range over the median)
@@ -362,35 +360,28 @@ class _Prober:
         return float(m), float(self.longest), max(o.ttft_s for o in outcomes)
 
     async def host_load(self) -> None:
-        """The host-load probe: (requests, the host's CPU seconds outside the engines) per run; no runs
-        when the first finds no engine on this host (hostcpu.py)."""
-        if await self.host_run() is None:
+        """The host-load probe: (requests, engine steps, tokens, the host's CPU seconds outside the
+        engines) per run; nothing when the first run finds no engine on this host (hostcpu.py)."""
+        if not self.config.host_points or await self.host_run(*self.config.host_points[0]) is None:
             return
-        records = await self.repeated({"host": self.host_run}, lambda r: r[1] / r[0])
-        self.samples.host += records["host"]
+        records = await self.repeated({p: partial(self.host_run, *p) for p in self.config.host_points}, lambda r: r[3] / r[0])
+        self.samples.host += [r for rs in records.values() for r in rs]
 
-    async def host_run(self) -> tuple[float, float] | None:
-        """`host_requests` conversation turns on one cached prefix, arriving evenly at `host_rate` a
-        second per worker, with the host's CPU read before and after.
+    async def host_run(self, per_worker: int, tokens: int) -> tuple[float, float, float, float] | None:
+        """`per_worker` streams per decode worker of `tokens` tokens each, at once, with the host's CPU
+        read before and after; a busy worker steps once per token of its streams.
 
-        NOTE: paced, not back to back: on 2 workers the fidelity trace's requests at 9 a second cost the
-        host 54 ms each outside the engines (the client 13, the gateway 14, the workers' RPC loops 17),
-        while turns of the same shape sent 4 at a time, ~25 a second, cost 34-36 (22-25 in another mesh):
-        a request that finds the mesh idle pays its wake-ups alone."""
-        prefix_tokens, new_tokens, output_tokens = self.config.host_turn
-        prefix = self.prompt(prefix_tokens)
-        await self.one(prefix, 1)
-        await self.sleep(self.config.settle_s)  # NOTE: past its hand-back, which a turn of the trace finds done
-        gap_s = 1.0 / (self.config.host_rate * self.config.workers)
-
-        async def turn(i: int) -> None:
-            await self.sleep(i * gap_s)
-            await self.one(prefix + self.prompt(new_tokens), output_tokens)
-
+        NOTE: streams, not trace-like turns: a turn's cost outside the engines is mostly per engine
+        step (on 2 workers 0.62 of a core with one stream each, 0.87 with eight; paced turns of 48
+        tokens cost 44-72 ms each at 8 a second, 22-36 at ~25 a second, as more rows share a step)."""
+        n = per_worker * self.config.workers
         before = hostcpu.read()
-        await asyncio.gather(*(turn(i) for i in range(self.config.host_requests)))
+        outcomes = await asyncio.gather(*(self.one(self.prompt(32), tokens) for _ in range(n)))
         outside = hostcpu.outside_engines_s(before, hostcpu.read())
-        return None if outside is None else (float(self.config.host_requests), outside)
+        if outside is None:
+            return None
+        streamed = sum(o.output_tokens for o in outcomes)
+        return float(n), float(self.config.workers * max(o.output_tokens for o in outcomes)), float(streamed), outside
 
     async def admission(self) -> None:
         # NOTE: beyond slots + queue a request gets 429; only the served ones count

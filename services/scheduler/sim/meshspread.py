@@ -17,7 +17,7 @@ from .meshcal import MeshCalibration, Samples, fit
 TERMS = ("prefill_s_per_token", "attention_s_per_pair", "decode_s_per_step", "decode_s_per_seq",
          "decode_s_per_kv_token", "decode_s_per_padded_token", "decode_padded_knee_tokens", "request_overhead_s", "request_busy_s", "hit_s_per_token",
          "attention_s_per_cached_pair", "prefill_share", "prefill_s_per_stream", "prefill_s_beside", "prefill_stall", "host_parallelism",
-         "host_cpu_s_per_request",
+         "host_cpu_s_per_request", "host_cpu_s_per_step", "host_cpu_s_per_token",
          "pause_rate_hz", "pause_s", "handback_s_per_turn", "handback_s_per_token", "prefill_s_new_shape")
 
 _KEYS = {  # how many leading fields name a sample's probe point

@@ -5,6 +5,7 @@ so every run of a trace draws alike)."""
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Iterable
 
@@ -37,14 +38,18 @@ def prefill_s(cost: CostModel, mesh: MeshCost, budget: int, d: SimWorker, tokens
     return own + mesh.prefill_s_per_stream * beside + chunks * step_s(cost, mesh, d)
 
 
-def host_slowdown(mesh: MeshCost, workers: Iterable[SimWorker], request_rate: float = 0.0) -> float:
-    """How much slower a decode worker runs now on a shared host: max(1, (busy decode workers + the
-    cores the mesh's own work takes at `request_rate` requests a second) / host_parallelism); 1 when
-    each worker has a host of its own."""
+def host_slowdown(cost: CostModel, mesh: MeshCost, workers: Iterable[SimWorker], request_rate: float = 0.0) -> float:
+    """How much slower a decode worker runs now on a shared host: the busy decode workers and the
+    cores the mesh's own work takes (per request at `request_rate` a second, per step and per token
+    of each busy worker at its step time, which slows with them) over host_parallelism, at least 1
+    (meshcost.py); 1 when each worker has a host of its own."""
     if not mesh.host_parallelism:
         return 1.0
-    busy = sum(1 for w in workers if w.role is Role.DECODE and w.running)
-    return max(1.0, (busy + mesh.host_cpu_s_per_request * request_rate) / mesh.host_parallelism)
+    busy = [w for w in workers if w.role is Role.DECODE and w.running]
+    base = len(busy) + mesh.host_cpu_s_per_request * request_rate
+    per_step = sum((mesh.host_cpu_s_per_step + mesh.host_cpu_s_per_token * w.running) / step_s(cost, mesh, w) for w in busy)
+    p = mesh.host_parallelism
+    return max(1.0, (base + math.sqrt(base * base + 4 * p * per_step)) / (2 * p))
 
 
 def noise_factor(mesh: MeshCost, request_id: str) -> float:
