@@ -1,5 +1,6 @@
 """The host's CPU, read from /proc, for the calibration's host-load probe (meshprobe.py): how much
-CPU a request costs the host outside the decode workers' engines (MeshCost.host_cpu_s_per_request).
+CPU the mesh costs the host outside the decode workers' engines (per request, per busy worker's
+engine step and per token: MeshCost.host_cpu_s_per_request, _per_step, _per_token).
 
 It only means something when the mesh runs on the calibrating machine, as `kvmesh up` runs it: every
 busy tick on the host counts (the gateway, the scheduler, the workers' RPC loops, the KV store, NATS,

@@ -47,7 +47,9 @@ def host_slowdown(cost: CostModel, mesh: MeshCost, workers: Iterable[SimWorker],
         return 1.0
     busy = [w for w in workers if w.role is Role.DECODE and w.running]
     base = len(busy) + mesh.host_cpu_s_per_request * request_rate
-    per_step = sum((mesh.host_cpu_s_per_step + mesh.host_cpu_s_per_token * w.running) / step_s(cost, mesh, w) for w in busy)
+    per_step = 0.0
+    if mesh.host_cpu_s_per_step or mesh.host_cpu_s_per_token:  # NOTE: step_s per busy worker, on every event: only when charged
+        per_step = sum((mesh.host_cpu_s_per_step + mesh.host_cpu_s_per_token * w.running) / step_s(cost, mesh, w) for w in busy)
     p = mesh.host_parallelism
     return max(1.0, (base + math.sqrt(base * base + 4 * p * per_step)) / (2 * p))
 
