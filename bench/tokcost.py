@@ -211,7 +211,10 @@ def _cpu(proc) -> float:
 
 # -- the mesh ---------------------------------------------------------------------------------
 def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens: int, settings: list[str],
-                 client_kind: str = "raw") -> dict:
+                 client_kind: str = "raw", split_lengths: list[int] = ()) -> dict:
+    """Each level's figures by concurrency; with `split_lengths`, also "split": one load per
+    output length at the first level (as many tokens in all as a level's), for
+    `request_token_split`."""
     import psutil
 
     from kvmesh.runtime.launcher import MeshOptions, free_port
@@ -247,6 +250,17 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
                          for kind in _ENGINE_TIME.values()}
                 results[c] = {**load, "cpu_s": cpu, "switches": switches, "engine_thread_cpu_s": engine_cpu, "store": store_delta,
                               "frames": frame_delta, "engine_steps": steps, "engine_time_s": timed}
+            for length in split_lengths:
+                time.sleep(0.6)
+                before = {name: _cpu(p) for name, p in procs.items()}
+                engines_before = {name: _engine_cpu(p) for name, p in procs.items()}
+                load = run_client(mesh.gateway_url, served, max(8, requests * max_tokens // length), concurrencies[0],
+                                  length, client_kind)
+                time.sleep(0.5)
+                cpu = {name: _cpu(p) - before[name] for name, p in procs.items()}
+                cpu.update({f"{name}: its engine": _engine_cpu(p)[1] - engines_before[name][1]
+                            for name, p in procs.items() if engines_before[name] is not None})
+                results.setdefault("split", []).append({"requests": load["requests"], "tokens": load["tokens"], "cpu_s": cpu})
         finally:
             mesh.stop()
     return results
@@ -325,6 +339,41 @@ def decode_split(mesh: dict, engine: dict) -> dict[str, float]:
     }
 
 
+def request_token_split(runs: list[dict]) -> dict[str, tuple[float, float]]:
+    """Each process's CPU as (µs per request, µs per output token), fitted by least squares over
+    loads of different output lengths ({"requests", "tokens", "cpu_s": {process: s}} each): what
+    a process spends once per request (HTTP, routing, spans, the engine's add) against what it
+    spends on every token (step frames, deltas, SSE chunks). Needs two or more lengths."""
+    if len({r["tokens"] / max(1, r["requests"]) for r in runs}) < 2:
+        raise ValueError("the split needs loads of at least two output lengths")
+    # normal equations of cpu = a * requests + b * tokens
+    srr = sum(r["requests"] ** 2 for r in runs)
+    stt = sum(r["tokens"] ** 2 for r in runs)
+    srt = sum(r["requests"] * r["tokens"] for r in runs)
+    det = srr * stt - srt * srt
+    out = {}
+    for name in runs[0]["cpu_s"]:
+        src = sum(r["requests"] * r["cpu_s"][name] for r in runs)
+        stc = sum(r["tokens"] * r["cpu_s"][name] for r in runs)
+        out[name] = ((src * stt - stc * srt) / det * 1e6, (stc * srr - src * srt) / det * 1e6)
+    return out
+
+
+def report_split(split: dict[str, tuple[float, float]], concurrency: int, lengths: list[int]) -> None:
+    print(f"\nper request and per token (concurrency {concurrency}, loads of {', '.join(map(str, lengths))} "
+          f"tokens a request, least squares):")
+    print("| process | µs per request | µs per token | at 128 tokens a request, µs per token |\n|---|---|---|---|")
+    engines = {k: v for k, v in split.items() if ": its engine" in k}
+    rows = {k: v for k, v in split.items() if k not in engines}
+    for name, (per_request, per_token) in sorted(rows.items(), key=lambda kv: -(kv[1][0] / 128 + kv[1][1])):
+        print(f"| {name} | {per_request:.0f} | {per_token:.1f} | {per_request / 128 + per_token:.1f} |")
+    a = sum(v[0] for v in rows.values())
+    b = sum(v[1] for v in rows.values())
+    print(f"| **mesh total** | **{a:.0f}** | **{b:.1f}** | **{a / 128 + b:.1f}** |")
+    for name, (per_request, per_token) in sorted(engines.items()):
+        print(f"| {name} (in its row above) | {per_request:.0f} | {per_token:.1f} | {per_request / 128 + per_token:.1f} |")
+
+
 def report(c: int, mesh: dict, engine: dict) -> None:
     tokens = max(1, mesh["tokens"])
     per = {name: cpu / tokens * 1e6 for name, cpu in sorted(mesh["cpu_s"].items(), key=lambda kv: -kv[1])}
@@ -390,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the load generator: raw HTTP/1.1 on uvloop (bench/sseload.py, the lean one) or httpx")
     p.add_argument("--engine-runs", type=int, default=3,
                    help="runs of the in-process engine per level; the one with the median CPU per token is the reference")
+    p.add_argument("--split", default="", metavar="N,M",
+                   help="also split each process's CPU into per request and per token, from loads of these output "
+                        "lengths at the first concurrency level (e.g. 16,256)")
     p.add_argument("--client", help=argparse.SUPPRESS)
     p.add_argument("--served", help=argparse.SUPPRESS)
     p.add_argument("--engine-child", action="store_true", help=argparse.SUPPRESS)
@@ -403,13 +455,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     levels = [int(c) for c in args.concurrency.split(",")]
     load_before = os.getloadavg()[0]
-    mesh = measure_mesh(args.model, args.requests, levels, args.max_tokens, args.set, args.client_kind)
+    lengths = [int(x) for x in args.split.split(",") if x]
+    mesh = measure_mesh(args.model, args.requests, levels, args.max_tokens, args.set, args.client_kind, lengths)
     print(f"{args.requests} streamed chat requests x {args.max_tokens} tokens, model {args.model}, "
           f"{os.cpu_count()} CPUs, niceness {os.nice(0)}, {args.client_kind} load client, load average {load_before:.1f} before the mesh, "
           f"{os.getloadavg()[0]:.1f} after it")
     for c in levels:
         runs = [run_engine(args.model, args.requests, c, args.max_tokens) for _ in range(max(1, args.engine_runs))]
         report(c, mesh[c], median_run(runs))
+    if lengths:
+        report_split(request_token_split(mesh["split"]), levels[0], lengths)
     return 0
 
 

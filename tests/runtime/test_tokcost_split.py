@@ -42,3 +42,22 @@ def test_the_reference_is_the_in_process_run_with_the_median_cpu_per_token() -> 
     chosen = tokcost().median_run(runs)
     assert chosen["wall_s"] == 3.0  # 60 µs a token: between 50 and 90
     assert chosen["cpu_per_token_runs"] == pytest.approx([90e-6, 50e-6, 60e-6])
+
+
+def test_the_request_token_split_fits_known_costs_exactly() -> None:
+    # gateway: 1.2 ms a request + 10 µs a token; worker: 0.5 ms + 8 µs; the engine (inside the worker's row): 0 + 60 µs
+    def load(requests: int, tokens: int) -> dict:
+        return {"requests": requests, "tokens": tokens,
+                "cpu_s": {"gateway": requests * 1.2e-3 + tokens * 10e-6, "decode-0": requests * 0.5e-3 + tokens * 68e-6,
+                          "decode-0: its engine": tokens * 60e-6}}
+
+    split = tokcost().request_token_split([load(1024, 16384), load(64, 16384), load(128, 16384)])
+    assert split["gateway"] == pytest.approx((1200.0, 10.0))
+    assert split["decode-0"] == pytest.approx((500.0, 68.0))
+    assert split["decode-0: its engine"] == pytest.approx((0.0, 60.0), abs=1e-6)
+
+
+def test_the_request_token_split_needs_two_output_lengths() -> None:
+    same = {"requests": 128, "tokens": 16384, "cpu_s": {"gateway": 0.3}}
+    with pytest.raises(ValueError, match="two output lengths"):
+        tokcost().request_token_split([same, dict(same, requests=64, tokens=8192)])

@@ -116,3 +116,13 @@ def test_the_sims_busy_workers_slow_with_the_requests_of_the_last_second_on_a_sh
     assert loaded["late"] == pytest.approx(idle["late"])  # 1 busy worker + 0.05 cores: the host has room
     own_hosts = MeshCost(host_cpu_s_per_request=0.05)  # no shared host: the mesh's work slows nothing
     assert durations(own_hosts, burst + late) == durations(MeshCost(), burst + late)
+
+
+def test_a_host_load_run_whose_engine_restarted_is_dropped_and_the_probe_goes_on(monkeypatch):
+    config = ProbeConfig(workers=2, repeats=2, host_points=((1, 256), (8, 32)))
+    mesh = HostMesh(config, 2)
+    reads = iter(range(1000))
+    # reads 0-1: the engine check; 2-3: (1, 256) #1; 4-5: (8, 32) #1, whose engine restarted; 6-9: the second round
+    monkeypatch.setattr(hostcpu, "read", lambda: replace(mesh.read(), engines=1 if next(reads) == 5 else 2))
+    asyncio.run(mesh.host_load())
+    assert [run[0] for run in mesh.samples.host] == [2.0, 2.0, 16.0]  # the restarted run is gone, the rest stand

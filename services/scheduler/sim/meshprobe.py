@@ -198,13 +198,16 @@ class _Prober:
         more times each; the records of each point's runs."""
         # NOTE: taking turns, a burst of the host's noise hits a few repeats of several points, not every
         # repeat of one; a point whose repeats still disagree (a burst hit two of five) gets more of them
+        # NOTE: a run that measured nothing (None: host_run's engine restarted meanwhile) is dropped
         records: dict[Hashable, list[Any]] = {key: [] for key in runs}
         for _ in range(self.config.repeats):
             for key, run in runs.items():
-                records[key].append(await self.settled(run))
+                if (record := await self.settled(run)) is not None:
+                    records[key].append(record)
         for _ in range(self.config.extra_repeats):
             for key in unsettled({k: [value(r) for r in rs] for k, rs in records.items()}, self.config.spread_limit):
-                records[key].append(await self.settled(runs[key]))
+                if (record := await self.settled(runs[key])) is not None:
+                    records[key].append(record)
                 self.samples.reprobed.append(str(key))
         return records
 
