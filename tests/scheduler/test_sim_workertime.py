@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kvmesh.scheduler.policy import CostModel
@@ -69,6 +71,25 @@ def test_the_mesh_per_step_work_slows_with_the_steps_it_serves():
     assert s == pytest.approx((2 + a / s) / 2.0, rel=1e-12)  # the fixed point: its steps slow too
     assert 1.0 < s < (2 + a) / 2.0
     assert host_slowdown(COST, mesh, [worker(1)]) == 1.0  # one busy worker, 1.5 cores of 2: room
+
+
+def test_the_per_token_host_cost_is_charged_a_message_at_a_time_once_a_worker_coalesces():
+    # rows >= stream_interval_from: a message (and an SSE chunk) every stream_interval tokens
+    mesh = MeshCost(host_parallelism=2.0, host_cpu_s_per_token=1e-4, stream_interval=4, stream_interval_from=3)
+    busy = [worker(4), worker(2)]
+    a = 4 * 1e-4 / 4 / step_s(COST, mesh, busy[0]) + 2 * 1e-4 / step_s(COST, mesh, busy[1])
+    s = host_slowdown(COST, mesh, busy)
+    assert s == pytest.approx((2 + a / s) / 2.0, rel=1e-12)
+    every_token = host_slowdown(COST, replace(mesh, stream_interval=1), busy)
+    assert every_token > s
+
+
+def test_the_sims_stream_interval_defaults_are_the_decode_workers():
+    from kvmesh.decode.config import DecodeSettings  # noqa: PLC0415
+
+    fields = DecodeSettings.model_fields
+    assert (MeshCost().stream_interval, MeshCost().stream_interval_from) == (
+        fields["stream_interval"].default, fields["stream_interval_from"].default)
 
 
 def test_each_request_draws_its_noise_and_hidden_tokens_by_id_alike_every_run():

@@ -90,7 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-cpu-s-per-step", type=float, default=mesh.host_cpu_s_per_step,
                    help="mesh: ... and per engine step of a busy decode worker (its step frame and the wake-ups it causes)")
     p.add_argument("--host-cpu-s-per-token", type=float, default=mesh.host_cpu_s_per_token,
-                   help="mesh: ... and per streamed token")
+                   help="mesh: ... and per streamed token (a message each, below --stream-interval-from rows)")
+    p.add_argument("--stream-interval", type=int, default=mesh.stream_interval,
+                   help="mesh: the decode workers' stream_interval (tokens a message under load)")
+    p.add_argument("--stream-interval-from", type=int, default=mesh.stream_interval_from,
+                   help="mesh: ... from this many running sequences on a worker (their stream_interval_from)")
     p.add_argument("--decode-s-per-context-token", type=float, default=mesh.decode_s_per_context_token,
                    help="mesh: added to a decode step per token of each running sequence's context (the old, linear model)")
     p.add_argument("--decode-s-per-kv-token", type=float, default=mesh.decode_s_per_kv_token,
@@ -169,6 +173,7 @@ def _unscaled_config(args: argparse.Namespace, n: int, routers: int) -> SimConfi
             prefill_s_new_shape=args.prefill_s_new_shape,
             host_parallelism=args.host_parallelism, host_cpu_s_per_request=args.host_cpu_s_per_request,
             host_cpu_s_per_step=args.host_cpu_s_per_step, host_cpu_s_per_token=args.host_cpu_s_per_token,
+            stream_interval=args.stream_interval, stream_interval_from=args.stream_interval_from,
             attention_s_per_pair=args.attention_s_per_pair,
             attention_s_per_cached_pair=args.attention_s_per_cached_pair,
             decode_s_per_context_token=args.decode_s_per_context_token,

@@ -70,12 +70,18 @@
   the same host) per request, per engine step of a busy decode worker (its step frame, the RPC loop's
   and the gateway's wake-ups) and per streamed token, which takes from the cores the busy workers
   share: with r requests in the last HOST_LOAD_WINDOW_S a second and A = Σ over busy workers of
-  (per_step + per_token × its rows) / its own step time, the slowdown s above solves
+  (per_step + per_token × its rows / its interval) / its own step time, the slowdown s above solves
   s = max(1, (b + per_request × r + A / s) / host_parallelism) (the mesh's per-step work slows with the
   steps it serves), i.e. s = ((b + R) + √((b + R)² + 4 P A)) / 2P, R = per_request × r. Why: on 2 cores at
   9 req/s of the fidelity trace, with 2 decode workers, everything but the two engines took 0.53 of a
   core (the workers' RPC loops 0.18, the gateway 0.14, the replay client 0.13, the KV store 0.04, the
   scheduler 0.03), which the host-sharing probe (lone prefills, no other traffic) does not see;
+- stream_interval, stream_interval_from: the decode workers' token coalescing (decode/config.py):
+  with at least `stream_interval_from` rows a worker sends a request's tokens `stream_interval` at a
+  time, so the per-token host cost above (fitted on fewer streams, a message and an SSE chunk per
+  token) is charged once per `stream_interval` tokens there. Why: run BA's fidelity trace under
+  prefix_affinity put 76% of the requests on one worker; charged per token at its 16+ rows, the sim's
+  host ran out of cores and its queue ran away (TTFT p90 24 s) where the real mesh held (0.059 s);
 - admission_limit: at most this many requests in flight mesh-wide, the rest wait (FIFO) before
   routing; one that waits longer than admission_timeout_s fails with 504, one that finds
   admission_limit × admission_queue_factor already waiting fails with 429 (the scheduler's
@@ -118,6 +124,8 @@ class MeshCost:
     host_cpu_s_per_request: float = 0.0
     host_cpu_s_per_step: float = 0.0
     host_cpu_s_per_token: float = 0.0
+    stream_interval: int = 4  # NOTE: the decode worker's defaults (decode/config.py; a test keeps them equal)
+    stream_interval_from: int = 16
     noise: tuple[float, ...] = ()
     hidden_tokens: tuple[int, ...] = ()
     pause_rate_hz: float = 0.0

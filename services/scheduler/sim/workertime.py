@@ -49,9 +49,16 @@ def host_slowdown(cost: CostModel, mesh: MeshCost, workers: Iterable[SimWorker],
     base = len(busy) + mesh.host_cpu_s_per_request * request_rate
     per_step = 0.0
     if mesh.host_cpu_s_per_step or mesh.host_cpu_s_per_token:  # NOTE: step_s per busy worker, on every event: only when charged
-        per_step = sum((mesh.host_cpu_s_per_step + mesh.host_cpu_s_per_token * w.running) / step_s(cost, mesh, w) for w in busy)
+        per_step = sum((mesh.host_cpu_s_per_step + mesh.host_cpu_s_per_token * w.running / stream_interval(mesh, w.running))
+                       / step_s(cost, mesh, w) for w in busy)
     p = mesh.host_parallelism
     return max(1.0, (base + math.sqrt(base * base + 4 * p * per_step)) / (2 * p))
+
+
+def stream_interval(mesh: MeshCost, rows: int) -> int:
+    """Tokens per message of a worker running `rows` sequences (its stream_interval from
+    stream_interval_from rows on, else 1; decode/stream.py)."""
+    return max(1, mesh.stream_interval) if rows >= mesh.stream_interval_from else 1
 
 
 def noise_factor(mesh: MeshCost, request_id: str) -> float:
