@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine-decode-s-per-seq", type=float, default=None,
                    help="the in-process lower bound's per-sequence decode cost (simfidelity prints it); splits the ITL slope")
     p.add_argument("--slo-ttft-s", type=float, default=0.5)
-    p.add_argument("--duration-s", type=float, default=16.0)
-    p.add_argument("--warmup-s", type=float, default=4.0)
+    p.add_argument("--duration-s", type=float, default=40.0, help="simfidelity's (runs before BA: 16)")
+    p.add_argument("--warmup-s", type=float, default=6.0, help="simfidelity's (runs before BA: 4)")
     args = p.parse_args(argv)
     samples = load_samples(args.samples)
     workers = max(1, samples.workers)
