@@ -46,6 +46,27 @@ def test_run_afs_probe_points_cost_from_the_first_token():
     assert hinge_s(4300, slope, knee, per_token) == pytest.approx(1.8e-3, rel=0.2)
 
 
+def test_weighted_the_fit_still_gives_back_a_hinge_it_made():
+    padded = [4224, 4352, 6400, 8448, 12544, 16896, 25088, 37632]
+    points = [(t, hinge_s(t, STEEPER, LATER_KNEE, PER_TOKEN)) for t in padded]
+    weights = [1.0 / (2e-3 + e) for _, e in points]
+    assert fit_hinge(points, weights) == pytest.approx((PER_TOKEN, STEEPER, LATER_KNEE), rel=1e-9)
+
+
+def test_weighted_by_one_over_the_step_the_fit_follows_the_knees_onset():
+    # run BB (tiny, 1 worker): 8 streams x 1,568 took 3.5 ms a step, 16 x 1,056 11.8, 24 x 1,568 24.2;
+    # fitted on absolute errors the hinge followed the steep points and said 6.1 ms at the first
+    steps = {4224: 2.06e-3, 6272: 2.39e-3, 8448: 2.63e-3, 12544: 3.51e-3, 16896: 11.84e-3, 25088: 18.33e-3, 37632: 24.19e-3}
+    base = 1.9e-3
+    points = [(t, s - base) for t, s in steps.items()]
+
+    def error_at_onset(weights):
+        per_token, slope, knee = fit_hinge(points, weights)
+        return abs(base + hinge_s(12544, slope, knee, per_token) - steps[12544]) / steps[12544]
+
+    assert error_at_onset([1.0 / s for s in steps.values()]) < 0.5 * error_at_onset(None)
+
+
 def test_a_flat_itl_has_no_context_cost_and_one_point_gives_the_old_line_through_the_origin():
     assert fit_hinge([(t, 0.0) for t in (4000, 8000, 16000)]) == (0.0, 0.0, 0.0)
     assert fit_hinge([(t, -1e-4) for t in (4000, 8000, 16000)]) == (0.0, 0.0, 0.0)  # faster with long contexts: noise

@@ -33,7 +33,7 @@ def hinge_s(padded: float, slope: float, knee: float, per_token: float = 0.0) ->
     return per_token * padded + slope * max(0.0, padded - knee)
 
 
-def fit_hinge(points: list[tuple[float, float]]) -> tuple[float, float, float]:
+def fit_hinge(points: list[tuple[float, float]], weights: list[float] | None = None) -> tuple[float, float, float]:
     """Least squares (every term >= 0) of extra = per_token × padded + slope × max(0, padded − knee)
     over (padded tokens, extra step time) points; returns (per_token, slope, knee). Exact for points
     the model made, given a point below the knee (else per_token is 0) and two past it: each split of
@@ -41,38 +41,42 @@ def fit_hinge(points: list[tuple[float, float]]) -> tuple[float, float, float]:
     and a line to the latter, which meet at the knee; where they meet outside the split's neighbours
     (or the slopes come out negative), the knee is held at the nearer neighbour and the two slopes
     refitted. With fewer than two distinct points past any split, the knee is 0 (a line through the
-    origin: the old per-token model)."""
-    pts = sorted((float(t), float(e)) for t, e in points)
-    best = (sum(e * e for _, e in pts), 0.0, 0.0, 0.0)  # (residual, per_token, slope, knee): no context cost
+    origin: the old per-token model). `weights` (one per point) weigh each point's residual: the
+    calibration passes 1 / its step time, so that a point's error counts relative to its step (see
+    meshcal._fit_context)."""
+    order = sorted(range(len(points)), key=lambda i: (float(points[i][0]), float(points[i][1])))
+    pts = [(float(points[i][0]), float(points[i][1])) for i in order]
+    w = np.array([1.0 if weights is None else float(weights[i]) for i in order])
+    best = (float(np.sum((w * np.array([e for _, e in pts])) ** 2)), 0.0, 0.0, 0.0)  # (residual, per_token, slope, knee): none
     for m in range(len(pts)):
         below, past = pts[:m], pts[m:]
         if len({t for t, _ in past}) < 2:
             continue
         low, high = (pts[m - 1][0] if m else 0.0), past[0][0]
-        per_token = _line_through_origin(below)
+        per_token = max(0.0, _line_through_origin(below, w[:m]))  # NOTE: a true 0 can come out -1e-20
         t, e = np.array([p[0] for p in past]), np.array([p[1] for p in past])
-        rise, intercept = np.polyfit(t, e, 1)
+        rise, intercept = np.polyfit(t, e, 1, w=w[m:])
         slope = rise - per_token
         knee = -intercept / slope if slope > 0 else low
-        candidates = [_fixed_knee(pts, knee)] if low <= knee <= high and per_token >= 0 and slope >= 0 else []
-        candidates += [_fixed_knee(pts, low), _fixed_knee(pts, high)]
+        candidates = [_fixed_knee(pts, knee, w)] if low <= knee <= high and per_token >= 0 and slope >= 0 else []
+        candidates += [_fixed_knee(pts, low, w), _fixed_knee(pts, high, w)]
         for candidate in candidates:
             if candidate[0] < best[0] - 1e-24 * max(1.0, best[0]):
                 best = candidate
     if best[1:] == (0.0, 0.0, 0.0) and pts:
-        best = min(best, _fixed_knee(pts, 0.0))
+        best = min(best, _fixed_knee(pts, 0.0, w))
     return best[1], best[2], best[3]
 
 
-def _line_through_origin(pts: list[tuple[float, float]]) -> float:
-    x, y = np.array([t for t, _ in pts]), np.array([e for _, e in pts])
+def _line_through_origin(pts: list[tuple[float, float]], w: np.ndarray) -> float:
+    x, y = np.array([t for t, _ in pts]) * w[: len(pts)], np.array([e for _, e in pts]) * w[: len(pts)]
     return float(x @ y / (x @ x)) if len(pts) and x @ x > 0 else 0.0
 
 
-def _fixed_knee(pts: list[tuple[float, float]], knee: float) -> tuple[float, float, float, float]:
-    """(residual, per_token, slope, knee) of the least squares, both slopes >= 0, knee fixed."""
-    y = np.array([e for _, e in pts])
-    cols = np.array([[t, max(0.0, t - knee)] for t, _ in pts])
+def _fixed_knee(pts: list[tuple[float, float]], knee: float, w: np.ndarray) -> tuple[float, float, float, float]:
+    """(residual, per_token, slope, knee) of the (weighted) least squares, both slopes >= 0, knee fixed."""
+    y = np.array([e for _, e in pts]) * w
+    cols = np.array([[t, max(0.0, t - knee)] for t, _ in pts]) * w[:, None]
     best = (float(y @ y), 0.0, 0.0, knee)
     for use in ((0, 1), (0,), (1,)):
         x = cols[:, use]

@@ -237,17 +237,24 @@ def ttft_noise(samples: Samples) -> tuple[float, ...]:
     return noise_quantiles(around_median(beside or samples.ttft))
 
 
-def _fit_context(long: list[tuple[float, float, float]], short_context: float) -> tuple[float, float, float]:
+def _fit_context(long: list[tuple[float, float, float]], short_context: float,
+                 itls: list[float] | None = None) -> tuple[float, float, float]:
     """(per KV token, per one past the knee, knee) of the decode step's context cost (decodectx.py) from
     the ITL probe's long streams: (streams per worker k, context x, ITL over the short streams' line
     at k). That line already holds the cost of k rows of the short streams' context x0, so a long
     point's excess is per_kv × k × (x − x0) plus the steeper part past the knee in k × x: refitted
     with the short context's share added back until it settles (each round shrinks the error by
-    x0 / x, ~0.05 on the probe's points)."""
+    x0 / x, ~0.05 on the probe's points). `itls`: each point's whole ITL; an error counts relative
+    to it (weights 1 / ITL).
+
+    NOTE: fitted on absolute errors, the hinge followed the steepest points (24 ms steps) and missed
+    the knee's onset: run BB's 8 streams x 1,568 read 3.5 ms and the hinge said 6.1, 16 x 1,056 read
+    11.8; a trace's bursts sit there, and the sim's worker ran away at 18 req/s (real: TTFT p99 0.11-0.19 s)."""
+    weights = None if itls is None else [1.0 / max(itl, 1e-6) for itl in itls]
     per_kv = per_padded = knee = 0.0
     for _ in range(64):
         before = (per_kv, per_padded, knee)
-        per_kv, per_padded, knee = fit_hinge([(k * x, extra + per_kv * k * short_context) for k, x, extra in long])
+        per_kv, per_padded, knee = fit_hinge([(k * x, extra + per_kv * k * short_context) for k, x, extra in long], weights)
         if all(abs(a - b) <= 1e-13 * max(abs(a), 1e-30) for a, b in zip((per_kv, per_padded, knee), before)):
             break
     return per_kv, per_padded, knee
@@ -297,7 +304,8 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
     # count; the short ones (k / b × x0 <= 16 × 64 padded tokens) are taken to be below its knee
     long = [(k / spread(k), x, itl / slowdown(spread(k)) - step(k / spread(k))) for k, x, itl in itl_long
             if x > samples.itl_context]
-    per_kv, per_padded, knee = _fit_context(long, samples.itl_context)
+    long_itls = [itl / slowdown(spread(k)) for k, x, itl in itl_long if x > samples.itl_context]
+    per_kv, per_padded, knee = _fit_context(long, samples.itl_context, long_itls)
     per_seq = max(0.0, per_stream - per_kv * samples.itl_context)  # the short streams' line holds their context's cost
     engine = per_seq if engine_decode_s_per_seq is None else min(per_seq, engine_decode_s_per_seq)
     hit, cached_pair = fit_hits(samples, attention, [intercept + work(uncached) for _, uncached, _ in samples.hit])
