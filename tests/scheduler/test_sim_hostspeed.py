@@ -32,7 +32,8 @@ def test_scaled_multiplies_every_time_term_and_leaves_the_dimensionless_ones():
         before = getattr(MESH, name)
         assert getattr(mesh, name) == (None if before is None else pytest.approx(1.5 * before, rel=1e-12)), name
     same = ("decode_padded_knee_tokens", "prefill_stall", "prefill_share", "host_parallelism", "noise", "hidden_tokens",
-            "pause_rate_hz", "admission_limit", "admission_timeout_s", "admission_queue_factor")
+            "pause_rate_hz", "admission_limit", "admission_timeout_s", "admission_queue_factor", "stream_interval",
+            "stream_interval_from")
     assert {n: getattr(mesh, n) for n in same} == {n: getattr(MESH, n) for n in same}
     assert {f.name for f in dataclasses.fields(MeshCost)} == set(MESH_TIME_TERMS) | set(same)  # every term is placed
     with pytest.raises(ValueError):
