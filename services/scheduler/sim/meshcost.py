@@ -79,9 +79,9 @@
 - stream_interval, stream_interval_from: the decode workers' token coalescing (decode/config.py):
   with at least `stream_interval_from` rows a worker sends a request's tokens `stream_interval` at a
   time, so the per-token host cost above (fitted on fewer streams, a message and an SSE chunk per
-  token) is charged once per `stream_interval` tokens there. Why: run BA's fidelity trace under
-  prefix_affinity put 76% of the requests on one worker; charged per token at its 16+ rows, the sim's
-  host ran out of cores and its queue ran away (TTFT p90 24 s) where the real mesh held (0.059 s);
+  token) is charged once per `stream_interval` tokens there. Why: that is what the worker sends
+  (bench/tokcost.py at 32 streams: 0.25 SSE chunks a token); it moved none of run BA's figures, whose
+  loads keep 2-3 rows a worker;
 - admission_limit: at most this many requests in flight mesh-wide, the rest wait (FIFO) before
   routing; one that waits longer than admission_timeout_s fails with 504, one that finds
   admission_limit × admission_queue_factor already waiting fails with 429 (the scheduler's
