@@ -302,10 +302,9 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
 
     # NOTE: the hinge is fitted on what the long streams took over the short ones' line at their stream
     # count; the short ones (k / b × x0 <= 16 × 64 padded tokens) are taken to be below its knee
-    long = [(k / spread(k), x, itl / slowdown(spread(k)) - step(k / spread(k))) for k, x, itl in itl_long
-            if x > samples.itl_context]
-    long_itls = [itl / slowdown(spread(k)) for k, x, itl in itl_long if x > samples.itl_context]
-    per_kv, per_padded, knee = _fit_context(long, samples.itl_context, long_itls)
+    unslowed = [(k, x, itl / slowdown(spread(k))) for k, x, itl in itl_long if x > samples.itl_context]
+    long = [(k / spread(k), x, itl - step(k / spread(k))) for k, x, itl in unslowed]
+    per_kv, per_padded, knee = _fit_context(long, samples.itl_context, [itl for _, _, itl in unslowed])
     per_seq = max(0.0, per_stream - per_kv * samples.itl_context)  # the short streams' line holds their context's cost
     engine = per_seq if engine_decode_s_per_seq is None else min(per_seq, engine_decode_s_per_seq)
     hit, cached_pair = fit_hits(samples, attention, [intercept + work(uncached) for _, uncached, _ in samples.hit])
