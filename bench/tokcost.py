@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 USER_TEXTS = ["Tell me a story about a lighthouse.", "What is a mesh?", "Count to ten, slowly.",
@@ -231,17 +232,12 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
             run_client(mesh.gateway_url, served, 8, 8, 8, client_kind)  # warm up
             for c in concurrencies:
                 time.sleep(0.6)  # the warm-up's (or the last level's) hand-backs finish, its steps are counted
-                before, counts = {name: _cpu(p) for name, p in procs.items()}, _store_counts(store)
+                counts = _store_counts(store)
                 switches_before = {name: _switches(p) for name, p in procs.items()}
                 frames = _frame_counts(procs)
-                engines_before = {name: _engine_cpu(p) for name, p in procs.items()}
-                load = run_client(mesh.gateway_url, served, requests, c, max_tokens, client_kind)
-                time.sleep(0.5)  # hand-backs of the last turns are part of the cost
-                cpu = {name: _cpu(p) - before[name] for name, p in procs.items()}
+                load, cpu, engine_cpu = _cpu_around(
+                    procs, lambda c=c: run_client(mesh.gateway_url, served, requests, c, max_tokens, client_kind))
                 switches = {name: _switches(p) - switches_before[name] for name, p in procs.items()}
-                engine_cpu = {f"{name}: its engine {kind}": cpu - engines_before[name][1]
-                              for name, p in procs.items() if engines_before[name] is not None
-                              for kind, cpu in [_engine_cpu(p)]}
                 store_delta = {k: v - counts[k] for k, v in _store_counts(store).items()}
                 time.sleep(0.6)  # NOTE: the engine step counter is refreshed with the gauges (every heartbeat, 0.5 s)
                 frame_delta = {k: v - frames.get(k, 0.0) for k, v in _frame_counts(procs).items()}
@@ -252,18 +248,27 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
                               "frames": frame_delta, "engine_steps": steps, "engine_time_s": timed}
             for length in split_lengths:
                 time.sleep(0.6)
-                before = {name: _cpu(p) for name, p in procs.items()}
-                engines_before = {name: _engine_cpu(p) for name, p in procs.items()}
-                load = run_client(mesh.gateway_url, served, max(8, requests * max_tokens // length), concurrencies[0],
-                                  length, client_kind)
-                time.sleep(0.5)
-                cpu = {name: _cpu(p) - before[name] for name, p in procs.items()}
-                cpu.update({f"{name}: its engine": _engine_cpu(p)[1] - engines_before[name][1]
-                            for name, p in procs.items() if engines_before[name] is not None})
-                results.setdefault("split", []).append({"requests": load["requests"], "tokens": load["tokens"], "cpu_s": cpu})
+                load, cpu, engine_cpu = _cpu_around(procs, lambda length=length: run_client(
+                    mesh.gateway_url, served, max(8, requests * max_tokens // length), concurrencies[0], length, client_kind))
+                results.setdefault("split", []).append(
+                    {"requests": load["requests"], "tokens": load["tokens"], "cpu_s": {**cpu, **engine_cpu}})
         finally:
             mesh.stop()
     return results
+
+
+def _cpu_around(procs: dict, run: Callable[[], dict]) -> tuple[dict, dict[str, float], dict[str, float]]:
+    """`run()` between two readings of each mesh process's CPU time and its engine's; the second 0.5 s
+    after it, since the hand-backs of the last turns are part of the cost. (run's result, CPU s by
+    process, CPU s by "<process>: its engine <process|thread>")."""
+    before = {name: _cpu(p) for name, p in procs.items()}
+    engines_before = {name: _engine_cpu(p) for name, p in procs.items()}
+    result = run()
+    time.sleep(0.5)
+    cpu = {name: _cpu(p) - before[name] for name, p in procs.items()}
+    engines = {f"{name}: its engine {kind}": s - engines_before[name][1]
+               for name, p in procs.items() if engines_before[name] is not None for kind, s in [_engine_cpu(p)]}
+    return result, cpu, engines
 
 
 _FRAME_METRICS = ("kvmesh_scheduler_route_stream_frames_total", "kvmesh_decode_stream_frames_total",
@@ -344,19 +349,14 @@ def request_token_split(runs: list[dict]) -> dict[str, tuple[float, float]]:
     loads of different output lengths ({"requests", "tokens", "cpu_s": {process: s}} each): what
     a process spends once per request (HTTP, routing, spans, the engine's add) against what it
     spends on every token (step frames, deltas, SSE chunks). Needs two or more lengths."""
+    import numpy as np
+
     if len({r["tokens"] / max(1, r["requests"]) for r in runs}) < 2:
         raise ValueError("the split needs loads of at least two output lengths")
-    # normal equations of cpu = a * requests + b * tokens
-    srr = sum(r["requests"] ** 2 for r in runs)
-    stt = sum(r["tokens"] ** 2 for r in runs)
-    srt = sum(r["requests"] * r["tokens"] for r in runs)
-    det = srr * stt - srt * srt
-    out = {}
-    for name in runs[0]["cpu_s"]:
-        src = sum(r["requests"] * r["cpu_s"][name] for r in runs)
-        stc = sum(r["tokens"] * r["cpu_s"][name] for r in runs)
-        out[name] = ((src * stt - stc * srt) / det * 1e6, (stc * srr - src * srt) / det * 1e6)
-    return out
+    design = np.array([[r["requests"], r["tokens"]] for r in runs], dtype=float)
+    cpu = np.array([[r["cpu_s"][name] for name in runs[0]["cpu_s"]] for r in runs])
+    coef = np.linalg.lstsq(design, cpu, rcond=None)[0] * 1e6  # cpu = a * requests + b * tokens, per process
+    return {name: (float(coef[0, j]), float(coef[1, j])) for j, name in enumerate(runs[0]["cpu_s"])}
 
 
 def report_split(split: dict[str, tuple[float, float]], concurrency: int, lengths: list[int]) -> None:

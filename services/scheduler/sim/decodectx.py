@@ -69,7 +69,7 @@ def fit_hinge(points: list[tuple[float, float]], weights: list[float] | None = N
 
 
 def _line_through_origin(pts: list[tuple[float, float]], w: np.ndarray) -> float:
-    x, y = np.array([t for t, _ in pts]) * w[: len(pts)], np.array([e for _, e in pts]) * w[: len(pts)]
+    x, y = np.array([t for t, _ in pts]) * w, np.array([e for _, e in pts]) * w
     return float(x @ y / (x @ x)) if len(pts) and x @ x > 0 else 0.0
 
 
