@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -23,6 +24,7 @@ from .backend import Backend
 from .config import GatewaySettings
 from .contextlen import ContextLengthWatch
 from .errors import ApiError, model_not_found
+from .fastpath import CompletionRoutes
 from .handlers import CompletionService, read_body
 from .metrics import GatewayMetrics
 from .mirror import MirrorTap
@@ -114,7 +116,6 @@ def create_app(
     app.state.service = service
     app.state.metrics = metrics
     app.state.mirror = mirror
-    app.add_middleware(ObserveRequests, metrics=metrics)
 
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -137,15 +138,18 @@ def create_app(
         error = ApiError(500, f"Internal server error: {type(exc).__name__}", code="internal_error")
         return error_response(error, _request_id(request))
 
-    @app.post("/v1/completions", openapi_extra=openapi.request_body(CompletionBody))
     async def completions(request: Request) -> Response:
         key = keys.check(request.headers.get("authorization"))
         return await service.handle(request, Endpoint.COMPLETIONS, key)
 
-    @app.post("/v1/chat/completions", openapi_extra=openapi.request_body(ChatBody))
     async def chat_completions(request: Request) -> Response:
         key = keys.check(request.headers.get("authorization"))
         return await service.handle(request, Endpoint.CHAT, key)
+
+    # NOTE: declared here for the OpenAPI schema; CompletionRoutes (below) serves their POSTs.
+    fast = {"/v1/completions": (CompletionBody, completions), "/v1/chat/completions": (ChatBody, chat_completions)}
+    for path, (body, handler) in fast.items():
+        app.post(path, openapi_extra=openapi.request_body(body))(handler)
 
     def model_card() -> dict:
         return {
@@ -216,4 +220,8 @@ def create_app(
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     openapi.install(app)
+    routes = {route.path: route for route in app.routes if isinstance(route, APIRoute)}
+    app.add_middleware(CompletionRoutes, routes={path: (routes[path], handler) for path, (_, handler) in fast.items()},
+                       on_error=lambda exc, request: error_response(exc, _request_id(request)))
+    app.add_middleware(ObserveRequests, metrics=metrics)  # NOTE: added last, so it is the outer one
     return app

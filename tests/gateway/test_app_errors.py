@@ -176,3 +176,20 @@ async def test_per_key_concurrency_limit_is_429(mesh: FakeMesh) -> None:
         await eventually(lambda: not gw.app.state.service.limiter.inflight)  # the first stream's client left
         third = await client.post("/v1/completions", json=body | {"max_tokens": 1, "stream": False})
     assert third.status_code == 200
+
+
+async def test_completion_paths_outside_post_still_answer_like_the_other_routes(gateway: RunningGateway) -> None:
+    """The completion routes' POSTs skip FastAPI's router (fastpath.CompletionRoutes); everything
+    else on those paths still goes through it, and both kinds are counted under the route's path."""
+    async with gateway.client() as client:
+        wrong_method = await client.get("/v1/chat/completions")
+        bad = await client.post("/v1/chat/completions", content=b"[", headers={"content-type": "application/json"})
+        schema = (await client.get("/openapi.json")).json()
+        metrics = (await client.get("/metrics")).text
+    assert wrong_method.status_code == 405 and error_of(wrong_method)["code"] == "method_not_allowed"
+    assert bad.status_code == 400 and error_of(bad)["code"] == "invalid_json"
+    assert bad.headers["x-request-id"].startswith("chatcmpl-")
+    assert {"/v1/completions", "/v1/chat/completions"} <= set(schema["paths"])
+    assert "requestBody" in schema["paths"]["/v1/chat/completions"]["post"]
+    assert 'kvmesh_gateway_requests_total{route="/v1/chat/completions",status="400"} 1.0' in metrics
+    assert 'kvmesh_gateway_requests_total{route="/v1/chat/completions",status="405"} 1.0' in metrics
