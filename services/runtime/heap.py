@@ -57,7 +57,9 @@ for _state in ("in_use", "free"):
     HEAP_BYTES.labels(_state).set_function(lambda s=_state: heap_bytes()[s])  # read at scrape time
 
 
-M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+M_TRIM_THRESHOLD = -1  # mallopt's parameter numbers (malloc.h)
+M_MMAP_THRESHOLD = -3
+TOP_KEPT_BYTES = 64 << 20  # the free top of a heap that a free() leaves in place (M_TRIM_THRESHOLD)
 
 
 def fix_mmap_threshold(nbytes: int) -> bool:
@@ -73,10 +75,21 @@ def fix_mmap_threshold(nbytes: int) -> bool:
     fresh mapping's page faults per buffer (bench/malloc.py): 1.4x the engine's CPU time at 1 MiB
     (a decode batch's KV gathers are 1-4 MiB), within noise at 4 MiB, the workers' default. The
     buffers below it that still swing are handed back by `trim_heap` every 5 s (`heap_trim_s`; a
-    trim of ~350 MiB free takes ~30 ms, on a thread)."""
+    trim of ~350 MiB free takes ~30 ms, on a thread).
+
+    It also fixes the trim threshold at TOP_KEPT_BYTES. NOTE: glibc keeps that one at twice the
+    dynamic mmap threshold, and a fixed mmap threshold switches it off too, leaving 128 KiB: then
+    every free() of a buffer at the top of a heap gave its pages back, and the next step's buffer
+    of the same size faulted them in again. A decode step's KV gathers and attention buffers
+    (the tiny model: 1-5 MiB at 8-24 streams of ~1.5k tokens) landed there often: the engine
+    process stepped 2-3x slower past ~8k padded KV tokens (tiny, in-process, 24 × 1,568: 11.9 ms
+    a step against 7.3 with glibc's defaults and 5.8 with both thresholds fixed), and the
+    simulator's calibration fitted that as a context "knee". `trim_heap` still hands the kept
+    top back every `heap_trim_s` where it runs (the workers' and the KV store's main processes); an
+    engine process keeps at most that much free at the top of each heap."""
     if _LIBC is None or nbytes <= 0:
         return False
-    return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, nbytes))
+    return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, nbytes)) and bool(_LIBC.mallopt(M_TRIM_THRESHOLD, TOP_KEPT_BYTES))
 
 
 def release_free_pages() -> bool:

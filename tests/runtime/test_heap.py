@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvmesh.runtime import heap
+from kvmesh.runtime.config import MeshSettings
 
 pytestmark = pytest.mark.skipif(heap._LIBC is None, reason="glibc's malloc_trim/mallinfo2 only")  # noqa: SLF001
 
@@ -55,3 +56,34 @@ def test_a_fixed_mmap_threshold_maps_large_buffers_so_a_free_returns_them() -> N
     threshold each one above it gets its own mapping, unmapped by its free."""
     assert _mapped_growth("dynamic") == 0
     assert _mapped_growth("fixed") >= 5 << 20
+
+
+TOP_KEPT = """
+import ctypes, sys
+from kvmesh.runtime.heap import _LIBC as libc, M_MMAP_THRESHOLD, fix_mmap_threshold
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+from kvmesh.runtime.config import MeshSettings
+threshold = MeshSettings.model_fields["malloc_mmap_threshold_kib"].default * 1024  # the workers' default
+if sys.argv[1] == "fixed":
+    assert fix_mmap_threshold(threshold)
+else:  # the mmap threshold alone, as before
+    assert libc.mallopt(M_MMAP_THRESHOLD, threshold)
+buffer = libc.malloc(threshold // 2)  # like a decode step's KV gather: below the threshold, at the heap's top
+libc.free(buffer)
+print(libc.mallinfo2().keepcost)  # the free top of the heap, still mapped
+"""
+
+
+def _top_kept(mode: str) -> int:
+    out = subprocess.run([sys.executable, "-c", TOP_KEPT, mode], check=True, capture_output=True, text=True)
+    return int(out.stdout)
+
+
+def test_a_fixed_mmap_threshold_keeps_the_freed_top_of_the_heap_for_the_next_step() -> None:
+    """A fixed mmap threshold also pins glibc's trim threshold at 128 KiB, so each free of a buffer at
+    the heap's top gave its pages back and the next step faulted them in again (the engine stepped
+    2-3x slower at long contexts); `fix_mmap_threshold` keeps up to TOP_KEPT_BYTES of it in place."""
+    half = MeshSettings.model_fields["malloc_mmap_threshold_kib"].default * 1024 // 2  # the buffer freed
+    assert _top_kept("mmap-only") < half
+    assert _top_kept("fixed") >= half
