@@ -15,6 +15,14 @@ more at 4 × 1,056 tokens, 2.75 at 8 × 800, ~0.45 µs per padded token), and th
 there (3-4 rows of ~1.25k tokens); a hinge that priced them at 0 and every row past ~5k at the
 steep slope let the simulator's batch run away at 80% load.
 
+Most of the steepness measured until 2026-12-03 was not the cache but the allocator: workers fixed
+glibc's mmap threshold, which also pinned its trim threshold at 128 KiB, so each step's freed
+gather buffers went back to the OS and the next step faulted them in again (runtime/heap.py). With
+the trim threshold fixed too, 16 × 1,568 streamed at 4.8 ms a token instead of 12.5 and 24 × 1,568
+at 6.4-6.9 instead of 18.3 (1 worker, the same host); a smaller knee remains (run BD, on a faster
+host: 2.0e-7 s per padded token past ~10k, against 6.2e-7 past ~8k in run BC), and the calibration
+fits whatever the mesh shows.
+
     extra step time = per_token × padded + slope × max(0, padded − knee),   padded = running × longest context
 """
 
