@@ -48,8 +48,8 @@ class MeshSettings(BaseSettings):
     )
     malloc_mmap_threshold_kib: int = mesh_field(
         4096, "MALLOC_MMAP_THRESHOLD_KIB",
-        "workers and the KV store: C allocations of this size or more get their own mapping, returned when freed "
-        "(glibc; 0 = glibc's dynamic threshold)",
+        "workers and the KV store: C allocations of this size or more get their own mapping, returned when freed; "
+        "a freed heap top of up to 64 MiB is kept for the next step (glibc; 0 = glibc's dynamic thresholds)",
     )
 
     def served_model_name(self) -> str:
