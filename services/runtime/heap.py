@@ -19,6 +19,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
+import threading
 
 from prometheus_client import Gauge
 
@@ -84,9 +85,8 @@ def fix_mmap_threshold(nbytes: int) -> bool:
     (the tiny model: 1-5 MiB at 8-24 streams of ~1.5k tokens) landed there often: the engine
     process stepped 2-3x slower past ~8k padded KV tokens (tiny, in-process, 24 × 1,568: 11.9 ms
     a step against 7.3 with glibc's defaults and 5.8 with both thresholds fixed), and the
-    simulator's calibration fitted that as a context "knee". `trim_heap` still hands the kept
-    top back every `heap_trim_s` where it runs (the workers' and the KV store's main processes); an
-    engine process keeps at most that much free at the top of each heap."""
+    simulator's calibration fitted that as a context "knee". The periodic trim (`trim_heap`, and
+    `start_trim_thread` in an engine process) still hands the kept top back every `heap_trim_s`."""
     if _LIBC is None or nbytes <= 0:
         return False
     return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, nbytes)) and bool(_LIBC.mallopt(M_TRIM_THRESHOLD, TOP_KEPT_BYTES))
@@ -104,3 +104,23 @@ async def trim_heap(interval_s: float) -> None:
     while True:
         await asyncio.sleep(interval_s)
         await asyncio.to_thread(release_free_pages)
+
+
+def start_trim_thread(interval_s: float, stop: threading.Event | None = None) -> threading.Thread | None:
+    """`trim_heap` for a process without an event loop (an engine process, worker/enginehost.py): a
+    daemon thread that runs `release_free_pages()` every `interval_s` until `stop` is set; None where it
+    would never trim.
+    NOTE: the engine's buffers live in the engine process since it has its own, and until this it
+    never trimmed: only the workers' main processes did, where the engine used to run as a thread."""
+    if _LIBC is None or interval_s <= 0:
+        return None
+
+    stopped = stop or threading.Event()
+
+    def trim() -> None:
+        while not stopped.wait(interval_s):
+            release_free_pages()
+
+    thread = threading.Thread(target=trim, name="heap-trim", daemon=True)
+    thread.start()
+    return thread

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from kvmesh.runtime.heap import fix_mmap_threshold
+from kvmesh.runtime.heap import fix_mmap_threshold, start_trim_thread
 from kvmesh.runtime.process import name_os_thread
 
 from . import enginewire as wire
@@ -185,6 +185,7 @@ def main(settings_cls: type[WorkerSettings], commands: Mapping[str, Command], ar
     settings = settings_cls(**hello["settings"])
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s")
     fix_mmap_threshold(settings.malloc_mmap_threshold_kib * 1024)
+    start_trim_thread(settings.heap_trim_s)
     bound_cpu_kernel_caches(settings.cpu_kernel_cache_entries)
     try:
         from kvmesh.engine.llm import LLMEngine  # noqa: PLC0415

@@ -87,3 +87,24 @@ def test_a_fixed_mmap_threshold_keeps_the_freed_top_of_the_heap_for_the_next_ste
     half = MeshSettings.model_fields["malloc_mmap_threshold_kib"].default * 1024 // 2  # the buffer freed
     assert _top_kept("mmap-only") < half
     assert _top_kept("fixed") >= half
+
+
+def test_a_trim_thread_hands_free_pages_back_on_its_own_and_none_starts_for_never(monkeypatch) -> None:
+    """An engine process has no event loop: its trims run on a thread (heap.start_trim_thread)."""
+    import threading
+    import time
+
+    calls = threading.Semaphore(0)
+    monkeypatch.setattr(heap, "release_free_pages", lambda: calls.release() or True)
+    assert heap.start_trim_thread(0) is None
+    stop = threading.Event()
+    thread = heap.start_trim_thread(0.02, stop)
+    assert thread is not None and thread.daemon
+    try:
+        deadline = time.monotonic() + 5
+        for _ in range(2):
+            assert calls.acquire(timeout=max(0.0, deadline - time.monotonic()))
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert not thread.is_alive()
