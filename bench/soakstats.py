@@ -60,6 +60,10 @@ class Sampler:
                 proc = psutil.Process(run.proc.pid)
                 now[f"{run.spec.name}.rss_mib"] = proc.memory_info().rss / MIB
                 now[f"{run.spec.name}.fds"] = proc.num_fds()
+                for child in proc.children():  # NOTE: a worker's engine process (its own since 2026-12-02)
+                    if any("enginehost" in part for part in child.cmdline()):
+                        now[f"{run.spec.name}.engine.rss_mib"] = child.memory_info().rss / MIB
+                        now[f"{run.spec.name}.engine.fds"] = child.num_fds()
             except psutil.Error:
                 continue
         targets = {s.name: s.metrics_target for s in self.mesh.specs if s.metrics_target}
