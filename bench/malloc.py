@@ -9,7 +9,7 @@ and one with only the mmap threshold fixed (as workers did before: glibc's trim 
 stays at 128 KiB). The workload is a prefill worker's: prompts of distinct lengths (a new length
 almost every step, like the soak's), one output token each; then a decode batch of 16 short
 prompts, and one of 8 long ones (1,400 tokens: the steps' KV gathers are MiBs).
-Rounds alternate the two children, and each side keeps its best round. Times are process CPU time
+Children of the three sides take turns, two of each, and each side keeps its best round. Times are process CPU time
 (user + system: the page faults of memory mapped afresh are system time), so load from other
 processes moves them less. Also printed: each child's RSS peak and RSS after the run.
 """
