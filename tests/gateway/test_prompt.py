@@ -130,3 +130,30 @@ def test_a_small_body_is_tokenized_on_the_event_loop_and_a_large_one_on_a_thread
         assert threads[1] != threading.current_thread().name
 
     asyncio.run(main())
+
+
+def test_a_token_id_prompt_is_prepared_on_the_event_loop_up_to_its_limit_whatever_its_body_size() -> None:
+    """Token ids have no tokenizer work, only checks and block hashes: a hop to a thread cost more than that."""
+    import asyncio
+    import threading
+
+    from kvmesh.gateway.handlers import INLINE_PREPARE_BYTES, INLINE_PREPARE_TOKEN_IDS, prepare
+
+    threads: list[str] = []
+
+    class Recording:  # NOTE: the fixture's model takes 64 tokens; only where prepare runs matters here
+        def prepare(self, req, default_max_tokens):
+            threads.append(threading.current_thread().name)
+            return len(req.prompt_token_ids)
+
+    limits = Limits(4, 64)
+    short = parse_completion({"model": "tiny", "prompt": [65] * 1000}, limits)
+    long = parse_completion({"model": "tiny", "prompt": [65] * (INLINE_PREPARE_TOKEN_IDS + 1)}, limits)
+
+    async def main() -> None:
+        assert await prepare(Recording(), short, 8, 10 * INLINE_PREPARE_BYTES) == 1000
+        assert await prepare(Recording(), long, 8, 10 * INLINE_PREPARE_BYTES) == INLINE_PREPARE_TOKEN_IDS + 1
+        assert threads[0] == threading.current_thread().name
+        assert threads[1] != threading.current_thread().name
+
+    asyncio.run(main())
