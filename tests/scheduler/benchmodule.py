@@ -17,6 +17,7 @@ def bench_module(name: str) -> ModuleType:
     try:
         spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # NOTE: a dataclass looks its module up there while the module loads
         spec.loader.exec_module(module)
         return module
     finally:

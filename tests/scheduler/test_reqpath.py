@@ -1,0 +1,28 @@
+"""bench/reqpath.py's join of a client's request with the mesh's spans."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .benchmodule import bench_module
+
+
+def test_the_segments_follow_the_request_from_its_send_to_its_first_chunk() -> None:
+    reqpath = bench_module("reqpath")
+    ms = 1_000_000
+    lines = [
+        json.dumps({"name": "gateway.request", "start_ns": 3 * ms, "attributes": {"kvmesh.request_id": "cmpl-1"},
+                    "events": [{"name": "routed", "time_ns": 5 * ms}, {"name": "routed", "time_ns": 9 * ms}]}),
+        json.dumps({"name": "decode.generate", "start_ns": 10 * ms, "attributes": {"request_id": "cmpl-1", "ttft_s": 0.004}}),
+        json.dumps({"name": "scheduler.route", "start_ns": 4 * ms, "attributes": {}}),
+        json.dumps({"name": "gateway.request", "start_ns": 3 * ms, "attributes": {"kvmesh.request_id": "cmpl-2"}, "events": []}),
+    ]
+    spans = reqpath.read_spans(lines)
+    sent = reqpath.Sent(0.0, sent_ns=1 * ms, first_ns=17 * ms, completion_id="cmpl-1")
+    # A 1->3, B 3->9 (a migrated request's last route), C 9->10, D 10->14, E 14->17; TTFT 16
+    assert reqpath.segments_ms(sent, spans["cmpl-1"]) == pytest.approx((2.0, 6.0, 1.0, 4.0, 3.0, 16.0))
+    assert reqpath.segments_ms(reqpath.Sent(0.0, ms, 17 * ms, "cmpl-2"), spans["cmpl-2"]) is None  # no worker span
+    assert reqpath.segments_ms(reqpath.Sent(0.0, ms), spans["cmpl-1"]) is None  # no first chunk
+    assert reqpath.summary([(1.0, 2.0), (3.0, 6.0), (5.0, 7.0)]) == ["3.0 / 3.0", "5.0 / 6.0"]
