@@ -207,23 +207,7 @@ def start_mesh(model: str, workers: int, policy: str, run_dir: str, settings: tu
 
 
 def sim_costs(cal: MeshCalibration, workers: int) -> tuple[CostModel, MeshCost]:
-    cost = CostModel(cal.prefill_s_per_token, cal.decode_s_per_step, cal.decode_s_per_seq)
-    mesh = MeshCost(request_overhead_s=cal.request_overhead_s, request_busy_s=cal.request_busy_s,
-                    token_overhead_s=cal.token_overhead_s, hit_s_per_token=cal.hit_s_per_token,
-                    prefill_stall=cal.prefill_stall, prefill_share=cal.prefill_share, noise=cal.noise,
-                    prefill_s_per_stream=cal.prefill_s_per_stream, prefill_s_beside=cal.prefill_s_beside,
-                    prefill_s_new_shape=cal.prefill_s_new_shape, hidden_tokens=cal.hidden_tokens,
-                    attention_s_per_pair=cal.attention_s_per_pair, host_parallelism=cal.host_parallelism,
-                    host_cpu_s_per_request=cal.host_cpu_s_per_request, host_cpu_s_per_step=cal.host_cpu_s_per_step,
-                    host_cpu_s_per_token=cal.host_cpu_s_per_token,
-                    attention_s_per_cached_pair=cal.attention_s_per_cached_pair,
-                    decode_s_per_kv_token=cal.decode_s_per_kv_token,
-                    decode_s_per_padded_token=cal.decode_s_per_padded_token,
-                    decode_padded_knee_tokens=cal.decode_padded_knee_tokens,
-                    pause_rate_hz=cal.pause_rate_hz, pause_s=cal.pause_s,
-                    handback_s_per_turn=cal.handback_s_per_turn, handback_s_per_token=cal.handback_s_per_token,
-                    admission_limit=MAX_NUM_SEQS * workers)
-    return cost, mesh
+    return cal.costs(admission_limit=MAX_NUM_SEQS * workers)
 
 
 def fit_spread(bench: Bench, samples: Samples, cal: MeshCalibration, workers: int, lower: CostModel | None) -> None:

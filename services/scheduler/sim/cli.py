@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     mesh = MeshCost()
     p.add_argument("--request-overhead-s", type=float, default=mesh.request_overhead_s,
                    help="mesh: added to every TTFT (`kvmesh sim calibrate` measures it)")
+    p.add_argument("--request-s-per-rps", type=float, default=mesh.request_s_per_rps,
+                   help="mesh: and this much more per request/s that reached the mesh in the last second (its path slows "
+                   "with the traffic)")
     p.add_argument("--request-busy-s", type=float, default=mesh.request_busy_s,
                    help="mesh: per-request work outside the engine that requests queue for, mesh-wide")
     p.add_argument("--prefill-share", type=float, default=mesh.prefill_share,
@@ -165,8 +168,8 @@ def _unscaled_config(args: argparse.Namespace, n: int, routers: int) -> SimConfi
         cost=CostModel(args.prefill_s_per_token, args.decode_s_per_step, args.decode_s_per_seq, args.block_size),
         pd=PdConfig(local_prefill_max_tokens=args.local_prefill_max_tokens),
         mesh=MeshCost(
-            request_overhead_s=args.request_overhead_s, request_busy_s=args.request_busy_s,
-            token_overhead_s=args.token_overhead_s, hit_s_per_token=args.hit_s_per_token,
+            request_overhead_s=args.request_overhead_s, request_s_per_rps=args.request_s_per_rps,
+            request_busy_s=args.request_busy_s, token_overhead_s=args.token_overhead_s, hit_s_per_token=args.hit_s_per_token,
             handback_s_per_turn=args.handback_s_per_turn, handback_s_per_token=args.handback_s_per_token,
             prefill_stall=args.prefill_stall, prefill_share=args.prefill_share,
             prefill_s_per_stream=args.prefill_s_per_stream, prefill_s_beside=args.prefill_s_beside,

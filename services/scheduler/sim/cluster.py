@@ -242,10 +242,14 @@ class Cluster:
     def _prefill_s(self, d: SimWorker, tokens: int, cached: int, joining: bool = False) -> float:
         return prefill_s(self.config.cost, self.config.mesh, self.config.max_num_batched_tokens, d, tokens, cached, joining)
 
-    def _slowdown(self) -> float:
+    def recent_rate(self, others: bool = False) -> float:
+        """Requests a second that reached the mesh in the last HOST_LOAD_WINDOW_S (`others`: less the one now)."""
         while self._recent and self._recent[0] < self.now - HOST_LOAD_WINDOW_S:
             self._recent.popleft()
-        return host_slowdown(self.config.cost, self.config.mesh, self.workers.values(), len(self._recent) / HOST_LOAD_WINDOW_S)
+        return max(0, len(self._recent) - others) / HOST_LOAD_WINDOW_S
+
+    def _slowdown(self) -> float:
+        return host_slowdown(self.config.cost, self.config.mesh, self.workers.values(), self.recent_rate())
 
     def _arrive(self, r: TraceRequest) -> None:
         hashes = r.block_hashes()[: r.prompt_tokens // self.config.cost.block_size]
@@ -322,7 +326,8 @@ class Cluster:
         # NOTE: the noise stretches this request's latency only, not the worker's busy time: the
         # probes measured it on lone requests, and a stretched prefill queued behind would count it twice.
         d.contexts.append(context_tokens(r))  # NOTE: after its prefill: that step's attention is the prefill's own
-        self._at(start + (end - start + self.config.mesh.request_overhead_s + latency) * noise, "first_token", (d, result))
+        overhead = self.config.mesh.request_overhead_s + self.config.mesh.request_s_per_rps * self.recent_rate(others=True)
+        self._at(start + (end - start + overhead + latency) * noise, "first_token", (d, result))
 
     def _next_pause(self, w: SimWorker, rng: random.Random) -> None:
         self._at(self.now + rng.expovariate(self.config.mesh.pause_rate_hz), "pause", (w, rng))

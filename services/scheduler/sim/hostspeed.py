@@ -29,7 +29,7 @@ from .meshcal import Samples
 from .meshprobe import FreshPrompts, ProbeConfig, probe
 
 MESH_TIME_TERMS = (
-    "attention_s_per_pair", "attention_s_per_cached_pair", "request_overhead_s", "request_busy_s", "token_overhead_s",
+    "attention_s_per_pair", "attention_s_per_cached_pair", "request_overhead_s", "request_s_per_rps", "request_busy_s", "token_overhead_s",
     "decode_s_per_context_token", "decode_s_per_kv_token", "decode_s_per_padded_token", "hit_s_per_token", "handback_s_per_turn",
     "handback_s_per_token", "prefill_s_per_stream", "prefill_s_beside", "prefill_s_new_shape", "pause_s",
     "host_cpu_s_per_request", "host_cpu_s_per_step", "host_cpu_s_per_token",

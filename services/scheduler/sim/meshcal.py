@@ -50,14 +50,19 @@ one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy w
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..policy import CostModel
 from .calibrate import fit_line
 from .decodectx import fit_hinge
 from .handback import fit_handback
+from .meshcost import MeshCost
 from .meshstats import around_median, medians, noise_quantiles, nonnegative_fit
+
+
+PATH_LOAD_SEQS_PER_WORKER = 64  # the decode worker's max_num_seqs default, as the path-load probe's mesh runs
 
 
 @dataclass(slots=True)
@@ -88,6 +93,8 @@ class Samples:
     shape: list[tuple[float, float, float]] = field(default_factory=list)
     # (nominal uncached tokens, TTFT at a token count never sent, TTFT at that count again right after)
     visible: list[int] = field(default_factory=list)  # tokens streamed before the first visible text, per request
+    load: list[tuple[float, float, float, float, float]] = field(default_factory=list)
+    # (run, arrival s within it, prompt tokens, output tokens, TTFT s) per request of the path-load probe (pathload.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +127,25 @@ class MeshCalibration:
     host_cpu_s_per_request: float = 0.0  # the host CPU outside the engines per request (0: not measured) ...
     host_cpu_s_per_step: float = 0.0     # ... per engine step of a busy worker ...
     host_cpu_s_per_token: float = 0.0    # ... and per streamed token
+    request_s_per_rps: float = 0.0       # a request's path latency per request/s the mesh got in the last second
+
+    def costs(self, admission_limit: int = 0) -> tuple[CostModel, MeshCost]:
+        """The sim's cost model of this mesh (`admission_limit`: requests in flight mesh-wide, 0 = no limit)."""
+        cost = CostModel(self.prefill_s_per_token, self.decode_s_per_step, self.decode_s_per_seq)
+        mesh = MeshCost(
+            request_overhead_s=self.request_overhead_s, request_s_per_rps=self.request_s_per_rps,
+            request_busy_s=self.request_busy_s, token_overhead_s=self.token_overhead_s, hit_s_per_token=self.hit_s_per_token,
+            prefill_stall=self.prefill_stall, prefill_share=self.prefill_share, noise=self.noise,
+            prefill_s_per_stream=self.prefill_s_per_stream, prefill_s_beside=self.prefill_s_beside,
+            prefill_s_new_shape=self.prefill_s_new_shape, hidden_tokens=self.hidden_tokens,
+            attention_s_per_pair=self.attention_s_per_pair, attention_s_per_cached_pair=self.attention_s_per_cached_pair,
+            host_parallelism=self.host_parallelism, host_cpu_s_per_request=self.host_cpu_s_per_request,
+            host_cpu_s_per_step=self.host_cpu_s_per_step, host_cpu_s_per_token=self.host_cpu_s_per_token,
+            decode_s_per_kv_token=self.decode_s_per_kv_token, decode_s_per_padded_token=self.decode_s_per_padded_token,
+            decode_padded_knee_tokens=self.decode_padded_knee_tokens, pause_rate_hz=self.pause_rate_hz, pause_s=self.pause_s,
+            handback_s_per_turn=self.handback_s_per_turn, handback_s_per_token=self.handback_s_per_token,
+            admission_limit=admission_limit)
+        return cost, mesh
 
     def sim_flags(self) -> list[str]:
         """`kvmesh sim` flags that reproduce this mesh."""
@@ -147,6 +173,8 @@ class MeshCalibration:
         if self.host_cpu_s_per_request or self.host_cpu_s_per_step or self.host_cpu_s_per_token:
             flags.append(f"--host-cpu-s-per-request {self.host_cpu_s_per_request:.3g} "
                          f"--host-cpu-s-per-step {self.host_cpu_s_per_step:.3g} --host-cpu-s-per-token {self.host_cpu_s_per_token:.3g}")
+        if self.request_s_per_rps:
+            flags.append(f"--request-s-per-rps {self.request_s_per_rps:.3g}")
         if self.admission_limit:
             flags.append(f"--admission-limit {self.admission_limit}")
         if self.noise:
@@ -330,7 +358,7 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
             stalls.append((gap - itl) / (slowdown(b) * took))
     handback_turn, handback_token = fit_handback(medians(samples.handback))
     admitted = samples.admitted if samples.admitted is not None and samples.admitted < samples.probe_streams else None
-    return MeshCalibration(
+    cal = MeshCalibration(
         prefill_s_per_token=per_token,
         decode_s_per_step=base,
         decode_s_per_seq=engine,
@@ -358,6 +386,17 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         hidden_tokens=hidden_quantiles(samples.visible),
         **fit_host(samples.host),
     )
+    return replace(cal, request_s_per_rps=fit_path_load(samples, cal, workers)) if samples.load else cal
+
+
+def fit_path_load(samples: Samples, cal: MeshCalibration, workers: int) -> float:
+    """MeshCost.request_s_per_rps on the path-load probe, every other term as in `cal` (pathload.py)."""
+    from .cluster import SimConfig  # noqa: PLC0415 - the sim, which imports this module's neighbours
+    from .pathload import fit_request_s_per_rps  # noqa: PLC0415
+
+    cost, mesh = cal.costs(admission_limit=PATH_LOAD_SEQS_PER_WORKER * workers)
+    return fit_request_s_per_rps(samples.load, SimConfig(num_workers=workers, max_num_seqs=PATH_LOAD_SEQS_PER_WORKER,
+                                                         cost=cost, mesh=mesh))
 
 
 def fit_host(points: list[tuple[float, ...]]) -> dict[str, float]:

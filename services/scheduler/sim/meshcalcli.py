@@ -57,6 +57,8 @@ def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list
         f"past {cal.decode_padded_knee_tokens:.0f}",
         f"#   per-request overhead {cal.request_overhead_s:.3g} s of latency, plus {cal.request_busy_s:.3g} s of work "
         "requests queue for mesh-wide (HTTP, tokenizing, routing, gRPC set-up, hand-back)",
+        f"#   and {cal.request_s_per_rps * 1e3:.3g} ms more latency per request a second the mesh got in the second "
+        "before (its path slowing with the traffic; the path-load probe)",
         f"#   a prefill takes {cal.prefill_share:.3g}x longer plus {cal.prefill_s_per_stream:.3g} s per stream decoding "
         f"beside it plus {cal.prefill_s_beside:.3g} s once when any does, and stalls those streams for {cal.prefill_stall:.0%} of its time (engine and RPC loop share the "
         "worker's CPU)",

@@ -8,6 +8,16 @@
   (measured on the tiny model on CPU: ~0.3-0.5x, since the n²/2 term of an uncached prompt also
   holds work that grows with its square beside the attention itself);
 - request_overhead_s is added to every TTFT (HTTP, tokenizing, routing, gRPC set-up);
+- request_s_per_rps: and this much more per request a second that reached the mesh in the last
+  HOST_LOAD_WINDOW_S before it (itself not counted), as latency only: the request's path outside
+  the engine (the client, the gateway, the Routes stream's round trip, the Generate frame, the
+  first chunk back) slows with the mesh's traffic. Why: bench/reqpath.py on a 1-worker mesh under
+  the fidelity trace, medians of that path (client send -> gateway span -> routed -> worker span;
+  worker first token -> client first chunk): 9.8 ms at 8 req/s, 12.6-20 at 22 req/s, against ~7.4
+  for a lone probe request; the probes that set the other terms send one request, or one prefill
+  beside steady streams, at a time. `kvmesh sim calibrate` fits it on the path-load probe
+  (pathload.py): short requests at Poisson arrivals at three rates, each one's TTFT against what
+  the sim without this term says for the same requests;
 - request_busy_s: the CPU work of a request outside the engine that requests queue for, mesh-wide
   (gateway, scheduler, RPC set-up, hand-back): every request passes one FIFO server of this
   service time before admission, so it bounds the mesh's request rate whatever its worker count;
@@ -106,6 +116,7 @@ class MeshCost:
     attention_s_per_pair: float = 0.0
     attention_s_per_cached_pair: float | None = None
     request_overhead_s: float = 0.0
+    request_s_per_rps: float = 0.0
     request_busy_s: float = 0.0
     token_overhead_s: float = 0.0
     decode_s_per_context_token: float = 0.0

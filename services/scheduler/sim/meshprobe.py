@@ -54,6 +54,9 @@ stream's ITL read 2.82 ms right after 16 streams of 1,024-token prompts, 1.12 ms
    outside the engines (the gateway, scheduler, workers' RPC loops, KV store and this client) against
    their requests, the busy workers' engine steps and the streamed tokens (`host_cpu_s_per_request`,
    `_per_step`, `_per_token`), which takes from the cores the busy workers share.
+12. path load (run before 11; `load_rates`, empty: skip): fresh prompts of `load_prompt_tokens` at
+   Poisson arrivals for `load_seconds` at each rate, the rates taking turns; each request's arrival,
+   lengths and TTFT (pathload.py fits how a request's path slows with the traffic: `request_s_per_rps`).
 With `--engine-model`, the in-process engine (`calibrate.py`) is measured too, after the
 probes, and printed as a lower bound.
 """
@@ -113,6 +116,12 @@ class ProbeConfig:
     # prompts; tokens per request vary apart from requests, and steps from tokens
     host_points: tuple[tuple[int, int], ...] = ((1, 256), (4, 256), (8, 256), (8, 32))
     admission_probe: int = 0          # burst size; 0 = skip the probe
+    # the path-load probe (12): fresh prompts at Poisson arrivals for `load_seconds` at each rate, a
+    # fraction of 1 / a lone request's TTFT at that length (~10-30 req/s on tiny here); empty: skip
+    load_rates: tuple[float, ...] = (0.15, 0.3, 0.45)
+    load_seconds: float = 5.0
+    load_prompt_tokens: int = 256
+    load_output_tokens: int = 48
     extra_repeats: int = 4            # more repeats, at most, of a probe point whose repeats disagree
     spread_limit: float = 0.15        # ... by more than this (half the interquartile range over the median)
 
@@ -140,6 +149,7 @@ async def probe(target: Target, config: ProbeConfig) -> Samples:
         await prober.itl()
         await prober.handback()
         await prober.sharing()
+        await prober.path_load()
         if config.workers > 1:
             await prober.host_load()
         prober.samples.workers = config.workers
@@ -361,6 +371,34 @@ class _Prober:
         m = self.config.workers
         outcomes = await asyncio.gather(*(self.one(self.prompt(self.unseen(self.longest)), 1) for _ in range(m)))
         return float(m), float(self.longest), max(o.ttft_s for o in outcomes)
+
+    async def path_load(self) -> None:
+        """The path-load probe: (run, arrival s, prompt tokens, output tokens, TTFT s) per request (pathload.py)."""
+        if not self.config.load_rates:
+            return
+        n = self.config.load_prompt_tokens
+        lone = statistics.median([(await self.one(self.prompt(n), 2, hidden=[])).ttft_s for _ in range(5)])
+        runs = {f: partial(self.poisson, f / lone) for f in self.config.load_rates}
+        records = await self.repeated(runs, lambda r: statistics.median(t for *_, t in r) if r else 0.0)
+        for run, record in enumerate(r for rs in records.values() for r in rs):
+            self.samples.load += [(float(run), *request) for request in record]
+
+    async def poisson(self, rate: float) -> list[tuple[float, float, float, float]]:
+        """`load_seconds` of fresh requests at Poisson arrivals at `rate` a second: (arrival s, prompt
+        tokens, output tokens, TTFT s) of each that was served, timed to its first token."""
+        n, out = self.config.load_prompt_tokens, self.config.load_output_tokens
+        rng, arrivals, t = random.Random(os.urandom(8)), [], 0.0
+        while (t := t + rng.expovariate(rate)) < self.config.load_seconds or len(arrivals) < 2:  # NOTE: a run is never empty
+            arrivals.append(t)
+        start = time.perf_counter()
+
+        async def one(at: float) -> Outcome:
+            await self.sleep(max(0.0, start + at - time.perf_counter()))
+            return await stream_one(self.client, self.target, self.model, self.prompt(n), out, hidden=[])
+
+        outcomes = await asyncio.gather(*(one(a) for a in arrivals))
+        # NOTE: the sim is run on these arrival times; a request's TTFT counts from its send, as replay's do
+        return [(a, float(n), float(out), o.ttft_s) for a, o in zip(arrivals, outcomes, strict=True) if o.ok]
 
     async def host_load(self) -> None:
         """The host-load probe: (requests, engine steps, tokens, the host's CPU seconds outside the

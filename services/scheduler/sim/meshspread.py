@@ -39,14 +39,18 @@ def resample(samples: Samples, rng: random.Random) -> Samples:
     hits = _resample([(*h, lone) for h, lone in pairs], 2, rng)
     drawn["hit"] = [h[:3] for h in hits]
     drawn["hit_lone"] = [h[3] for h in hits] if samples.hit_lone else []
+    drawn["load"] = []  # NOTE: the path-load term is held at its fit on every sample (bootstrap)
     return dataclasses.replace(samples, **drawn)
 
 
 def bootstrap(samples: Samples, draws: int = 200, seed: int = 0,
               engine_decode_s_per_seq: float | None = None) -> list[MeshCalibration]:
-    """`draws` fits of resampled probe repeats (see resample)."""
+    """`draws` fits of resampled probe repeats (see resample). NOTE: the path-load term is held at its
+    fit on every sample: refitting it runs the sim on the probe's requests, for every draw."""
     rng = random.Random(seed)
-    return [fit(resample(samples, rng), engine_decode_s_per_seq) for _ in range(draws)]
+    per_rps = fit(samples, engine_decode_s_per_seq).request_s_per_rps if samples.load else 0.0
+    return [dataclasses.replace(fit(resample(samples, rng), engine_decode_s_per_seq), request_s_per_rps=per_rps)
+            for _ in range(draws)]
 
 
 def term_ranges(fits: list[MeshCalibration], low: float = 0.1, high: float = 0.9) -> dict[str, tuple[float, float]]:
