@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
 from kvmesh.scheduler.policy import CostModel
 from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
-from kvmesh.scheduler.sim.meshcal import Samples, fit_path_load
+from kvmesh.scheduler.sim.meshcal import MeshCalibration, Samples, fit_path_load
 from kvmesh.scheduler.sim.meshcost import MeshCost
-from kvmesh.scheduler.sim.pathload import fit_request_s_per_rps, others_rate, runs_of, trace_of
+from kvmesh.scheduler.sim.pathload import fit_request_s_per_rps, lone_trace, others_rate, runs_of, trace_of
 
 CONFIG = SimConfig(num_workers=1, cost=CostModel(1e-5, 1e-3, 1e-4),
-                   mesh=MeshCost(request_overhead_s=0.006, request_busy_s=0.001, noise=(0.9, 1.0, 1.1)))
+                   mesh=MeshCost(request_overhead_s=0.006, request_busy_s=0.001, hit_s_per_token=2e-6, noise=(0.9, 1.0, 1.1)))
+PREFIX, FRESH, OUTPUT = 768, 192, 48
 
 
 def probe_runs(rates: tuple[float, ...], seconds: float = 4.0, seed: int = 3) -> list[tuple[int, list[float]]]:
@@ -29,15 +31,20 @@ def probe_runs(rates: tuple[float, ...], seconds: float = 4.0, seed: int = 3) ->
 
 def timed_by_the_sim(runs: list[tuple[int, list[float]]], per_rps: float, config: SimConfig = CONFIG) -> list[tuple]:
     """The probe's samples as a mesh that is the sim with this term would time them."""
+    config = dataclasses.replace(config, mesh=dataclasses.replace(config.mesh, request_s_per_rps=per_rps))
     samples = []
     for run, arrivals in runs:
-        requests = [(a, 256, 48, 0.0) for a in arrivals]
-        mesh = MeshCost(**{**{f: getattr(config.mesh, f) for f in config.mesh.__slots__}, "request_s_per_rps": per_rps})
-        results = Cluster("kv_aware", SimConfig(num_workers=config.num_workers, cost=config.cost, mesh=mesh)).run(
-            trace_of(run, requests, config.cost.block_size))
+        results = Cluster("kv_aware", config).run(trace_of(run, [(a, PREFIX, FRESH, OUTPUT, 0.0) for a in arrivals], 16))
         ttft = {r.request.request_id: r.ttft_s for r in results}
-        samples += [(float(run), a, 256.0, 48.0, ttft[f"load{run}-{i}"]) for i, a in enumerate(arrivals)]
+        samples += [(float(run), a, float(PREFIX), float(FRESH), float(OUTPUT), ttft[f"load{run}-{i}"])
+                    for i, a in enumerate(arrivals)]
     return samples
+
+
+def lone_by_the_sim(count: int, config: SimConfig = CONFIG) -> list[tuple]:
+    """The probe's lone requests (run -1), as the sim times each alone."""
+    results = Cluster("kv_aware", config).run(lone_trace(count, PREFIX, FRESH, OUTPUT, 16))
+    return [(-1.0, 0.0, float(PREFIX), float(FRESH), float(OUTPUT), r.ttft_s) for r in results if "prime" not in r.request.request_id]
 
 
 def test_timings_the_sim_made_with_a_known_term_give_that_term_back() -> None:
@@ -46,19 +53,31 @@ def test_timings_the_sim_made_with_a_known_term_give_that_term_back() -> None:
         assert fit_request_s_per_rps(timed_by_the_sim(runs, per_rps), CONFIG) == pytest.approx(per_rps, rel=1e-4)
 
 
+def test_a_host_slower_or_faster_by_a_constant_than_the_calibration_says_gets_the_same_term() -> None:
+    """The lone requests sent just before the runs anchor the fit: an offset on all of them is not a slope."""
+    samples = lone_by_the_sim(5) + timed_by_the_sim(probe_runs((10.0, 20.0, 30.0)), 0.0006)
+    assert fit_request_s_per_rps(samples, CONFIG) == pytest.approx(0.0006, rel=1e-4)
+    for offset in (0.004, -0.002):
+        shifted = [(*s[:5], s[5] + offset) for s in samples]
+        assert fit_request_s_per_rps(shifted, CONFIG) == pytest.approx(0.0006, rel=1e-4)
+    # without the anchor, a slower host reads as a slope
+    assert fit_request_s_per_rps([(*s[:5], s[5] + 0.004) for s in samples if s[0] >= 0], CONFIG) > 1.2 * 0.0006
+
+
 def test_a_mesh_no_slower_under_traffic_than_the_sim_without_the_term_gets_none() -> None:
     runs = probe_runs((10.0, 30.0))
     assert fit_request_s_per_rps(timed_by_the_sim(runs, 0.0), CONFIG) == 0.0
-    faster = [(*s[:4], s[4] - 0.002) for s in timed_by_the_sim(runs, 0.0)]
+    faster = [(*s[:5], s[5] - 0.002) for s in timed_by_the_sim(runs, 0.0)]
     assert fit_request_s_per_rps(faster, CONFIG) == 0.0  # never below zero
     assert fit_request_s_per_rps([], CONFIG) == 0.0
 
 
-def test_the_term_adds_latency_per_request_a_second_before_each_one_not_counting_itself() -> None:
+def test_the_runs_share_a_cached_prefix_and_the_term_counts_the_requests_before_each_not_itself() -> None:
     # three requests 0.1 s apart, then one 2 s later: it had nobody in the second before it
-    trace = trace_of(0, [(0.0, 32, 2, 0.0), (0.1, 32, 2, 0.0), (0.2, 32, 2, 0.0), (2.2, 32, 2, 0.0)], 16)
-    mesh = MeshCost(request_s_per_rps=0.01)
-    with_term = Cluster("kv_aware", SimConfig(num_workers=4, cost=CONFIG.cost, mesh=mesh)).run(trace)
+    trace = trace_of(0, [(0.0, 64, 32, 2, 0.0), (0.1, 64, 32, 2, 0.0), (0.2, 64, 32, 2, 0.0), (2.2, 64, 32, 2, 0.0)], 16)
+    assert trace[0].request_id == "load0-prime" and all(r.hash_ids[:4] == trace[0].hash_ids[:4] for r in trace)
+    assert len({r.hash_ids[4:] for r in trace}) == len(trace)  # each its own blocks after the prefix
+    with_term = Cluster("kv_aware", SimConfig(num_workers=4, cost=CONFIG.cost, mesh=MeshCost(request_s_per_rps=0.01))).run(trace)
     without = Cluster("kv_aware", SimConfig(num_workers=4, cost=CONFIG.cost)).run(trace)
     extra = {a.request.request_id: a.ttft_s - b.ttft_s
              for a in with_term for b in without if a.request.request_id == b.request.request_id}
@@ -67,15 +86,13 @@ def test_the_term_adds_latency_per_request_a_second_before_each_one_not_counting
 
 
 def test_the_calibration_fits_the_term_when_the_probe_ran() -> None:
-    from kvmesh.scheduler.sim.meshcal import MeshCalibration
-
     cal = MeshCalibration(prefill_s_per_token=1e-5, decode_s_per_step=1e-3, decode_s_per_seq=1e-4, request_overhead_s=0.006,
-                          request_busy_s=0.001, token_overhead_s=0.0, hit_s_per_token=0.0, prefill_stall=0.0,
+                          request_busy_s=0.001, token_overhead_s=0.0, hit_s_per_token=2e-6, prefill_stall=0.0,
                           prefill_share=0.0, admission_limit=None, noise=(0.9, 1.0, 1.1))
     cost, mesh = cal.costs(admission_limit=64)
+    config = SimConfig(num_workers=1, cost=cost, mesh=mesh)
     runs = probe_runs((10.0, 25.0))
-    samples = Samples(load=timed_by_the_sim(runs, 0.0007, SimConfig(num_workers=1, cost=cost, mesh=mesh)))
+    samples = Samples(load=lone_by_the_sim(5, config) + timed_by_the_sim(runs, 0.0007, config))
     assert fit_path_load(samples, cal, 1) == pytest.approx(0.0007, rel=1e-4)
-    assert [len(r) for r in runs_of(samples.load)] == [len(a) for _, a in runs]
-    assert "--request-s-per-rps 0.0007" in " ".join(cal.__class__(**{**{f: getattr(cal, f) for f in cal.__slots__},
-                                                                        "request_s_per_rps": 0.0007}).sim_flags())
+    assert [len(r) for r in runs_of(samples.load)] == [len(a) for _, a in runs]  # the lone requests are not a run
+    assert "--request-s-per-rps 0.0007" in " ".join(dataclasses.replace(cal, request_s_per_rps=0.0007).sim_flags())

@@ -54,9 +54,11 @@ stream's ITL read 2.82 ms right after 16 streams of 1,024-token prompts, 1.12 ms
    outside the engines (the gateway, scheduler, workers' RPC loops, KV store and this client) against
    their requests, the busy workers' engine steps and the streamed tokens (`host_cpu_s_per_request`,
    `_per_step`, `_per_token`), which takes from the cores the busy workers share.
-12. path load (run before 11; `load_rates`, empty: skip): fresh prompts of `load_prompt_tokens` at
-   Poisson arrivals for `load_seconds` at each rate, the rates taking turns; each request's arrival,
-   lengths and TTFT (pathload.py fits how a request's path slows with the traffic: `request_s_per_rps`).
+12. path load (run before 11; `load_rates`, empty: skip): a prefix of `load_prefix_tokens`, cached by
+   a request before them, then `load_fresh_tokens` fresh ones (a multi-turn trace's later turn), at
+   Poisson arrivals for `load_seconds` at each rate, the rates taking turns, after a few of them one at
+   a time; each request's arrival, lengths and TTFT (pathload.py fits how a request's path slows with
+   the traffic: `request_s_per_rps`).
 With `--engine-model`, the in-process engine (`calibrate.py`) is measured too, after the
 probes, and printed as a lower bound.
 """
@@ -79,10 +81,12 @@ from .client import Target, new_client, served_model, stream_one
 from .meshcal import Samples
 from .meshstats import unsettled
 from .meshstreams import admitted_before_first_finish, itl_point, largest_gap, steady_run
+from .pathload import LONE_RUN
 from .replay import VOCAB
 from .report import Outcome
 
 BLOCK_TOKENS = 16  # the mesh's KV block: a cached prefix is a whole number of them
+LOAD_LONE_REQUESTS = 5  # the path-load probe's lone requests, one at a time, before its runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +120,13 @@ class ProbeConfig:
     # prompts; tokens per request vary apart from requests, and steps from tokens
     host_points: tuple[tuple[int, int], ...] = ((1, 256), (4, 256), (8, 256), (8, 32))
     admission_probe: int = 0          # burst size; 0 = skip the probe
-    # the path-load probe (12): fresh prompts at Poisson arrivals for `load_seconds` at each rate, a
+    # the path-load probe (12): a shared prefix then fresh tokens (a trace's later turn), at Poisson
+    # arrivals for `load_seconds` at each rate, a
     # fraction of 1 / a lone request's TTFT at that length (~10-30 req/s on tiny here); empty: skip
     load_rates: tuple[float, ...] = (0.15, 0.3, 0.45)
     load_seconds: float = 5.0
-    load_prompt_tokens: int = 256
+    load_prefix_tokens: int = 768
+    load_fresh_tokens: int = 192
     load_output_tokens: int = 48
     extra_repeats: int = 4            # more repeats, at most, of a probe point whose repeats disagree
     spread_limit: float = 0.15        # ... by more than this (half the interquartile range over the median)
@@ -373,20 +379,25 @@ class _Prober:
         return float(m), float(self.longest), max(o.ttft_s for o in outcomes)
 
     async def path_load(self) -> None:
-        """The path-load probe: (run, arrival s, prompt tokens, output tokens, TTFT s) per request (pathload.py)."""
+        """The path-load probe: (run, arrival s, prefix tokens, fresh tokens, output tokens, TTFT s) per
+        request (pathload.py); the prefix is cached by a request before them all."""
         if not self.config.load_rates:
             return
-        n = self.config.load_prompt_tokens
-        lone = statistics.median([(await self.one(self.prompt(n), 2, hidden=[])).ttft_s for _ in range(5)])
-        runs = {f: partial(self.poisson, f / lone) for f in self.config.load_rates}
+        prefix = self.prompt(self.config.load_prefix_tokens)
+        fresh, out = self.config.load_fresh_tokens, self.config.load_output_tokens
+        await self.one(prefix + self.prompt(BLOCK_TOKENS), 1)
+        lone = [(await self.one(prefix + self.prompt(fresh), out, hidden=[])).ttft_s for _ in range(LOAD_LONE_REQUESTS)]
+        self.samples.load += [(LONE_RUN, 0.0, float(len(prefix)), float(fresh), float(out), t) for t in lone]
+        runs = {f: partial(self.poisson, prefix, f / statistics.median(lone)) for f in self.config.load_rates}
         records = await self.repeated(runs, lambda r: statistics.median(t for *_, t in r) if r else 0.0)
         for run, record in enumerate(r for rs in records.values() for r in rs):
             self.samples.load += [(float(run), *request) for request in record]
 
-    async def poisson(self, rate: float) -> list[tuple[float, float, float, float]]:
-        """`load_seconds` of fresh requests at Poisson arrivals at `rate` a second: (arrival s, prompt
-        tokens, output tokens, TTFT s) of each that was served, timed to its first token."""
-        n, out = self.config.load_prompt_tokens, self.config.load_output_tokens
+    async def poisson(self, prefix: list[int], rate: float) -> list[tuple[float, float, float, float, float]]:
+        """`load_seconds` of requests at Poisson arrivals at `rate` a second, each `prefix` then fresh
+        tokens: (arrival s, prefix tokens, fresh tokens, output tokens, TTFT s) of each that was served,
+        timed to its first token."""
+        fresh, out = self.config.load_fresh_tokens, self.config.load_output_tokens
         rng, arrivals, t = random.Random(os.urandom(8)), [], 0.0
         while (t := t + rng.expovariate(rate)) < self.config.load_seconds or len(arrivals) < 2:  # NOTE: a run is never empty
             arrivals.append(t)
@@ -394,11 +405,12 @@ class _Prober:
 
         async def one(at: float) -> Outcome:
             await self.sleep(max(0.0, start + at - time.perf_counter()))
-            return await stream_one(self.client, self.target, self.model, self.prompt(n), out, hidden=[])
+            return await stream_one(self.client, self.target, self.model, prefix + self.prompt(fresh), out, hidden=[])
 
         outcomes = await asyncio.gather(*(one(a) for a in arrivals))
         # NOTE: the sim is run on these arrival times; a request's TTFT counts from its send, as replay's do
-        return [(a, float(n), float(out), o.ttft_s) for a, o in zip(arrivals, outcomes, strict=True) if o.ok]
+        return [(a, float(len(prefix)), float(fresh), float(out), o.ttft_s)
+                for a, o in zip(arrivals, outcomes, strict=True) if o.ok]
 
     async def host_load(self) -> None:
         """The host-load probe: (requests, engine steps, tokens, the host's CPU seconds outside the

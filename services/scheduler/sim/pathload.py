@@ -1,17 +1,26 @@
 """The request path under traffic: fits MeshCost.request_s_per_rps on the path-load probe.
 
-The probe (meshprobe.py) sends short fresh requests at Poisson arrivals, at three rates, and times
-each one's first token. The sim is run on those same requests (their arrival times, prompt and
-output lengths, nothing cached) with every other term as fitted; what it lacks is the path
-outside the engine slowing with the traffic around it, which the other probes (one request, or
-one prefill beside steady streams, at a time) never load. The term is the `request_s_per_rps` at
-which each run's median first token in the sim meets the probe's, in least squares over the runs
-(each run's own requests a second set how much the term moves its median): Newton's method on a
-function that is linear in the term but for the sim's own knock-on effects (a later first token
-ends its turn later), so a few steps settle it, and timings the sim made with a known term give
-that term back.
+The probe (meshprobe.py) sends requests like a multi-turn trace's (a cached prefix every request
+shares, then fresh tokens) at Poisson arrivals, at three rates, and times each one's first token.
+The sim is run on those same requests (their arrival times and lengths, the prefix cached by a
+request before them) with every other term as fitted; what it lacks is the path outside the
+engine slowing with the traffic around it, which the other probes (one request, or one prefill
+beside steady streams, at a time) never load. The term is the `request_s_per_rps` at which each
+run's median first token in the sim meets the probe's, in least squares over the runs (each run's
+own requests a second set how much the term moves its median), after taking out the offset
+between the probe's lone requests (sent one at a time just before the runs, run LONE_RUN) and the
+sim's: the host's speed drifts during a calibration, and a constant offset would otherwise read as
+a slope through the origin. Newton's method on a function that is linear in the term but for the
+sim's own knock-on effects (a later first token ends its turn later), so a few steps settle it,
+and timings the sim made with a known term give that term back.
 
-A sample is (run, arrival s within the run, prompt tokens, output tokens, TTFT s) per request.
+Why a shared prefix: fresh 256-token prompts at 10-33 req/s kept a flat median TTFT on a 1-worker
+mesh (14-15 ms, the term fitted 0.06 ms per req/s), while 768 cached + 200 fresh tokens went
+15.4, 18.7, 22.7, 29.9 ms at 8, 16, 24, 32 req/s: the trace's requests carry a long body, its
+block hashes through the gateway, the scheduler and the KV events, and a prefix hit.
+
+A sample is (run, arrival s within the run, cached prefix tokens, fresh tokens, output tokens,
+TTFT s) per request.
 """
 
 from __future__ import annotations
@@ -24,23 +33,45 @@ from .cluster import Cluster, SimConfig
 from .meshcost import HOST_LOAD_WINDOW_S
 from .trace import TraceRequest
 
-LoadSample = tuple[float, float, float, float, float]
 MAX_STEPS = 8
+LONE_RUN = -1.0  # the run index of the probe's lone requests
+LONE_SPACING_S = 10.0  # the sim's copies of those, this far apart ...
+LONE_TRACE_RUN = 9999  # ... with their ids and blocks as run this
+PRIME_LEAD_S = 2.0  # the sim's request that caches the shared prefix comes this long before a run
+PREFIX_IDS = 1 << 40  # the shared prefix's hash ids start here (every other block's are below)
+PRIME = "prime"
+
+Request = tuple[float, int, int, int, float]  # (arrival s, prefix tokens, fresh tokens, output tokens, TTFT s)
 
 
-def runs_of(samples: Sequence[Sequence[float]]) -> list[list[tuple[float, int, int, float]]]:
-    """The probe's samples grouped by run, in run order: (arrival s, prompt tokens, output tokens, TTFT s)."""
-    runs: dict[int, list[tuple[float, int, int, float]]] = {}
-    for run, arrival, prompt, output, ttft in samples:
-        runs.setdefault(int(run), []).append((float(arrival), int(prompt), int(output), float(ttft)))
+def runs_of(samples: Sequence[Sequence[float]]) -> list[list[Request]]:
+    """The probe's samples grouped by run, in run order, the lone requests left out."""
+    runs: dict[int, list[Request]] = {}
+    for run, arrival, prefix, fresh, output, ttft in samples:
+        if run != LONE_RUN:
+            runs.setdefault(int(run), []).append((float(arrival), int(prefix), int(fresh), int(output), float(ttft)))
     return [sorted(runs[k]) for k in sorted(runs)]
 
 
-def trace_of(run: int, requests: Sequence[tuple[float, int, int, float]], block_tokens: int) -> list[TraceRequest]:
-    """The run's requests as a trace: each prompt its own blocks (the probe's prompts are fresh)."""
-    return [TraceRequest(arrival, f"load{run}-{i}", "", prompt, output,
-                         tuple(range((run * 100_000 + i) * 1000, (run * 100_000 + i) * 1000 + prompt // block_tokens)))
-            for i, (arrival, prompt, output, _) in enumerate(requests)]
+def trace_of(run: int, requests: Sequence[Request], block_tokens: int) -> list[TraceRequest]:
+    """The run's requests as a trace, PRIME_LEAD_S later, after one request that caches their prefix
+    (`PRIME`): each prompt is that prefix's blocks, then blocks of its own."""
+    if not requests:
+        return []
+    prefix = requests[0][1]
+    shared = tuple(range(PREFIX_IDS, PREFIX_IDS + prefix // block_tokens))
+    out = [TraceRequest(0.0, f"load{run}-{PRIME}", "", prefix + block_tokens, 1, (*shared, PREFIX_IDS - 1 - run))]
+    for i, (arrival, prefix, fresh, output, _) in enumerate(requests):
+        first = (run * 100_000 + i) * 1000
+        own = tuple(range(first, first + -(-fresh // block_tokens)))
+        out.append(TraceRequest(PRIME_LEAD_S + arrival, f"load{run}-{i}", "", prefix + fresh, output, shared + own))
+    return out
+
+
+def lone_trace(count: int, prefix: int, fresh: int, output: int, block_tokens: int) -> list[TraceRequest]:
+    """The probe's lone requests as a trace: as many as it sent, far apart, so each runs alone (with its
+    own noise factor, MeshCost.noise, by its id)."""
+    return trace_of(LONE_TRACE_RUN, [(LONE_SPACING_S * i, prefix, fresh, output, 0.0) for i in range(count)], block_tokens)
 
 
 def others_rate(arrivals: Sequence[float]) -> float:
@@ -52,12 +83,12 @@ def others_rate(arrivals: Sequence[float]) -> float:
 
 
 def sim_medians(config: SimConfig, traces: list[list[TraceRequest]], per_rps: float, policy: str) -> list[float]:
-    """The sim's median TTFT (to the first token) of each run at `per_rps`."""
+    """The sim's median TTFT (to the first token) of each trace's requests at `per_rps`, its prime left out."""
     mesh = replace(config.mesh, request_s_per_rps=per_rps)
     out = []
     for trace in traces:
         results = Cluster(policy, replace(config, mesh=mesh)).run(trace)
-        out.append(statistics.median(r.ttft_s for r in results if r.status == 200))
+        out.append(statistics.median(r.ttft_s for r in results if r.status == 200 and not r.request.request_id.endswith(PRIME)))
     return out
 
 
@@ -66,13 +97,18 @@ def fit_request_s_per_rps(samples: Sequence[Sequence[float]], config: SimConfig,
     """The term (>= 0) at which the sim's per-run median TTFTs meet the probe's (least squares);
     0 without samples."""
     runs = [r for r in runs_of(samples) if r]
-    if not runs:
-        return 0.0
-    real = [statistics.median(t for *_, t in r) for r in runs]
     rates = [others_rate([a for a, *_ in r]) for r in runs]
     if not any(rates):
         return 0.0
-    traces = [trace_of(i, r, config.cost.block_size) for i, r in enumerate(runs)]
+    block = config.cost.block_size
+    lone = [s for s in samples if s[0] == LONE_RUN]
+    offset = 0.0
+    if lone:
+        _, _, prefix, fresh, output, _ = lone[0]
+        alone = lone_trace(len(lone), int(prefix), int(fresh), int(output), block)
+        offset = statistics.median(s[-1] for s in lone) - medians(config, [alone], 0.0, policy)[0]
+    real = [statistics.median(r[-1] for r in run) - offset for run in runs]
+    traces = [trace_of(i, r, block) for i, r in enumerate(runs)]
     per_rps = 0.0
     base = medians(config, traces, per_rps, policy)
     for _ in range(MAX_STEPS):
