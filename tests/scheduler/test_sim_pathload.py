@@ -96,3 +96,12 @@ def test_the_calibration_fits_the_term_when_the_probe_ran() -> None:
     assert fit_path_load(samples, cal, 1) == pytest.approx(0.0007, rel=1e-4)
     assert [len(r) for r in runs_of(samples.load)] == [len(a) for _, a in runs]  # the lone requests are not a run
     assert "--request-s-per-rps 0.0007" in " ".join(dataclasses.replace(cal, request_s_per_rps=0.0007).sim_flags())
+
+
+def test_the_calibration_prints_the_lone_median_then_each_runs_rate_and_median() -> None:
+    from kvmesh.scheduler.sim.meshcalcli import path_load_line
+
+    samples = Samples(load=[(-1.0, 0.0, 768.0, 192.0, 48.0, 0.015), (-1.0, 0.0, 768.0, 192.0, 48.0, 0.017),
+                            *((0.0, 0.1 * i, 768.0, 192.0, 48.0, 0.020) for i in range(21))])
+    assert path_load_line(samples) == "lone 16.0 ms, 7/s 20.0 ms"  # 21 requests 0.1 s apart: 0, 1, .. 9, then ~10 before each
+    assert path_load_line(Samples()) == "not probed"
