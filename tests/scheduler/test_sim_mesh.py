@@ -69,7 +69,7 @@ def test_calibration_probes_the_mesh(gateway):
                          visible_requests=3, visible_tokens=8,
                          stall_lengths=(256,), hit_new_tokens=(128,), admission_probe=0, context_points=((2, 256),), extra_repeats=0,
                          handback_points=((2, 64), (2, 256)), handback_lone_tokens=16, settle_s=0.05,
-                         load_rates=(0.2, 0.4), load_seconds=1.0, load_prefix_tokens=64, load_fresh_tokens=32,
+                         load_rates=(0.2, 0.4), load_seconds=1.0, load_block_s=0.5, load_prefix_tokens=64, load_fresh_tokens=32,
                          load_output_tokens=4)
     samples = asyncio.run(probe(Target(gateway, timeout_s=60.0), config))
     assert [n for n, _ in samples.ttft] == [32, 256] and all(t > 0 for _, t in samples.ttft)
@@ -83,10 +83,12 @@ def test_calibration_probes_the_mesh(gateway):
     assert [(k, t) for k, t, _ in samples.handback] == [(2, 64 + 8), (2, 256 + 8)]  # turns per worker, tokens per turn
     assert [n for n, *_ in samples.shape] == [128, 384] and all(t > 0 for _, *ts in samples.shape for t in ts)
     assert len(samples.visible) == 3 and all(0 <= k <= 8 for k in samples.visible)
-    # the path-load probe: its lone requests (run -1) and two runs of Poisson arrivals, each request's
-    # arrival, lengths and TTFT
-    assert {run for run, *_ in samples.load} == {-1.0, 0.0, 1.0}
-    assert all(at >= 0 and (prefix, fresh, out) == (64, 32, 4) and ttft > 0 for _, at, prefix, fresh, out, ttft in samples.load)
+    # the path-load probe: its lone requests (run -1), then one run (repeats) of Poisson arrivals at two
+    # rate levels in 0.5-s blocks, each request's level, arrival, lengths and TTFT
+    assert {run for run, *_ in samples.load} == {-1.0, 0.0}
+    assert {level for run, level, *_ in samples.load if run == 0} <= {0.0, 1.0}
+    assert all(0 <= at < 2.0 and (prefix, fresh, out) == (64, 32, 4) and ttft > 0
+               for _, _, at, prefix, fresh, out, ttft in samples.load)
 
 
 def test_a_request_timed_to_its_first_token_counts_the_tokens_before_its_text(gateway):

@@ -18,33 +18,41 @@ CONFIG = SimConfig(num_workers=1, cost=CostModel(1e-5, 1e-3, 1e-4),
 PREFIX, FRESH, OUTPUT = 768, 192, 48
 
 
-def probe_runs(rates: tuple[float, ...], seconds: float = 4.0, seed: int = 3) -> list[tuple[int, list[float]]]:
+def probe_runs(rates: tuple[float, ...], runs: int = 2, cycles: int = 2, block_s: float = 2.0,
+               seed: int = 3) -> list[tuple[int, list[tuple[float, int]]]]:
+    """Runs of (arrival, rate level): Poisson arrivals whose rate steps between `rates` every `block_s`."""
     rng = random.Random(seed)
-    runs = []
-    for i, rate in enumerate(rates):
-        arrivals, t = [], 0.0
-        while (t := t + rng.expovariate(rate)) < seconds:
-            arrivals.append(t)
-        runs.append((i, arrivals))
-    return runs
+    out = []
+    for run in range(runs):
+        arrivals = []
+        for cycle in range(cycles):
+            for k, level in enumerate(rng.sample(range(len(rates)), len(rates))):
+                start = (cycle * len(rates) + k) * block_s
+                t = start + rng.expovariate(rates[level])
+                while t < start + block_s:
+                    arrivals.append((t, level))
+                    t += rng.expovariate(rates[level])
+        out.append((run, arrivals))
+    return out
 
 
-def timed_by_the_sim(runs: list[tuple[int, list[float]]], per_rps: float, config: SimConfig = CONFIG) -> list[tuple]:
+def timed_by_the_sim(runs: list[tuple[int, list[tuple[float, int]]]], per_rps: float, config: SimConfig = CONFIG) -> list[tuple]:
     """The probe's samples as a mesh that is the sim with this term would time them."""
     config = dataclasses.replace(config, mesh=dataclasses.replace(config.mesh, request_s_per_rps=per_rps))
     samples = []
     for run, arrivals in runs:
-        results = Cluster("kv_aware", config).run(trace_of(run, [(a, PREFIX, FRESH, OUTPUT, 0.0) for a in arrivals], 16))
+        results = Cluster("kv_aware", config).run(trace_of(run, [(a, PREFIX, FRESH, OUTPUT, 0.0) for a, _ in arrivals], 16))
         ttft = {r.request.request_id: r.ttft_s for r in results}
-        samples += [(float(run), a, float(PREFIX), float(FRESH), float(OUTPUT), ttft[f"load{run}-{i}"])
-                    for i, a in enumerate(arrivals)]
+        samples += [(float(run), float(level), a, float(PREFIX), float(FRESH), float(OUTPUT), ttft[f"load{run}-{i}"])
+                    for i, (a, level) in enumerate(arrivals)]
     return samples
 
 
 def lone_by_the_sim(count: int, config: SimConfig = CONFIG) -> list[tuple]:
     """The probe's lone requests (run -1), as the sim times each alone."""
     results = Cluster("kv_aware", config).run(lone_trace(count, PREFIX, FRESH, OUTPUT, 16))
-    return [(-1.0, 0.0, float(PREFIX), float(FRESH), float(OUTPUT), r.ttft_s) for r in results if "prime" not in r.request.request_id]
+    return [(-1.0, 0.0, 0.0, float(PREFIX), float(FRESH), float(OUTPUT), r.ttft_s)
+            for r in results if "prime" not in r.request.request_id]
 
 
 def test_timings_the_sim_made_with_a_known_term_give_that_term_back() -> None:
@@ -58,16 +66,16 @@ def test_a_host_slower_or_faster_by_a_constant_than_the_calibration_says_gets_th
     samples = lone_by_the_sim(5) + timed_by_the_sim(probe_runs((10.0, 20.0, 30.0)), 0.0006)
     assert fit_request_s_per_rps(samples, CONFIG) == pytest.approx(0.0006, rel=1e-4)
     for offset in (0.004, -0.002):
-        shifted = [(*s[:5], s[5] + offset) for s in samples]
+        shifted = [(*s[:6], s[6] + offset) for s in samples]
         assert fit_request_s_per_rps(shifted, CONFIG) == pytest.approx(0.0006, rel=1e-4)
     # without the anchor, a slower host reads as a slope
-    assert fit_request_s_per_rps([(*s[:5], s[5] + 0.004) for s in samples if s[0] >= 0], CONFIG) > 1.2 * 0.0006
+    assert fit_request_s_per_rps([(*s[:6], s[6] + 0.004) for s in samples if s[0] >= 0], CONFIG) > 1.2 * 0.0006
 
 
 def test_a_mesh_no_slower_under_traffic_than_the_sim_without_the_term_gets_none() -> None:
     runs = probe_runs((10.0, 30.0))
     assert fit_request_s_per_rps(timed_by_the_sim(runs, 0.0), CONFIG) == 0.0
-    faster = [(*s[:5], s[5] - 0.002) for s in timed_by_the_sim(runs, 0.0)]
+    faster = [(*s[:6], s[6] - 0.002) for s in timed_by_the_sim(runs, 0.0)]
     assert fit_request_s_per_rps(faster, CONFIG) == 0.0  # never below zero
     assert fit_request_s_per_rps([], CONFIG) == 0.0
 
@@ -94,14 +102,16 @@ def test_the_calibration_fits_the_term_when_the_probe_ran() -> None:
     runs = probe_runs((10.0, 25.0))
     samples = Samples(load=lone_by_the_sim(5, config) + timed_by_the_sim(runs, 0.0007, config))
     assert fit_path_load(samples, cal, 1) == pytest.approx(0.0007, rel=1e-4)
-    assert [len(r) for r in runs_of(samples.load)] == [len(a) for _, a in runs]  # the lone requests are not a run
+    assert [len(r) for r in runs_of(samples.load)[0]] == [len(a) for _, a in runs]  # the lone requests are not a run
     assert "--request-s-per-rps 0.0007" in " ".join(dataclasses.replace(cal, request_s_per_rps=0.0007).sim_flags())
 
 
-def test_the_calibration_prints_the_lone_median_then_each_runs_rate_and_median() -> None:
+def test_the_calibration_prints_the_lone_median_then_each_rate_levels_rate_and_median() -> None:
     from kvmesh.scheduler.sim.meshcalcli import path_load_line
 
-    samples = Samples(load=[(-1.0, 0.0, 768.0, 192.0, 48.0, 0.015), (-1.0, 0.0, 768.0, 192.0, 48.0, 0.017),
-                            *((0.0, 0.1 * i, 768.0, 192.0, 48.0, 0.020) for i in range(21))])
-    assert path_load_line(samples) == "lone 16.0 ms, 7/s 20.0 ms"  # 21 requests 0.1 s apart: 0, 1, .. 9, then ~10 before each
+    # level 1: 11 requests 0.1 s apart (0, 1, .. 10 before each: 5 a second); level 0: 3 requests 1.1 s apart after them
+    load = [(-1.0, 0.0, 0.0, 768.0, 192.0, 48.0, 0.015), (-1.0, 0.0, 0.0, 768.0, 192.0, 48.0, 0.017)]
+    load += [(0.0, 1.0, 0.1 * i, 768.0, 192.0, 48.0, 0.020) for i in range(11)]
+    load += [(0.0, 0.0, 3.0 + 1.1 * i, 768.0, 192.0, 48.0, 0.012) for i in range(3)]
+    assert path_load_line(Samples(load=load)) == "lone 16.0 ms, 0/s 12.0 ms, 5/s 20.0 ms"
     assert path_load_line(Samples()) == "not probed"

@@ -93,9 +93,9 @@ class Samples:
     shape: list[tuple[float, float, float]] = field(default_factory=list)
     # (nominal uncached tokens, TTFT at a token count never sent, TTFT at that count again right after)
     visible: list[int] = field(default_factory=list)  # tokens streamed before the first visible text, per request
-    load: list[tuple[float, float, float, float, float, float]] = field(default_factory=list)
-    # (run, arrival s within it, cached prefix tokens, fresh tokens, output tokens, TTFT s) per request of the
-    # path-load probe (pathload.py)
+    load: list[tuple[float, ...]] = field(default_factory=list)
+    # (run, rate level, arrival s within the run, cached prefix tokens, fresh tokens, output tokens, TTFT s)
+    # per request of the path-load probe (pathload.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from .meshcal import MeshCalibration, Samples, beside_medians, fit
 from .meshprobe import ProbeConfig
 from .meshspread import bootstrap, spread_lines, term_ranges
 from .meshstats import medians
-from .pathload import LONE_RUN, others_rate, runs_of
+from .pathload import LONE_RUN, level_medians
 
 
 def probe_lines(samples: Samples) -> list[str]:
@@ -38,16 +38,15 @@ def probe_lines(samples: Samples) -> list[str]:
         "lone TTFT at a token count never sent, then at it again: " + ", ".join(
             f"{n:.0f} tokens {cold * 1e3:.1f} / {warm[n] * 1e3:.1f} ms"
             for n, cold in medians((n, t) for n, t, _ in samples.shape)),
-        "path load, median TTFT (lone, then each run at its requests a second): " + path_load_line(samples),
+        "path load, median TTFT (lone, then each rate level at its requests a second): " + path_load_line(samples),
         "re-probed (repeats disagreed): " + (", ".join(f"{key} +{count}" for key, count in reprobed.items()) or "none"),
     ]
 
 
 def path_load_line(samples: Samples) -> str:
     lone = [s[-1] for s in samples.load if s[0] == LONE_RUN]
-    runs = [f"{others_rate([r[0] for r in run]):.0f}/s {statistics.median(r[-1] for r in run) * 1e3:.1f} ms"
-            for run in runs_of(samples.load)]
-    return ", ".join(([f"lone {statistics.median(lone) * 1e3:.1f} ms"] if lone else []) + runs) or "not probed"
+    levels = [f"{rate:.0f}/s {ttft * 1e3:.1f} ms" for rate, ttft in level_medians(samples.load)]
+    return ", ".join(([f"lone {statistics.median(lone) * 1e3:.1f} ms"] if lone else []) + levels) or "not probed"
 
 
 def _or(value: float | None, default: float) -> float:
@@ -129,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-rates", default=",".join(f"{x:g}" for x in ProbeConfig().load_rates),
                    help="the path-load probe's rates, as fractions of 1 / a lone request's TTFT (empty: skip the probe)")
     p.add_argument("--load-seconds", type=float, default=ProbeConfig().load_seconds,
-                   help="how long each path-load run sends requests at Poisson arrivals")
+                   help="how long each path-load run sends requests at each rate, in blocks that step between the rates")
+    p.add_argument("--load-block-s", type=float, default=ProbeConfig().load_block_s,
+                   help="the path-load probe's rate steps to another of its rates this often")
     p.add_argument("--engine-model", default="",
                    help="also measure the in-process engine on this model (tiny or a directory): a lower bound")
     return p
@@ -154,6 +155,7 @@ def calibrate_main(argv: list[str] | None = None) -> int:
         handback_points=_points(args.handback_points),
         shape_tokens=tuple(int(x) for x in args.shape_tokens.split(",") if x),
         load_rates=tuple(float(x) for x in args.load_rates.split(",") if x), load_seconds=args.load_seconds,
+        load_block_s=args.load_block_s,
     )
     target = Target(args.url.rstrip("/"), args.model, args.api_key)
     t0 = time.perf_counter()

@@ -56,9 +56,9 @@ stream's ITL read 2.82 ms right after 16 streams of 1,024-token prompts, 1.12 ms
    `_per_step`, `_per_token`), which takes from the cores the busy workers share.
 12. path load (run before 11; `load_rates`, empty: skip): a prefix of `load_prefix_tokens`, cached by
    a request before them, then `load_fresh_tokens` fresh ones (a multi-turn trace's later turn), at
-   Poisson arrivals for `load_seconds` at each rate, the rates taking turns, after a few of them one at
-   a time; each request's arrival, lengths and TTFT (pathload.py fits how a request's path slows with
-   the traffic: `request_s_per_rps`).
+   Poisson arrivals whose rate steps between `load_rates` every `load_block_s` (`load_seconds` each in
+   all), `repeats` runs, after a few of them one at a time; each request's rate, arrival, lengths and
+   TTFT (pathload.py fits how a request's path slows with the traffic: `request_s_per_rps`).
 With `--engine-model`, the in-process engine (`calibrate.py`) is measured too, after the
 probes, and printed as a lower bound.
 """
@@ -124,7 +124,8 @@ class ProbeConfig:
     # arrivals for `load_seconds` at each rate, a
     # fraction of 1 / a lone request's TTFT at that length (~10-30 req/s on tiny here); empty: skip
     load_rates: tuple[float, ...] = (0.15, 0.3, 0.45)
-    load_seconds: float = 5.0
+    load_seconds: float = 6.0         # per rate, in blocks of `load_block_s` that step between the rates
+    load_block_s: float = 2.0
     load_prefix_tokens: int = 768
     load_fresh_tokens: int = 192
     load_output_tokens: int = 48
@@ -379,38 +380,45 @@ class _Prober:
         return float(m), float(self.longest), max(o.ttft_s for o in outcomes)
 
     async def path_load(self) -> None:
-        """The path-load probe: (run, arrival s, prefix tokens, fresh tokens, output tokens, TTFT s) per
-        request (pathload.py); the prefix is cached by a request before them all."""
+        """The path-load probe: (run, rate level, arrival s, prefix tokens, fresh tokens, output tokens,
+        TTFT s) per request (pathload.py); the prefix is cached by a request before them all."""
         if not self.config.load_rates:
             return
         prefix = self.prompt(self.config.load_prefix_tokens)
         fresh, out = self.config.load_fresh_tokens, self.config.load_output_tokens
         await self.one(prefix + self.prompt(BLOCK_TOKENS), 1)
         lone = [(await self.one(prefix + self.prompt(fresh), out, hidden=[])).ttft_s for _ in range(LOAD_LONE_REQUESTS)]
-        self.samples.load += [(LONE_RUN, 0.0, float(len(prefix)), float(fresh), float(out), t) for t in lone]
-        runs = {f: partial(self.poisson, prefix, f / statistics.median(lone)) for f in self.config.load_rates}
-        records = await self.repeated(runs, lambda r: statistics.median(t for *_, t in r) if r else 0.0)
-        for run, record in enumerate(r for rs in records.values() for r in rs):
+        self.samples.load += [(LONE_RUN, 0.0, 0.0, float(len(prefix)), float(fresh), float(out), t) for t in lone]
+        rates = [f / statistics.median(lone) for f in self.config.load_rates]
+        for run in range(self.config.repeats):
+            record = await self.settled(partial(self.poisson, prefix, rates))
             self.samples.load += [(float(run), *request) for request in record]
 
-    async def poisson(self, prefix: list[int], rate: float) -> list[tuple[float, float, float, float, float]]:
-        """`load_seconds` of requests at Poisson arrivals at `rate` a second, each `prefix` then fresh
-        tokens: (arrival s, prefix tokens, fresh tokens, output tokens, TTFT s) of each that was served,
-        timed to its first token."""
-        fresh, out = self.config.load_fresh_tokens, self.config.load_output_tokens
-        rng, arrivals, t = random.Random(os.urandom(8)), [], 0.0
-        while (t := t + rng.expovariate(rate)) < self.config.load_seconds or len(arrivals) < 2:  # NOTE: a run is never empty
-            arrivals.append(t)
+    async def poisson(self, prefix: list[int], rates: list[float]) -> list[tuple[float, ...]]:
+        """Requests at Poisson arrivals whose rate steps between `rates` every `load_block_s`, each rate
+        `load_seconds` in all (the rates in a new random order each cycle), each `prefix` then fresh
+        tokens: (rate level, arrival s, prefix tokens, fresh tokens, output tokens, TTFT s) of each
+        that was served, timed to its first token."""
+        fresh, out, block = self.config.load_fresh_tokens, self.config.load_output_tokens, self.config.load_block_s
+        rng, arrivals = random.Random(os.urandom(8)), []
+        cycles = max(1, round(self.config.load_seconds / block))
+        for cycle in range(cycles):
+            for k, level in enumerate(rng.sample(range(len(rates)), len(rates))):
+                start = (cycle * len(rates) + k) * block
+                t = start + rng.expovariate(rates[level])
+                while t < start + block:
+                    arrivals.append((t, level))
+                    t += rng.expovariate(rates[level])
         start = time.perf_counter()
 
         async def one(at: float) -> Outcome:
             await self.sleep(max(0.0, start + at - time.perf_counter()))
             return await stream_one(self.client, self.target, self.model, prefix + self.prompt(fresh), out, hidden=[])
 
-        outcomes = await asyncio.gather(*(one(a) for a in arrivals))
+        outcomes = await asyncio.gather(*(one(a) for a, _ in arrivals))
         # NOTE: the sim is run on these arrival times; a request's TTFT counts from its send, as replay's do
-        return [(a, float(len(prefix)), float(fresh), float(out), o.ttft_s)
-                for a, o in zip(arrivals, outcomes, strict=True) if o.ok]
+        return [(float(level), a, float(len(prefix)), float(fresh), float(out), o.ttft_s)
+                for (a, level), o in zip(arrivals, outcomes, strict=True) if o.ok]
 
     async def host_load(self) -> None:
         """The host-load probe: (requests, engine steps, tokens, the host's CPU seconds outside the

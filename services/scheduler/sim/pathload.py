@@ -1,13 +1,16 @@
 """The request path under traffic: fits MeshCost.request_s_per_rps on the path-load probe.
 
 The probe (meshprobe.py) sends requests like a multi-turn trace's (a cached prefix every request
-shares, then fresh tokens) at Poisson arrivals, at three rates, and times each one's first token.
-The sim is run on those same requests (their arrival times and lengths, the prefix cached by a
-request before them) with every other term as fitted; what it lacks is the path outside the
-engine slowing with the traffic around it, which the other probes (one request, or one prefill
-beside steady streams, at a time) never load. The term is the `request_s_per_rps` at which each
-run's median first token in the sim meets the probe's, in least squares over the runs (each run's
-own requests a second set how much the term moves its median), after taking out the offset
+shares, then fresh tokens) at Poisson arrivals whose rate steps between three levels every
+`load_block_s` (the levels in a new random order each cycle), and times each one's first token.
+Interleaved, the levels share the host's drift: run after run at one rate each, the medians of
+one rate moved ±5 ms between runs minutes apart, which pinned the term to ±0.15 ms per req/s. The
+sim is run on those same requests (their arrival times and lengths, the prefix cached by a request
+before them) with every other term as fitted; what it lacks is the path outside the engine
+slowing with the traffic around it, which the other probes (one request, or one prefill beside
+steady streams, at a time) never load. The term is the `request_s_per_rps` at which the sim's
+median first token of each (run, level) meets the probe's, in least squares over them (each
+group's own requests a second set how much the term moves its median), after taking out the offset
 between the probe's lone requests (sent one at a time just before the runs, run LONE_RUN) and the
 sim's: the host's speed drifts during a calibration, and a constant offset would otherwise read as
 a slope through the origin. Newton's method on a function that is linear in the term but for the
@@ -19,14 +22,14 @@ mesh (14-15 ms, the term fitted 0.06 ms per req/s), while 768 cached + 200 fresh
 15.4, 18.7, 22.7, 29.9 ms at 8, 16, 24, 32 req/s: the trace's requests carry a long body, its
 block hashes through the gateway, the scheduler and the KV events, and a prefix hit.
 
-A sample is (run, arrival s within the run, cached prefix tokens, fresh tokens, output tokens,
-TTFT s) per request.
+A sample is (run, rate level, arrival s within the run, cached prefix tokens, fresh tokens, output
+tokens, TTFT s) per request.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 from .cluster import Cluster, SimConfig
@@ -44,13 +47,14 @@ PRIME = "prime"
 Request = tuple[float, int, int, int, float]  # (arrival s, prefix tokens, fresh tokens, output tokens, TTFT s)
 
 
-def runs_of(samples: Sequence[Sequence[float]]) -> list[list[Request]]:
-    """The probe's samples grouped by run, in run order, the lone requests left out."""
-    runs: dict[int, list[Request]] = {}
-    for run, arrival, prefix, fresh, output, ttft in samples:
+def runs_of(samples: Sequence[Sequence[float]]) -> tuple[list[list[Request]], list[list[int]]]:
+    """Each run's requests in arrival order, and each one's rate level; the lone requests left out."""
+    runs: dict[int, list[tuple[Request, int]]] = {}
+    for run, level, arrival, prefix, fresh, output, ttft in samples:
         if run != LONE_RUN:
-            runs.setdefault(int(run), []).append((float(arrival), int(prefix), int(fresh), int(output), float(ttft)))
-    return [sorted(runs[k]) for k in sorted(runs)]
+            runs.setdefault(int(run), []).append(((float(arrival), int(prefix), int(fresh), int(output), float(ttft)), int(level)))
+    ordered = [sorted(runs[k]) for k in sorted(runs)]
+    return [[r for r, _ in run] for run in ordered], [[lv for _, lv in run] for run in ordered]
 
 
 def trace_of(run: int, requests: Sequence[Request], block_tokens: int) -> list[TraceRequest]:
@@ -74,49 +78,68 @@ def lone_trace(count: int, prefix: int, fresh: int, output: int, block_tokens: i
     return trace_of(LONE_TRACE_RUN, [(LONE_SPACING_S * i, prefix, fresh, output, 0.0) for i in range(count)], block_tokens)
 
 
+def others(arrivals: Sequence[float]) -> list[int]:
+    """For each arrival (in order), how many came in the HOST_LOAD_WINDOW_S before it."""
+    return [sum(1 for b in arrivals[:i] if a - b <= HOST_LOAD_WINDOW_S) for i, a in enumerate(arrivals)]
+
+
 def others_rate(arrivals: Sequence[float]) -> float:
     """The mean over requests of the requests a second that arrived in the HOST_LOAD_WINDOW_S before each."""
-    if not arrivals:
-        return 0.0
-    counts = [sum(1 for b in arrivals[:i] if a - b <= HOST_LOAD_WINDOW_S) for i, a in enumerate(arrivals)]
-    return statistics.fmean(counts) / HOST_LOAD_WINDOW_S
+    return statistics.fmean(others(arrivals)) / HOST_LOAD_WINDOW_S if arrivals else 0.0
 
 
-def sim_medians(config: SimConfig, traces: list[list[TraceRequest]], per_rps: float, policy: str) -> list[float]:
-    """The sim's median TTFT (to the first token) of each trace's requests at `per_rps`, its prime left out."""
+def level_medians(samples: Sequence[Sequence[float]]) -> list[tuple[float, float]]:
+    """Each rate level's requests a second before its requests (mean) and their median TTFT, over every run."""
+    runs, levels = runs_of(samples)
+    by_level: dict[int, list[tuple[int, float]]] = {}
+    for run, run_levels in zip(runs, levels, strict=True):
+        for request, count, level in zip(run, others([r[0] for r in run]), run_levels, strict=True):
+            by_level.setdefault(level, []).append((count, request[-1]))
+    return [(statistics.fmean(c for c, _ in v) / HOST_LOAD_WINDOW_S, statistics.median(t for _, t in v))
+            for _, v in sorted(by_level.items())]
+
+
+def sim_ttfts(config: SimConfig, trace: list[TraceRequest], per_rps: float, policy: str) -> dict[str, float]:
+    """The sim's TTFT (to the first token) of each served request of `trace` at `per_rps`, by id, its prime left out."""
     mesh = replace(config.mesh, request_s_per_rps=per_rps)
-    out = []
-    for trace in traces:
-        results = Cluster(policy, replace(config, mesh=mesh)).run(trace)
-        out.append(statistics.median(r.ttft_s for r in results if r.status == 200 and not r.request.request_id.endswith(PRIME)))
-    return out
+    results = Cluster(policy, replace(config, mesh=mesh)).run(trace)
+    return {r.request.request_id: r.ttft_s for r in results if r.status == 200 and not r.request.request_id.endswith(PRIME)}
 
 
-def fit_request_s_per_rps(samples: Sequence[Sequence[float]], config: SimConfig, policy: str = "kv_aware",
-                          medians: Callable[[SimConfig, list[list[TraceRequest]], float, str], list[float]] = sim_medians) -> float:
-    """The term (>= 0) at which the sim's per-run median TTFTs meet the probe's (least squares);
-    0 without samples."""
-    runs = [r for r in runs_of(samples) if r]
-    rates = [others_rate([a for a, *_ in r]) for r in runs]
+def group_medians(config: SimConfig, traces: list[list[TraceRequest]], groups: list[list[tuple[int, int]]],
+                  per_rps: float, policy: str) -> list[float]:
+    """The sim's median TTFT of each group; a group lists (run, index in that run's requests)."""
+    ttfts = [sim_ttfts(config, trace, per_rps, policy) for trace in traces]
+    return [statistics.median(ttfts[run][f"load{run}-{i}"] for run, i in group) for group in groups]
+
+
+def fit_request_s_per_rps(samples: Sequence[Sequence[float]], config: SimConfig, policy: str = "kv_aware") -> float:
+    """The term (>= 0) at which the sim's median TTFT of each (run, rate level) meets the probe's
+    (least squares); 0 without samples."""
+    runs, levels = runs_of(samples)
+    keys = sorted({(run, level) for run, lv in enumerate(levels) for level in lv})
+    groups = [[(run, i) for i, lv in enumerate(levels[run]) if lv == level] for run, level in keys]
+    counts = [others([a for a, *_ in r]) for r in runs]
+    rates = [statistics.fmean(counts[run][i] for run, i in g) / HOST_LOAD_WINDOW_S for g in groups]
     if not any(rates):
         return 0.0
     block = config.cost.block_size
     lone = [s for s in samples if s[0] == LONE_RUN]
     offset = 0.0
     if lone:
-        _, _, prefix, fresh, output, _ = lone[0]
-        alone = lone_trace(len(lone), int(prefix), int(fresh), int(output), block)
-        offset = statistics.median(s[-1] for s in lone) - medians(config, [alone], 0.0, policy)[0]
-    real = [statistics.median(r[-1] for r in run) - offset for run in runs]
-    traces = [trace_of(i, r, block) for i, r in enumerate(runs)]
+        *_, prefix, fresh, output, _ = lone[0]
+        alone = sim_ttfts(config, lone_trace(len(lone), int(prefix), int(fresh), int(output), block), 0.0, policy)
+        offset = statistics.median(s[-1] for s in lone) - statistics.median(alone.values())
+    real = [statistics.median(runs[run][i][-1] for run, i in g) - offset for g in groups]
+    traces = [trace_of(run, r, block) for run, r in enumerate(runs)]
     per_rps = 0.0
-    base = medians(config, traces, per_rps, policy)
+    base = group_medians(config, traces, groups, per_rps, policy)
     for _ in range(MAX_STEPS):
-        # NOTE: d(median)/d(per_rps) is about each run's rate (its median request's own rate); the sim's
+        # NOTE: d(median)/d(per_rps) is about each group's rate (its median request's own rate); the sim's
         # knock-on effects bend it a little, which the next step corrects
         step = sum(x * (y - s) for x, y, s in zip(rates, real, base, strict=True)) / sum(x * x for x in rates)
         nxt = max(0.0, per_rps + step)
         if abs(nxt - per_rps) <= 1e-9 or (nxt == 0.0 and per_rps == 0.0):
             return nxt
-        per_rps, base = nxt, medians(config, traces, nxt, policy)
+        per_rps, base = nxt, group_medians(config, traces, groups, nxt, policy)
     return per_rps
