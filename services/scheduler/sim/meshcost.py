@@ -16,8 +16,11 @@
   worker first token -> client first chunk): 9.8 ms at 8 req/s, 12.6-20 at 22 req/s, against ~7.4
   for a lone probe request; the probes that set the other terms send one request, or one prefill
   beside steady streams, at a time. `kvmesh sim calibrate` fits it on the path-load probe
-  (pathload.py): short requests at Poisson arrivals at three rates, each one's TTFT against what
-  the sim without this term says for the same requests;
+  (pathload.py): requests like a trace's later turn at Poisson arrivals whose rate steps between
+  three levels, each level's median TTFT against what the sim says for the same requests. NOTE: the
+  term is linear in the rate; the probe's levels read convex (on run BD's other terms, 18.1, 20.2,
+  22.8 ms at 11, 14 and 21 req/s against lone requests' 18.1: flat, then ~0.5 ms per req/s), so a
+  line through the origin fits it low (0.08 ms per req/s there);
 - request_busy_s: the CPU work of a request outside the engine that requests queue for, mesh-wide
   (gateway, scheduler, RPC set-up, hand-back): every request passes one FIFO server of this
   service time before admission, so it bounds the mesh's request rate whatever its worker count;
