@@ -11,7 +11,9 @@ from kvmesh.scheduler.policy import CostModel
 from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
 from kvmesh.scheduler.sim.meshcal import MeshCalibration, Samples, fit_path_load
 from kvmesh.scheduler.sim.meshcost import MeshCost
-from kvmesh.scheduler.sim.pathload import fit_request_s_per_rps, lone_trace, others_rate, runs_of, trace_of
+from kvmesh.scheduler.sim.pathload import (
+    fit_request_s_per_rps, lone_trace, others_rate, runs_of, stepped_arrivals, trace_of,
+)
 
 CONFIG = SimConfig(num_workers=1, cost=CostModel(1e-5, 1e-3, 1e-4),
                    mesh=MeshCost(request_overhead_s=0.006, request_busy_s=0.001, hit_s_per_token=2e-6, noise=(0.9, 1.0, 1.1)))
@@ -22,18 +24,7 @@ def probe_runs(rates: tuple[float, ...], runs: int = 2, cycles: int = 2, block_s
                seed: int = 3) -> list[tuple[int, list[tuple[float, int]]]]:
     """Runs of (arrival, rate level): Poisson arrivals whose rate steps between `rates` every `block_s`."""
     rng = random.Random(seed)
-    out = []
-    for run in range(runs):
-        arrivals = []
-        for cycle in range(cycles):
-            for k, level in enumerate(rng.sample(range(len(rates)), len(rates))):
-                start = (cycle * len(rates) + k) * block_s
-                t = start + rng.expovariate(rates[level])
-                while t < start + block_s:
-                    arrivals.append((t, level))
-                    t += rng.expovariate(rates[level])
-        out.append((run, arrivals))
-    return out
+    return [(run, stepped_arrivals(rates, cycles, block_s, rng)) for run in range(runs)]
 
 
 def timed_by_the_sim(runs: list[tuple[int, list[tuple[float, int]]]], per_rps: float, config: SimConfig = CONFIG) -> list[tuple]:
@@ -115,3 +106,13 @@ def test_the_calibration_prints_the_lone_median_then_each_rate_levels_rate_and_m
     load += [(0.0, 0.0, 3.0 + 1.1 * i, 768.0, 192.0, 48.0, 0.012) for i in range(3)]
     assert path_load_line(Samples(load=load)) == "lone 16.0 ms, 0/s 12.0 ms, 5/s 20.0 ms"
     assert path_load_line(Samples()) == "not probed"
+
+
+def test_the_probes_rate_steps_through_every_level_each_cycle_in_blocks() -> None:
+    arrivals = stepped_arrivals((5.0, 50.0), cycles=3, block_s=2.0, rng=random.Random(1))
+    assert [a for a, _ in arrivals] == sorted(a for a, _ in arrivals) and all(0 <= a < 12.0 for a, _ in arrivals)
+    for cycle in range(3):  # each cycle's two blocks hold one level each, both levels
+        blocks = [{lv for a, lv in arrivals if start <= a < start + 2.0} for start in (4.0 * cycle, 4.0 * cycle + 2.0)]
+        assert sorted(min(b) for b in blocks) == [0, 1] and all(len(b) == 1 for b in blocks)
+    fast = sum(1 for _, lv in arrivals if lv == 1)
+    assert 200 < fast < 400 and sum(1 for _, lv in arrivals if lv == 0) < fast / 4  # ~300 and ~30

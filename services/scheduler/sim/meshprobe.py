@@ -81,7 +81,7 @@ from .client import Target, new_client, served_model, stream_one
 from .meshcal import Samples
 from .meshstats import unsettled
 from .meshstreams import admitted_before_first_finish, itl_point, largest_gap, steady_run
-from .pathload import LONE_RUN
+from .pathload import LONE_RUN, stepped_arrivals
 from .replay import VOCAB
 from .report import Outcome
 
@@ -400,15 +400,7 @@ class _Prober:
         tokens: (rate level, arrival s, prefix tokens, fresh tokens, output tokens, TTFT s) of each
         that was served, timed to its first token."""
         fresh, out, block = self.config.load_fresh_tokens, self.config.load_output_tokens, self.config.load_block_s
-        rng, arrivals = random.Random(os.urandom(8)), []
-        cycles = max(1, round(self.config.load_seconds / block))
-        for cycle in range(cycles):
-            for k, level in enumerate(rng.sample(range(len(rates)), len(rates))):
-                start = (cycle * len(rates) + k) * block
-                t = start + rng.expovariate(rates[level])
-                while t < start + block:
-                    arrivals.append((t, level))
-                    t += rng.expovariate(rates[level])
+        arrivals = stepped_arrivals(rates, max(1, round(self.config.load_seconds / block)), block, random.Random(os.urandom(8)))
         start = time.perf_counter()
 
         async def one(at: float) -> Outcome:

@@ -28,6 +28,7 @@ tokens, TTFT s) per request.
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import replace
@@ -76,6 +77,20 @@ def lone_trace(count: int, prefix: int, fresh: int, output: int, block_tokens: i
     """The probe's lone requests as a trace: as many as it sent, far apart, so each runs alone (with its
     own noise factor, MeshCost.noise, by its id)."""
     return trace_of(LONE_TRACE_RUN, [(LONE_SPACING_S * i, prefix, fresh, output, 0.0) for i in range(count)], block_tokens)
+
+
+def stepped_arrivals(rates: Sequence[float], cycles: int, block_s: float, rng: random.Random) -> list[tuple[float, int]]:
+    """Poisson arrivals whose rate steps between `rates` every `block_s`, `cycles` times through them (a
+    new random order each cycle): (arrival s, the index of its rate), in order."""
+    arrivals = []
+    for cycle in range(cycles):
+        for k, level in enumerate(rng.sample(range(len(rates)), len(rates))):
+            start = (cycle * len(rates) + k) * block_s
+            t = start + rng.expovariate(rates[level])
+            while t < start + block_s:
+                arrivals.append((t, level))
+                t += rng.expovariate(rates[level])
+    return arrivals
 
 
 def others(arrivals: Sequence[float]) -> list[int]:
