@@ -15,6 +15,7 @@ Pure and synchronous.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -24,7 +25,7 @@ class PrewarmConfig:
     enabled: bool = True
     budget_blocks: int = 256        # most blocks one joining worker is asked to fetch
     half_life_s: float = 300.0      # hit counts halve this often ("recent")
-    max_tracked_blocks: int = 65536  # coldest blocks are forgotten beyond this
+    max_tracked_blocks: int = 65536  # beyond this the coldest are forgotten, down to half of it
 
     def __post_init__(self) -> None:
         if self.budget_blocks < 0 or self.half_life_s <= 0 or self.max_tracked_blocks < 1:
@@ -37,6 +38,7 @@ class _Heat:
     at: float
     parent: bytes | None
     depth: int
+    rank: float = 0.0  # log2(count) + at / half-life: orders blocks as their decayed counts do, at any one time
 
 
 class HotPrefixes:
@@ -56,12 +58,13 @@ class HotPrefixes:
         for depth, block_hash in enumerate(block_hashes):
             heat = self._blocks.get(block_hash)
             if heat is None:
-                self._blocks[block_hash] = _Heat(1.0, now, parent, depth)
+                heat = self._blocks[block_hash] = _Heat(1.0, now, parent, depth)
             else:
                 heat.count, heat.at = self._decayed(heat, now) + 1.0, now
+            heat.rank = math.log2(heat.count) + now / self.half_life_s
             parent = block_hash
         if len(self._blocks) > self.max_blocks:
-            self._forget_coldest(now)
+            self._forget_coldest()
 
     def heat(self, block_hash: bytes, now: float) -> float:
         found = self._blocks.get(block_hash)
@@ -96,9 +99,22 @@ class HotPrefixes:
     def _decayed(self, heat: _Heat, now: float) -> float:
         return heat.count * 0.5 ** (max(0.0, now - heat.at) / self.half_life_s)
 
-    def _forget_coldest(self, now: float) -> None:
-        keep = sorted(self._blocks, key=lambda h: -self._decayed(self._blocks[h], now))[: self.max_blocks * 9 // 10]
-        self._blocks = {h: self._blocks[h] for h in keep}
+    def _forget_coldest(self) -> None:
+        """Keeps the hottest half. NOTE: it used to sort every block by its decayed count and keep 90%:
+        with 65,536 tracked that held the scheduler's event loop 38 ms, every ~6,500 new blocks (every
+        ~105 routes of all-new 1,000-token prompts). Ranks fixed at each hit order blocks as their
+        decayed counts do, so a cut on a plain sort of floats picks the same blocks (a parent's rank is
+        never below its child's: it is hit whenever the child is), and halving makes it 5x rarer."""
+        keep = self.max_blocks // 2
+        ranks = sorted(heat.rank for heat in self._blocks.values())
+        if len(ranks) <= keep:
+            return
+        cut = ranks[len(ranks) - keep]
+        kept = {h: heat for h, heat in self._blocks.items() if heat.rank > cut}
+        # NOTE: blocks at the cut's rank, shallowest first, so a block never stays without its parent
+        tied = sorted((heat.depth, h) for h, heat in self._blocks.items() if heat.rank == cut)
+        kept.update((h, self._blocks[h]) for _, h in tied[: keep - len(kept)])
+        self._blocks = kept
 
 
 @dataclass(slots=True)

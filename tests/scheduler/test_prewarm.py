@@ -58,6 +58,20 @@ def test_a_bounded_table_forgets_the_coldest():
     assert hot.hottest(4, 5.0, ALL) == [SYSTEM]
 
 
+def test_a_full_table_keeps_its_hottest_half_and_never_a_block_without_its_parent():
+    """Ties at the cut (fresh prompts hit once at one moment) go shallowest first."""
+    hot = HotPrefixes(max_blocks=40)
+    for i in range(3):
+        hot.observe(SYSTEM + hashes(f"chat-{i}", 2), float(i))
+    for i in range(7):  # 10 blocks, then 35 hit once at one moment, tied: the table overflows at the last
+        hot.observe(hashes(f"fresh-{i}", 5), 3.0)
+    assert len(hot) == 20  # the system prompt's 4, then 16 of the tied ones, shallowest first
+    kept = hot._blocks
+    assert all(heat.parent is None or heat.parent in kept for heat in kept.values())
+    assert set(SYSTEM) <= set(kept)  # hit 3 times: hotter than anything seen once since
+    assert hot.hottest(4, 3.0, ALL) == [SYSTEM]
+
+
 def test_prewarmer_queues_joining_workers_and_times_their_warm_up():
     prewarmer = Prewarmer(PrewarmConfig(budget_blocks=4))
     prewarmer.joined("d0")
