@@ -80,7 +80,7 @@ class SchedulerSettings(MeshSettings):
     prewarm_budget_blocks: int = Field(256, ge=0, description="most KV blocks one joining worker is asked to fetch")
     prewarm_half_life_s: float = Field(300.0, gt=0, description="prefix hit counts halve this often (what 'recent' means)")
     prewarm_timeout_s: float = Field(30.0, gt=0, description="a worker still warming after this counts as warm (and the warm-up as timed out)")
-    prewarm_max_tracked_blocks: int = Field(65536, ge=1, description="most prefix blocks whose hit counts are kept (coldest forgotten beyond; ~170 B each)")
+    prewarm_max_tracked_blocks: int = Field(65536, ge=1, description="most prefix blocks whose hit counts are kept (beyond it the coldest are forgotten, down to half; ~170 B each)")
 
     def check(self, environ: Mapping[str, str] = os.environ) -> None:
         if REMOVED_DECAY in environ:
