@@ -7,7 +7,8 @@ Starts `kvmesh up --decode N --prefill 0` (tiny; `--model DIR` for any), replays
 trace (bench/simfidelity.py's, prompts of token ids from its hash ids, a fresh salt each replay) at
 each rate in turn, open loop, each request on its own connection as `kvmesh sim replay` sends it.
 The client notes each request's wall-clock send and first chunk and the completion id in that
-chunk; the mesh's span files (`<run dir>/traces`) give the rest, joined by that id:
+chunk; the mesh's span files (`<run dir>/traces`, read with `kvmesh trace`'s loader) give the rest,
+joined by that id:
 
     A  client send -> the gateway's `gateway.request` span starts (the client's request work, the
        connection, the gateway's HTTP parse and middleware);
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import glob
 import json
 import os
 import statistics
@@ -36,9 +36,11 @@ import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from kvmesh.runtime.launcher import MeshOptions, free_port
 from kvmesh.runtime.supervisor import Mesh
+from kvmesh.runtime.tracecli import Span, load_spans
 from kvmesh.scheduler.sim.client import Target, new_client, sse_lines
 from kvmesh.scheduler.sim.replay import prompt_token_ids
 from kvmesh.scheduler.sim.trace import TraceRequest, synthetic
@@ -61,34 +63,32 @@ class Sent:
 class Spans:
     """One request's spans, by the request id the gateway gave it (the completion id)."""
 
-    gateway: dict | None = None
-    worker: dict | None = None
+    gateway: Span | None = None
+    worker: Span | None = None
 
 
-def read_spans(lines: Iterable[str]) -> dict[str, Spans]:
-    """The `gateway.request` and `decode.generate` spans of span-file lines, by request id (a
-    migrated request's last worker span wins)."""
+def read_spans(spans: Iterable[Span]) -> dict[str, Spans]:
+    """The `gateway.request` and `decode.generate` spans, by request id (a migrated request's last
+    worker span wins)."""
     out: dict[str, Spans] = {}
-    for line in lines:
-        span = json.loads(line)
-        attributes = span.get("attributes") or {}
-        if span["name"] == "gateway.request":
-            out.setdefault(attributes.get("kvmesh.request_id", ""), Spans()).gateway = span
-        elif span["name"] == "decode.generate":
-            out.setdefault(attributes.get("request_id", ""), Spans()).worker = span
+    for span in spans:
+        if span.name == "gateway.request":
+            out.setdefault(span.attributes.get("kvmesh.request_id", ""), Spans()).gateway = span
+        elif span.name == "decode.generate":
+            out.setdefault(span.attributes.get("request_id", ""), Spans()).worker = span
     return out
 
 
 def segments_ms(sent: Sent, spans: Spans) -> tuple[float, ...] | None:
     """A..E and the client's TTFT of one request, in ms (None when a span or its times are missing)."""
     g, w = spans.gateway, spans.worker
-    if g is None or w is None or not sent.first_ns or "ttft_s" not in (w.get("attributes") or {}):
+    if g is None or w is None or not sent.first_ns or "ttft_s" not in w.attributes:
         return None
-    routed = [e["time_ns"] for e in g.get("events") or () if e["name"] == "routed"]
+    routed = [t for name, t in g.events if name == "routed"]
     if not routed:
         return None
-    worker_first = w["start_ns"] + w["attributes"]["ttft_s"] * 1e9
-    marks = (sent.sent_ns, g["start_ns"], routed[-1], w["start_ns"], worker_first, sent.first_ns)
+    worker_first = w.start_ns + w.attributes["ttft_s"] * 1e9
+    marks = (sent.sent_ns, g.start_ns, routed[-1], w.start_ns, worker_first, sent.first_ns)
     parts = tuple((b - a) / 1e6 for a, b in zip(marks, marks[1:]))
     return (*parts, (sent.first_ns - sent.sent_ns) / 1e6)
 
@@ -128,12 +128,6 @@ async def replay(url: str, model: str, trace: list[TraceRequest]) -> list[Sent]:
     return out
 
 
-def span_lines(run_dir: str) -> Iterable[str]:
-    for path in sorted(glob.glob(os.path.join(run_dir, "traces", "*.jsonl"))):
-        with open(path) as f:
-            yield from f
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rates", default="8,22", help="req/s of the trace, comma-separated")
@@ -158,7 +152,7 @@ def main() -> None:
             for rate in rates:
                 sents = asyncio.run(replay(served, args.model, synthetic(trace_config(args), rate)))
                 time.sleep(1.5)  # the span files are flushed in batches
-                spans = read_spans(span_lines(run_dir))
+                spans = read_spans(load_spans(Path(run_dir) / "traces")[0])
                 rows = [s for s in (segments_ms(x, spans.get(x.completion_id, Spans())) for x in sents
                                     if x.arrival_s >= args.warmup_s) if s is not None]
                 print(f"| {round_} | {rate:g} | {len(rows)} | " + " | ".join(summary(rows)) + " |", flush=True)

@@ -37,6 +37,7 @@ class Span:
     status: str = "UNSET"
     kind: str = "INTERNAL"
     attributes: dict[str, Any] = field(default_factory=dict)
+    events: tuple[tuple[str, int], ...] = ()  # (name, time_ns), as recorded
 
     @property
     def duration_ns(self) -> int:
@@ -56,6 +57,8 @@ class Span:
             start = int(record["start_ns"])
             end = int(record["end_ns"]) if record.get("end_ns") is not None else start
             attributes = record.get("attributes") or {}
+            events = tuple((str(e["name"]), int(e["time_ns"])) for e in record.get("events") or ()
+                           if isinstance(e, dict) and "name" in e and "time_ns" in e)
             return cls(
                 trace_id=str(record["trace_id"]).lower(),
                 span_id=str(record["span_id"]).lower(),
@@ -67,6 +70,7 @@ class Span:
                 status=str(record.get("status", "UNSET")),
                 kind=str(record.get("kind", "INTERNAL")),
                 attributes=attributes if isinstance(attributes, dict) else {},
+                events=events,
             )
         except (KeyError, TypeError, ValueError):
             return None

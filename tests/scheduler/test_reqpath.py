@@ -6,20 +6,25 @@ import json
 
 import pytest
 
+from kvmesh.runtime.tracecli import parse_lines
+
 from .benchmodule import bench_module
 
 
 def test_the_segments_follow_the_request_from_its_send_to_its_first_chunk() -> None:
     reqpath = bench_module("reqpath")
     ms = 1_000_000
-    lines = [
-        json.dumps({"name": "gateway.request", "start_ns": 3 * ms, "attributes": {"kvmesh.request_id": "cmpl-1"},
-                    "events": [{"name": "routed", "time_ns": 5 * ms}, {"name": "routed", "time_ns": 9 * ms}]}),
-        json.dumps({"name": "decode.generate", "start_ns": 10 * ms, "attributes": {"request_id": "cmpl-1", "ttft_s": 0.004}}),
-        json.dumps({"name": "scheduler.route", "start_ns": 4 * ms, "attributes": {}}),
-        json.dumps({"name": "gateway.request", "start_ns": 3 * ms, "attributes": {"kvmesh.request_id": "cmpl-2"}, "events": []}),
+    records = [
+        {"name": "gateway.request", "start_ns": 3 * ms, "attributes": {"kvmesh.request_id": "cmpl-1"},
+         "events": [{"name": "routed", "time_ns": 5 * ms}, {"name": "routed", "time_ns": 9 * ms}]},
+        {"name": "decode.generate", "start_ns": 10 * ms, "attributes": {"request_id": "cmpl-1", "ttft_s": 0.004}},
+        {"name": "scheduler.route", "start_ns": 4 * ms, "attributes": {}},
+        {"name": "gateway.request", "start_ns": 3 * ms, "attributes": {"kvmesh.request_id": "cmpl-2"}, "events": []},
     ]
-    spans = reqpath.read_spans(lines)
+    lines = [json.dumps({"trace_id": f"{i:032x}", "span_id": f"{i:016x}", "end_ns": 20 * ms, **r}) for i, r in enumerate(records)]
+    found, bad = parse_lines([*lines, '{"name": "gateway.req'])  # NOTE: as `kvmesh trace` reads them: a half-written tail
+    assert bad == 1
+    spans = reqpath.read_spans(found)
     sent = reqpath.Sent(0.0, sent_ns=1 * ms, first_ns=17 * ms, completion_id="cmpl-1")
     # A 1->3, B 3->9 (a migrated request's last route), C 9->10, D 10->14, E 14->17; TTFT 16
     assert reqpath.segments_ms(sent, spans["cmpl-1"]) == pytest.approx((2.0, 6.0, 1.0, 4.0, 3.0, 16.0))
