@@ -214,7 +214,8 @@ def fit_spread(bench: Bench, samples: Samples, cal: MeshCalibration, workers: in
     """Prints each term's and the sim capacity's range over bootstrap refits of the probes' repeats."""
     if not bench.args.bootstrap:
         return
-    draws = bootstrap(samples, draws=bench.args.bootstrap, engine_decode_s_per_seq=lower.decode_s_per_seq if lower else None)
+    draws = bootstrap(samples, draws=bench.args.bootstrap, engine_decode_s_per_seq=lower.decode_s_per_seq if lower else None,
+                      request_s_per_rps=cal.request_s_per_rps)
     print("# fit uncertainty, each term's 10th..90th percentile over refits of resampled probe repeats:")
     for line in spread_lines(cal, term_ranges(draws)):
         print(f"#   {line}")

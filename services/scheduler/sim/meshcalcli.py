@@ -173,7 +173,8 @@ def calibrate_main(argv: list[str] | None = None) -> int:
         print(f"# {line}")
     for line in describe(cal, lower):
         print(line)
-    ranges = term_ranges(bootstrap(samples, engine_decode_s_per_seq=lower["decode_s_per_seq"] if lower else None))
+    ranges = term_ranges(bootstrap(samples, engine_decode_s_per_seq=lower["decode_s_per_seq"] if lower else None,
+                                   request_s_per_rps=cal.request_s_per_rps))
     print("# fit uncertainty, each term's 10th..90th percentile over refits of resampled probe repeats (meshspread.py):")
     for line in spread_lines(cal, ranges):
         print(f"#   {line}")

@@ -121,8 +121,8 @@ class ProbeConfig:
     host_points: tuple[tuple[int, int], ...] = ((1, 256), (4, 256), (8, 256), (8, 32))
     admission_probe: int = 0          # burst size; 0 = skip the probe
     # the path-load probe (12): a shared prefix then fresh tokens (a trace's later turn), at Poisson
-    # arrivals for `load_seconds` at each rate, a
-    # fraction of 1 / a lone request's TTFT at that length (~10-30 req/s on tiny here); empty: skip
+    # arrivals whose rate steps between `load_rates`, each a fraction of 1 / a lone request's TTFT at
+    # that length (~9-26 req/s on tiny here); empty: skip
     load_rates: tuple[float, ...] = (0.15, 0.3, 0.45)
     load_seconds: float = 6.0         # per rate, in blocks of `load_block_s` that step between the rates
     load_block_s: float = 2.0

@@ -43,12 +43,15 @@ def resample(samples: Samples, rng: random.Random) -> Samples:
     return dataclasses.replace(samples, **drawn)
 
 
-def bootstrap(samples: Samples, draws: int = 200, seed: int = 0,
-              engine_decode_s_per_seq: float | None = None) -> list[MeshCalibration]:
+def bootstrap(samples: Samples, draws: int = 200, seed: int = 0, engine_decode_s_per_seq: float | None = None,
+              request_s_per_rps: float | None = None) -> list[MeshCalibration]:
     """`draws` fits of resampled probe repeats (see resample). NOTE: the path-load term is held at its
-    fit on every sample: refitting it runs the sim on the probe's requests, for every draw."""
+    fit on every sample (`request_s_per_rps`, the caller's fit's; None: fitted here): refitting it runs
+    the sim on the probe's requests, for every draw."""
     rng = random.Random(seed)
-    per_rps = fit(samples, engine_decode_s_per_seq).request_s_per_rps if samples.load else 0.0
+    per_rps = request_s_per_rps
+    if per_rps is None:
+        per_rps = fit(samples, engine_decode_s_per_seq).request_s_per_rps if samples.load else 0.0
     return [dataclasses.replace(fit(resample(samples, rng), engine_decode_s_per_seq), request_s_per_rps=per_rps)
             for _ in range(draws)]
 
