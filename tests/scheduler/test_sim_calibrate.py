@@ -79,7 +79,8 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
 @pytest.mark.parametrize(("cal", "workers"), [(TRUE, 1), (SHARED, 2),
                                              (dataclasses.replace(TRUE, prefill_s_new_shape=NEW_SHAPE), 1),
                                              (dataclasses.replace(SHARED, prefill_s_new_shape=NEW_SHAPE), 2),
-                                             (FROM_FIRST, 1), (dataclasses.replace(FROM_FIRST, host_parallelism=1.5), 2)])
+                                             (FROM_FIRST, 1), (dataclasses.replace(FROM_FIRST, host_parallelism=1.5), 2),
+                                             (dataclasses.replace(SHARED, host_parallelism=1.0), 1)])
 def test_fit_gives_back_the_parameters_of_timings_made_by_the_model(cal, workers):
     got = fit(formula_samples(cal, workers), engine_decode_s_per_seq=cal.decode_s_per_seq)
     assert got.admission_limit is None and set(got.noise) == {1.0}  # one lone request per length: no spread

@@ -72,19 +72,21 @@ class HostMesh(_Prober):
         return CpuReading(1000.0 + self.cpu, 0.0, self.engines)
 
 
-@pytest.mark.parametrize("engines", [2, 0])
-def test_the_host_load_probe_sends_streams_and_measures_only_with_the_engines_here(monkeypatch, engines):
-    config = ProbeConfig(workers=2, repeats=2, host_points=((1, 256), (8, 32)))
+@pytest.mark.parametrize(("workers", "engines"), [(2, 2), (2, 0), (1, 1), (1, 0)])
+def test_the_host_load_probe_sends_streams_and_measures_only_with_the_engines_here(monkeypatch, workers, engines):
+    config = ProbeConfig(workers=workers, repeats=2, host_points=((1, 256), (8, 32)))
     mesh = HostMesh(config, engines)
     monkeypatch.setattr(hostcpu, "read", mesh.read)
     asyncio.run(mesh.host_load())
     if not engines:
-        assert mesh.samples.host == [] and mesh.requests == [(32, 256)] * 2  # one run, then nothing more
+        assert mesh.samples.host == [] and mesh.requests == [(32, 256)] * workers  # one run, then nothing more
         return
-    # (requests, steps: 2 workers × the tokens of their streams, tokens, CPU outside the engines)
-    want = [(2.0, 512.0, 512.0, 2 * 0.020 + 512 * 50e-6)] * 2 + [(16.0, 64.0, 512.0, 16 * 0.020 + 512 * 50e-6)] * 2
+    # (requests, steps: the workers × the tokens of their streams, tokens, CPU outside the engines)
+    n, m = workers, 8 * workers
+    want = ([(float(n), 256.0 * n, 256.0 * n, n * 0.020 + 256 * n * 50e-6)] * 2
+            + [(float(m), 32.0 * n, 32.0 * m, m * 0.020 + 32 * m * 50e-6)] * 2)
     assert [x for run in mesh.samples.host for x in run] == pytest.approx([x for run in want for x in run])
-    assert mesh.requests[:2] == [(32, 256)] * 2  # the first run checks for engines here; its figures are not kept
+    assert mesh.requests[:n] == [(32, 256)] * n  # the first run checks for engines here; its figures are not kept
 
 
 def test_the_fit_splits_the_hosts_cpu_into_requests_steps_and_tokens():

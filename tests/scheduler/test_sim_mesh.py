@@ -70,7 +70,7 @@ def test_calibration_probes_the_mesh(gateway):
                          stall_lengths=(256,), hit_new_tokens=(128,), admission_probe=0, context_points=((2, 256),), extra_repeats=0,
                          handback_points=((2, 64), (2, 256)), handback_lone_tokens=16, settle_s=0.05,
                          load_rates=(0.5, 1.0), load_seconds=1.0, load_block_s=0.5, load_prefix_tokens=64, load_fresh_tokens=32,
-                         load_output_tokens=4)
+                         load_output_tokens=4, host_points=((1, 16), (2, 8)))
     samples = asyncio.run(probe(Target(gateway, timeout_s=60.0), config))
     assert [n for n, _ in samples.ttft] == [32, 256] and all(t > 0 for _, t in samples.ttft)
     assert [k for k, _ in samples.itl] == [1, 2] and all(t > 0 for _, t in samples.itl)
@@ -92,6 +92,8 @@ def test_calibration_probes_the_mesh(gateway):
     assert {level for run, level, *_ in samples.load if run == 0} <= {0.0, 1.0}
     assert all(0 <= at < 2.0 and (prefix, fresh, out) == (64, 32, 4) and ttft > 0
                for _, _, at, prefix, fresh, out, ttft in samples.load)
+    # the host-load probe, on one worker too: its engine process runs on this host
+    assert [n for n, *_ in samples.host] == [1.0, 2.0] and all(cpu >= 0 for *_, cpu in samples.host)
 
 
 def test_a_request_timed_to_its_first_token_counts_the_tokens_before_its_text(gateway):

@@ -2,7 +2,8 @@
 measures through its gateway (`kvmesh sim calibrate --url GATEWAY`, shell in meshprobe.py).
 
 The model (cluster.py, `CostModel` + `MeshCost`), as a client sees it, with W decode workers on
-one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy workers; W = 1: s = 1):
+one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy workers; W = 1: P = 1 when
+the host-load probe found the engine on this host, else 0, no shared host, s = 1):
 - TTFT of a lone request with n uncached and c cached prompt tokens
       = request_overhead + request_busy + n · prefill_s_per_token + attention_s_per_pair · n² / 2
         + attention_s_per_cached_pair · n · c + c · hit_s_per_token + step(1) + new_shape,
@@ -115,7 +116,7 @@ class MeshCalibration:
     decode_s_per_kv_token: float = 0.0      # a decode step's cost per padded KV token (decodectx.py) ...
     decode_s_per_padded_token: float = 0.0  # ... and this much more per one past the knee
     decode_padded_knee_tokens: float = 0.0
-    host_parallelism: float = 0.0    # busy workers the shared host runs at full speed (0: one worker, not measured)
+    host_parallelism: float = 0.0    # busy workers the shared host runs at full speed (1: one worker on this host; 0: not on it)
     prefill_s_per_stream: float = 0.0  # ... plus this many seconds per stream beside it
     prefill_s_beside: float = 0.0    # ... plus this many once, when any stream is beside it
     attention_s_per_cached_pair: float | None = None  # per (new, cached) token pair; None: attention_s_per_pair
@@ -309,7 +310,9 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
     busy = max(0.0, _median([(last - intercept + new_shape - work(n)) / (m - 1) for m, n, last in samples.burst if m > 1]))
     lone_itl = [itl for k, itl in itls if k == 1]
     step_one = lone_itl[0] if lone_itl else sum(fit_line(itls))
-    parallel = 0.0
+    # NOTE: one worker on this host (host-load runs found its engine there) takes all of it: the engine's
+    # torch threads are one per core (the default), and a step waits for the slowest of them
+    parallel = 1.0 if samples.host else 0.0
     if workers > 1:
         slowdowns = [1.0 + (last - intercept - work(n) - (m - 1) * busy) / (work(n) + step_one + new_shape)
                      for m, n, last in samples.pair if m > 1]

@@ -77,7 +77,15 @@
 - host_parallelism: every decode worker runs on one host (as `kvmesh up` does) that runs this many
   busy workers at full speed (its cores left over by the gateway, scheduler and client): with b
   busy workers (any running sequence) a worker's prefill and decode steps take max(1, b / this)
-  times as long, taken when the work is scheduled; 0 = each worker has a host of its own;
+  times as long, taken when the work is scheduled; 0 = each worker has a host of its own. With one
+  decode worker `kvmesh sim calibrate` sets 1 when its engine runs on the calibrating host: the engine's
+  torch threads are one per core (the default) and a step waits for the slowest, so the mesh's other
+  work (below) slows it. Why: on a 1-worker mesh under the path-load probe's requests at 18-24 req/s
+  the mesh outside the engine took 0.76-0.86 of the 2 cores and the engine got 0.73-0.75, and run BG's
+  replays' decode steps took 1.1-1.7x the sim's at their rows; on BG's probes
+  with 1 and the host-load terms measured on one worker (4.8 ms a request, 1.06 ms a step, 69 µs a
+  token) the sim's capacity went 28 → 21 req/s against a real 22.75, and its TTFTs at 11.4 and 18.2
+  req/s (50% and 80% load) rose to within 11% (p50) and 18% (p90) of the real ones, from -11..-20% / -27..-42%;
 - host_cpu_s_per_request, host_cpu_s_per_step, host_cpu_s_per_token: the host CPU the mesh spends
   outside the engines (the gateway, the scheduler, the workers' RPC loops, the KV store, a client on
   the same host) per request, per engine step of a busy decode worker (its step frame, the RPC loop's

@@ -49,7 +49,7 @@ stream's ITL read 2.82 ms right after 16 streams of 1,024-token prompts, 1.12 ms
    with random weights, showed text at the first token in 32 of 60 greedy requests and 1-4 tokens
    later in the rest. Probes 1-3 ask for logprobs so that they time the first token itself; the
    sim adds the hidden tokens' decode steps (cluster.py), which grow with the load.
-11. host load (with `workers` > 1, when the engines run on this host: hostcpu.py): at each of
+11. host load (when the engines run on this host: hostcpu.py; one worker too): at each of
    `host_points` (streams per worker, tokens each), that many streams at once; the host's busy CPU
    outside the engines (the gateway, scheduler, workers' RPC loops, KV store and this client) against
    their requests, the busy workers' engine steps and the streamed tokens (`host_cpu_s_per_request`,
@@ -157,8 +157,7 @@ async def probe(target: Target, config: ProbeConfig) -> Samples:
         await prober.handback()
         await prober.sharing()
         await prober.path_load()
-        if config.workers > 1:
-            await prober.host_load()
+        await prober.host_load()
         prober.samples.workers = config.workers
         if config.admission_probe:
             await prober.admission()
