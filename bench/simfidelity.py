@@ -215,7 +215,7 @@ def fit_spread(bench: Bench, samples: Samples, cal: MeshCalibration, workers: in
     if not bench.args.bootstrap:
         return
     draws = bootstrap(samples, draws=bench.args.bootstrap, engine_decode_s_per_seq=lower.decode_s_per_seq if lower else None,
-                      request_s_per_rps=cal.request_s_per_rps)
+                      fitted=cal)
     print("# fit uncertainty, each term's 10th..90th percentile over refits of resampled probe repeats:")
     for line in spread_lines(cal, term_ranges(draws)):
         print(f"#   {line}")

@@ -92,7 +92,10 @@ def test_calibration_probes_the_mesh(gateway):
     assert {level for run, level, *_ in samples.load if run == 0} <= {0.0, 1.0}
     assert all(0 <= at < 2.0 and (prefix, fresh, out) == (64, 32, 4) and ttft > 0
                for _, _, at, prefix, fresh, out, ttft in samples.load)
-    # the host-load probe, on one worker too: its engine process runs on this host
+    # the host's CPU over the path-load run, and the host-load probe, on one worker too: its engine runs here
+    served = sum(1 for run, *_ in samples.load if run == 0)
+    assert [(run, n, tokens) for run, n, tokens, _ in samples.load_cpu] == [(0.0, served, 4.0 * served)]
+    assert samples.load_cpu[0][3] >= 0
     assert [n for n, *_ in samples.host] == [1.0, 2.0] and all(cpu >= 0 for *_, cpu in samples.host)
 
 

@@ -12,7 +12,7 @@ from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
 from kvmesh.scheduler.sim.meshcal import MeshCalibration, Samples, fit_path_load
 from kvmesh.scheduler.sim.meshcost import MeshCost
 from kvmesh.scheduler.sim.pathload import (
-    fit_request_s_per_rps, lone_trace, others_rate, runs_of, stepped_arrivals, trace_of,
+    fit_request_cpu, fit_request_s_per_rps, lone_trace, others_rate, runs_of, stepped_arrivals, trace_of,
 )
 
 CONFIG = SimConfig(num_workers=1, cost=CostModel(1e-5, 1e-3, 1e-4),
@@ -92,7 +92,7 @@ def test_the_calibration_fits_the_term_when_the_probe_ran() -> None:
     config = SimConfig(num_workers=1, cost=cost, mesh=mesh)
     runs = probe_runs((10.0, 25.0))
     samples = Samples(load=lone_by_the_sim(5, config) + timed_by_the_sim(runs, 0.0007, config))
-    assert fit_path_load(samples, cal, 1) == pytest.approx(0.0007, rel=1e-4)
+    assert fit_path_load(samples, cal, 1).request_s_per_rps == pytest.approx(0.0007, rel=1e-4)
     assert [len(r) for r in runs_of(samples.load)[0]] == [len(a) for _, a in runs]  # the lone requests are not a run
     assert "--request-s-per-rps 0.0007" in " ".join(dataclasses.replace(cal, request_s_per_rps=0.0007).sim_flags())
 
@@ -106,6 +106,8 @@ def test_the_calibration_prints_the_lone_median_then_each_rate_levels_rate_and_m
     load += [(0.0, 0.0, 3.0 + 1.1 * i, 768.0, 192.0, 48.0, 0.012) for i in range(3)]
     assert path_load_line(Samples(load=load)) == "lone 16.0 ms, 0/s 12.0 ms, 5/s 20.0 ms"
     assert path_load_line(Samples()) == "not probed"
+    with_cpu = Samples(load=load, load_cpu=[(0.0, 40.0, 1920.0, 1.0), (1.0, 60.0, 2880.0, 2.0)])
+    assert path_load_line(with_cpu) == "lone 16.0 ms, 0/s 12.0 ms, 5/s 20.0 ms, host CPU outside the engines 30.0 ms a request"
 
 
 def test_the_probes_rate_steps_through_every_level_each_cycle_in_blocks() -> None:
@@ -116,3 +118,41 @@ def test_the_probes_rate_steps_through_every_level_each_cycle_in_blocks() -> Non
         assert sorted(min(b) for b in blocks) == [0, 1] and all(len(b) == 1 for b in blocks)
     fast = sum(1 for _, lv in arrivals if lv == 1)
     assert 200 < fast < 400 and sum(1 for _, lv in arrivals if lv == 0) < fast / 4  # ~300 and ~30
+
+
+def cpu_by_the_sim(runs: list[tuple[int, list[tuple[float, int]]]], config: SimConfig) -> list[tuple[float, float, float, float]]:
+    """The host's CPU outside the engines over each run, as the sim's host model charges it: per request,
+    per engine step the sim ran and per streamed token."""
+    mesh, out = config.mesh, []
+    for run, arrivals in runs:
+        cluster = Cluster("kv_aware", config)
+        cluster.run(trace_of(run, [(a, PREFIX, FRESH, OUTPUT, 0.0) for a, _ in arrivals], 16))
+        figures = cluster.step_figures()
+        steps, tokens = figures.decode.steps + figures.prefill.steps, OUTPUT * len(arrivals)
+        cpu = (mesh.host_cpu_s_per_request * len(arrivals) + mesh.host_cpu_s_per_step * steps
+               + mesh.host_cpu_s_per_token * tokens)
+        out.append((float(run), float(len(arrivals)), float(tokens), cpu))
+    return out
+
+
+def test_a_trace_like_requests_host_cpu_is_what_the_runs_cost_less_the_sims_steps_and_tokens() -> None:
+    """The runs' CPU, made by the sim's own host model at 30 ms a request, gives 30 ms back, starting
+    from the host-load probe's 5 ms (whose slower steps the fit runs the sim at until it settles), and the
+    path-load term is fitted at it; without CPU readings, or on a host of its own, the term stands."""
+    shared = dataclasses.replace(CONFIG.mesh, host_parallelism=1.0, host_cpu_s_per_request=0.030,
+                                 host_cpu_s_per_step=1e-3, host_cpu_s_per_token=7e-5)
+    truth = dataclasses.replace(CONFIG, mesh=shared)
+    runs = probe_runs((8.0, 16.0, 24.0))
+    samples = Samples(load=lone_by_the_sim(5, truth) + timed_by_the_sim(runs, 0.0005, truth), load_cpu=cpu_by_the_sim(runs, truth))
+    probed = dataclasses.replace(truth, mesh=dataclasses.replace(shared, host_cpu_s_per_request=0.005))
+    assert fit_request_cpu(samples.load, samples.load_cpu, probed) == pytest.approx(0.030, rel=1e-4)
+    assert fit_request_cpu(samples.load, [], probed) is None
+    cal = MeshCalibration(prefill_s_per_token=1e-5, decode_s_per_step=1e-3, decode_s_per_seq=1e-4, request_overhead_s=0.006,
+                          request_busy_s=0.001, token_overhead_s=0.0, hit_s_per_token=2e-6, prefill_stall=0.0,
+                          prefill_share=0.0, admission_limit=None, noise=(0.9, 1.0, 1.1), host_parallelism=1.0,
+                          host_cpu_s_per_request=0.005, host_cpu_s_per_step=1e-3, host_cpu_s_per_token=7e-5)
+    got = fit_path_load(samples, cal, 1)
+    assert (got.host_cpu_s_per_request, got.request_s_per_rps) == pytest.approx((0.030, 0.0005), rel=1e-3)
+    assert fit_path_load(dataclasses.replace(samples, load_cpu=[]), cal, 1).host_cpu_s_per_request == 0.005
+    own_host = dataclasses.replace(cal, host_parallelism=0.0)
+    assert fit_path_load(samples, own_host, 1).host_cpu_s_per_request == 0.005

@@ -97,6 +97,9 @@ class Samples:
     load: list[tuple[float, ...]] = field(default_factory=list)
     # (run, rate level, arrival s within the run, cached prefix tokens, fresh tokens, output tokens, TTFT s)
     # per request of the path-load probe (pathload.py)
+    load_cpu: list[tuple[float, float, float, float]] = field(default_factory=list)
+    # (run, requests served, tokens streamed, host CPU s outside the engines) per path-load run, when the
+    # engines run on this host (hostcpu.py): what a trace-like request costs the host (pathload.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,17 +393,26 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         hidden_tokens=hidden_quantiles(samples.visible),
         **fit_host(samples.host),
     )
-    return replace(cal, request_s_per_rps=fit_path_load(samples, cal, workers)) if samples.load else cal
+    return fit_path_load(samples, cal, workers) if samples.load else cal
 
 
-def fit_path_load(samples: Samples, cal: MeshCalibration, workers: int) -> float:
-    """MeshCost.request_s_per_rps on the path-load probe, every other term as in `cal` (pathload.py)."""
+def fit_path_load(samples: Samples, cal: MeshCalibration, workers: int) -> MeshCalibration:
+    """`cal` with the path-load probe's terms (pathload.py), every other term as in `cal`: with the host's
+    CPU read over its runs and a shared host in the model, host_cpu_s_per_request of its trace-like
+    requests first (the host-load probe's short prompts cost the host a fraction of theirs); then
+    request_s_per_rps, at that."""
     from .cluster import SimConfig  # noqa: PLC0415 - the sim, which imports this module's neighbours
-    from .pathload import fit_request_s_per_rps  # noqa: PLC0415
+    from .pathload import fit_request_cpu, fit_request_s_per_rps  # noqa: PLC0415
 
-    cost, mesh = cal.costs(admission_limit=PATH_LOAD_SEQS_PER_WORKER * workers)
-    return fit_request_s_per_rps(samples.load, SimConfig(num_workers=workers, max_num_seqs=PATH_LOAD_SEQS_PER_WORKER,
-                                                         cost=cost, mesh=mesh))
+    def config(c: MeshCalibration) -> SimConfig:
+        cost, mesh = c.costs(admission_limit=PATH_LOAD_SEQS_PER_WORKER * workers)
+        return SimConfig(num_workers=workers, max_num_seqs=PATH_LOAD_SEQS_PER_WORKER, cost=cost, mesh=mesh)
+
+    if samples.load_cpu and cal.host_parallelism:
+        per_request = fit_request_cpu(samples.load, samples.load_cpu, config(cal))
+        if per_request is not None:
+            cal = replace(cal, host_cpu_s_per_request=per_request)
+    return replace(cal, request_s_per_rps=fit_request_s_per_rps(samples.load, config(cal)))
 
 
 def fit_host(points: list[tuple[float, ...]]) -> dict[str, float]:

@@ -46,7 +46,9 @@ def probe_lines(samples: Samples) -> list[str]:
 def path_load_line(samples: Samples) -> str:
     lone = [s[-1] for s in samples.load if s[0] == LONE_RUN]
     levels = [f"{rate:.0f}/s {ttft * 1e3:.1f} ms" for rate, ttft in level_medians(samples.load)]
-    return ", ".join(([f"lone {statistics.median(lone) * 1e3:.1f} ms"] if lone else []) + levels) or "not probed"
+    served = sum(n for _, n, _, _ in samples.load_cpu)
+    cpu = [f"host CPU outside the engines {sum(c for *_, c in samples.load_cpu) / served * 1e3:.1f} ms a request"] if served else []
+    return ", ".join(([f"lone {statistics.median(lone) * 1e3:.1f} ms"] if lone else []) + levels + cpu) or "not probed"
 
 
 def _or(value: float | None, default: float) -> float:
@@ -78,10 +80,11 @@ def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list
         f"#   pauses of all a worker's streams at once: {cal.pause_rate_hz:.3g} per second of decoding, "
         f"{cal.pause_s * 1e3:.0f} ms on average",
         "#   shared host: " + (f"runs {cal.host_parallelism:.3g} busy decode workers at full speed, more slow down"
-                               if cal.host_parallelism else "not measured (one decode worker)")
+                               if cal.host_parallelism else "not measured (no engine found on this host)")
         + (f"; outside the engines it spends {cal.host_cpu_s_per_request:.3g} s of CPU a request, "
            f"{cal.host_cpu_s_per_step:.3g} s an engine step of a busy worker and {cal.host_cpu_s_per_token:.3g} s a "
-           "streamed token, taken from the engines' cores"
+           "streamed token, taken from the engines' cores (a request's as the path-load probe's requests cost it, "
+           "where it read their CPU)"
            if cal.host_cpu_s_per_request or cal.host_cpu_s_per_step or cal.host_cpu_s_per_token else ""),
         "#   admission limit: " + (f"{cal.admission_limit} requests in flight" if cal.admission_limit
                                    else "not reached by the probe (or not probed)"),
@@ -122,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--settle-s", type=float, default=ProbeConfig().settle_s,
                    help="wait this long before every probe run, so the worker has handed the last run's turns back")
     p.add_argument("--workers", type=int, default=1,
-                   help="decode workers behind the gateway; > 1 also probes how they share one host's CPU")
+                   help="decode workers behind the gateway (> 1 also probes how they share one host's cores)")
     p.add_argument("--admission-probe", type=int, default=0,
                    help="send this many streams at once to find the admission limit (0 = skip; use > the expected limit)")
     p.add_argument("--load-rates", default=",".join(f"{x:g}" for x in ProbeConfig().load_rates),
@@ -174,7 +177,7 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     for line in describe(cal, lower):
         print(line)
     ranges = term_ranges(bootstrap(samples, engine_decode_s_per_seq=lower["decode_s_per_seq"] if lower else None,
-                                   request_s_per_rps=cal.request_s_per_rps))
+                                   fitted=cal))
     print("# fit uncertainty, each term's 10th..90th percentile over refits of resampled probe repeats (meshspread.py):")
     for line in spread_lines(cal, ranges):
         print(f"#   {line}")

@@ -58,7 +58,9 @@ stream's ITL read 2.82 ms right after 16 streams of 1,024-token prompts, 1.12 ms
    a request before them, then `load_fresh_tokens` fresh ones (a multi-turn trace's later turn), at
    Poisson arrivals whose rate steps between `load_rates` every `load_block_s` (`load_seconds` each in
    all), `repeats` runs, after a few of them one at a time; each request's rate, arrival, lengths and
-   TTFT (pathload.py fits how a request's path slows with the traffic: `request_s_per_rps`).
+   TTFT (pathload.py fits how a request's path slows with the traffic: `request_s_per_rps`); and, when
+   the engines run on this host, its CPU outside them over each run, which sets what a trace-like
+   request costs the host (`host_cpu_s_per_request`, pathload.fit_request_cpu).
 With `--engine-model`, the in-process engine (`calibrate.py`) is measured too, after the
 probes, and printed as a lower bound.
 """
@@ -390,14 +392,17 @@ class _Prober:
         self.samples.load += [(LONE_RUN, 0.0, 0.0, float(len(prefix)), float(fresh), float(out), t) for t in lone]
         rates = [f / statistics.median(lone) for f in self.config.load_rates]
         for run in range(self.config.repeats):
-            record = await self.settled(partial(self.poisson, prefix, rates))
+            record, cpu = await self.settled(partial(self.poisson, prefix, rates))
             self.samples.load += [(float(run), *request) for request in record]
+            if cpu is not None:
+                self.samples.load_cpu.append((float(run), *cpu))
 
-    async def poisson(self, prefix: list[int], rates: list[float]) -> list[tuple[float, ...]]:
+    async def poisson(self, prefix: list[int], rates: list[float]) -> tuple[list[tuple[float, ...]], tuple[float, ...] | None]:
         """Requests at Poisson arrivals whose rate steps between `rates` every `load_block_s`, each rate
         `load_seconds` in all (the rates in a new random order each cycle), each `prefix` then fresh
         tokens: (rate level, arrival s, prefix tokens, fresh tokens, output tokens, TTFT s) of each
-        that was served, timed to its first token."""
+        that was served, timed to its first token; and (requests served, tokens streamed, the host's CPU
+        s outside the engines meanwhile), None when no engine is on this host (hostcpu.py)."""
         fresh, out, block = self.config.load_fresh_tokens, self.config.load_output_tokens, self.config.load_block_s
         arrivals = stepped_arrivals(rates, max(1, round(self.config.load_seconds / block)), block, random.Random(os.urandom(8)))
         start = time.perf_counter()
@@ -406,10 +411,14 @@ class _Prober:
             await self.sleep(max(0.0, start + at - time.perf_counter()))
             return await stream_one(self.client, self.target, self.model, prefix + self.prompt(fresh), out, hidden=[])
 
+        before = hostcpu.read()
         outcomes = await asyncio.gather(*(one(a) for a, _ in arrivals))
+        outside = hostcpu.outside_engines_s(before, hostcpu.read())
+        served = [o for o in outcomes if o.ok]
+        cpu = None if outside is None else (float(len(served)), float(sum(o.output_tokens for o in served)), outside)
         # NOTE: the sim is run on these arrival times; a request's TTFT counts from its send, as replay's do
         return [(float(level), a, float(len(prefix)), float(fresh), float(out), o.ttft_s)
-                for (a, level), o in zip(arrivals, outcomes, strict=True) if o.ok]
+                for (a, level), o in zip(arrivals, outcomes, strict=True) if o.ok], cpu
 
     async def host_load(self) -> None:
         """The host-load probe: (requests, engine steps, tokens, the host's CPU seconds outside the
