@@ -47,18 +47,12 @@ def test_a_burst_on_some_repeats_of_the_shortest_prompt_widens_the_overhead_rang
     assert spread_lines(cal, {"request_overhead_s": (lo, hi)})[0].startswith(f"request-overhead-s {cal.request_overhead_s:.3g} (")
 
 
-def test_the_path_load_terms_are_held_at_the_callers_fit_on_every_draw():
-    """Refitting them runs the sim on the probe's requests; the draws take them from `fitted`, the
-    per-request host CPU only where the path-load runs' CPU was read (else each draw's host-load fit)."""
-    samples = repeated(formula_samples(dataclasses.replace(TRUE, host_parallelism=1.0, host_cpu_s_per_request=0.025,
-                                                           host_cpu_s_per_step=9e-4, host_cpu_s_per_token=6e-5)))
+
+def test_the_path_load_term_is_held_at_the_callers_fit_on_every_draw():
+    """Refitting it runs the sim on the probe's requests; the draws take it from `fitted`."""
+    samples = repeated(formula_samples(TRUE))
     samples.load = [(0.0, 0.0, 0.1, 768.0, 192.0, 48.0, 0.02)]  # never refitted: the draws drop it
-    fitted = dataclasses.replace(fit(dataclasses.replace(samples, load=[]), TRUE.decode_s_per_seq),
-                                 request_s_per_rps=3e-4, host_cpu_s_per_request=0.040)
-    with_cpu = dataclasses.replace(samples, load_cpu=[(0.0, 100.0, 4800.0, 5.0)])
-    draws = bootstrap(with_cpu, draws=5, engine_decode_s_per_seq=TRUE.decode_s_per_seq, fitted=fitted)
-    assert {(d.request_s_per_rps, d.host_cpu_s_per_request) for d in draws} == {(3e-4, 0.040)}
+    fitted = dataclasses.replace(fit(dataclasses.replace(samples, load=[]), TRUE.decode_s_per_seq), request_s_per_rps=3e-4)
     draws = bootstrap(samples, draws=5, engine_decode_s_per_seq=TRUE.decode_s_per_seq, fitted=fitted)
     assert {d.request_s_per_rps for d in draws} == {3e-4}
-    own = bootstrap(dataclasses.replace(samples, load=[]), draws=5, engine_decode_s_per_seq=TRUE.decode_s_per_seq)
-    assert [d.host_cpu_s_per_request for d in draws] == [d.host_cpu_s_per_request for d in own]  # the same draws' fits
+    assert {d.request_s_per_rps for d in bootstrap(dataclasses.replace(samples, load=[]), draws=5)} == {0.0}

@@ -12,7 +12,7 @@ from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
 from kvmesh.scheduler.sim.meshcal import MeshCalibration, Samples, fit_path_load
 from kvmesh.scheduler.sim.meshcost import MeshCost
 from kvmesh.scheduler.sim.pathload import (
-    fit_request_cpu, fit_request_s_per_rps, lone_trace, others_rate, runs_of, stepped_arrivals, trace_of,
+    fit_request_s_per_rps, lone_trace, others_rate, runs_of, stepped_arrivals, trace_of,
 )
 
 CONFIG = SimConfig(num_workers=1, cost=CostModel(1e-5, 1e-3, 1e-4),
@@ -119,40 +119,3 @@ def test_the_probes_rate_steps_through_every_level_each_cycle_in_blocks() -> Non
     fast = sum(1 for _, lv in arrivals if lv == 1)
     assert 200 < fast < 400 and sum(1 for _, lv in arrivals if lv == 0) < fast / 4  # ~300 and ~30
 
-
-def cpu_by_the_sim(runs: list[tuple[int, list[tuple[float, int]]]], config: SimConfig) -> list[tuple[float, float, float, float]]:
-    """The host's CPU outside the engines over each run, as the sim's host model charges it: per request,
-    per engine step the sim ran and per streamed token."""
-    mesh, out = config.mesh, []
-    for run, arrivals in runs:
-        cluster = Cluster("kv_aware", config)
-        cluster.run(trace_of(run, [(a, PREFIX, FRESH, OUTPUT, 0.0) for a, _ in arrivals], 16))
-        figures = cluster.step_figures()
-        steps, tokens = figures.decode.steps + figures.prefill.steps, OUTPUT * len(arrivals)
-        cpu = (mesh.host_cpu_s_per_request * len(arrivals) + mesh.host_cpu_s_per_step * steps
-               + mesh.host_cpu_s_per_token * tokens)
-        out.append((float(run), float(len(arrivals)), float(tokens), cpu))
-    return out
-
-
-def test_a_trace_like_requests_host_cpu_is_what_the_runs_cost_less_the_sims_steps_and_tokens() -> None:
-    """The runs' CPU, made by the sim's own host model at 30 ms a request, gives 30 ms back, starting
-    from the host-load probe's 5 ms (whose slower steps the fit runs the sim at until it settles), and the
-    path-load term is fitted at it; without CPU readings, or on a host of its own, the term stands."""
-    shared = dataclasses.replace(CONFIG.mesh, host_parallelism=1.0, host_cpu_s_per_request=0.030,
-                                 host_cpu_s_per_step=1e-3, host_cpu_s_per_token=7e-5)
-    truth = dataclasses.replace(CONFIG, mesh=shared)
-    runs = probe_runs((8.0, 16.0, 24.0))
-    samples = Samples(load=lone_by_the_sim(5, truth) + timed_by_the_sim(runs, 0.0005, truth), load_cpu=cpu_by_the_sim(runs, truth))
-    probed = dataclasses.replace(truth, mesh=dataclasses.replace(shared, host_cpu_s_per_request=0.005))
-    assert fit_request_cpu(samples.load, samples.load_cpu, probed) == pytest.approx(0.030, rel=1e-4)
-    assert fit_request_cpu(samples.load, [], probed) is None
-    cal = MeshCalibration(prefill_s_per_token=1e-5, decode_s_per_step=1e-3, decode_s_per_seq=1e-4, request_overhead_s=0.006,
-                          request_busy_s=0.001, token_overhead_s=0.0, hit_s_per_token=2e-6, prefill_stall=0.0,
-                          prefill_share=0.0, admission_limit=None, noise=(0.9, 1.0, 1.1), host_parallelism=1.0,
-                          host_cpu_s_per_request=0.005, host_cpu_s_per_step=1e-3, host_cpu_s_per_token=7e-5)
-    got = fit_path_load(samples, cal, 1)
-    assert (got.host_cpu_s_per_request, got.request_s_per_rps) == pytest.approx((0.030, 0.0005), rel=1e-3)
-    assert fit_path_load(dataclasses.replace(samples, load_cpu=[]), cal, 1).host_cpu_s_per_request == 0.005
-    own_host = dataclasses.replace(cal, host_parallelism=0.0)
-    assert fit_path_load(samples, own_host, 1).host_cpu_s_per_request == 0.005

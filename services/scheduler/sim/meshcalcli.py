@@ -83,8 +83,7 @@ def describe(cal: MeshCalibration, lower_bound: dict[str, float] | None) -> list
                                if cal.host_parallelism else "not measured (no engine found on this host)")
         + (f"; outside the engines it spends {cal.host_cpu_s_per_request:.3g} s of CPU a request, "
            f"{cal.host_cpu_s_per_step:.3g} s an engine step of a busy worker and {cal.host_cpu_s_per_token:.3g} s a "
-           "streamed token, taken from the engines' cores (a request's as the path-load probe's requests cost it, "
-           "where it read their CPU)"
+           "streamed token, taken from the engines' cores"
            if cal.host_cpu_s_per_request or cal.host_cpu_s_per_step or cal.host_cpu_s_per_token else ""),
         "#   admission limit: " + (f"{cal.admission_limit} requests in flight" if cal.admission_limit
                                    else "not reached by the probe (or not probed)"),

@@ -97,11 +97,11 @@
   9 req/s of the fidelity trace, with 2 decode workers, everything but the two engines took 0.53 of a
   core (the workers' RPC loops 0.18, the gateway 0.14, the replay client 0.13, the KV store 0.04, the
   scheduler 0.03), which the host-sharing probe (lone prefills, no other traffic) does not see.
-  per_request is a trace-like request's when the calibration read the host's CPU over its path-load
-  runs (pathload.fit_request_cpu: their CPU less what the sim's steps and the streamed tokens cost, per
-  request): the host-load probe's 32-token prompts cost a fraction of it. Why: on a 1-worker mesh the
-  path-load requests (768 cached + 192 fresh tokens) at 18-24 req/s cost 36-40 ms each outside the
-  engine, where that probe's fit (4.8 ms a request, 1.06 ms a step, 69 µs a token) leaves ~15-20;
+  NOTE: per_request is the host-load probe's (32-token prompts), well below what a trace's request
+  costs the host (the path-load probe's runs: 48 ms a request beyond the steps and tokens, run BI);
+  charged at that, the sim's 1-worker steps ran ~1.9x the real ones at 80% load, since the mesh's
+  work outside the engine runs partly while the engine waits, and this model takes it all from the
+  engine's cores (meshcal.fit_path_load);
 - stream_interval, stream_interval_from: the decode workers' token coalescing (decode/config.py):
   with at least `stream_interval_from` rows a worker sends a request's tokens `stream_interval` at a
   time, so the per-token host cost above (fitted on fewer streams, a message and an SSE chunk per

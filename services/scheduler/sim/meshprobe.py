@@ -59,8 +59,8 @@ stream's ITL read 2.82 ms right after 16 streams of 1,024-token prompts, 1.12 ms
    Poisson arrivals whose rate steps between `load_rates` every `load_block_s` (`load_seconds` each in
    all), `repeats` runs, after a few of them one at a time; each request's rate, arrival, lengths and
    TTFT (pathload.py fits how a request's path slows with the traffic: `request_s_per_rps`); and, when
-   the engines run on this host, its CPU outside them over each run, which sets what a trace-like
-   request costs the host (`host_cpu_s_per_request`, pathload.fit_request_cpu).
+   the engines run on this host, the host's CPU outside them over each run (printed: what a
+   trace-like request costs the host; meshcal.fit_path_load says why it is not fitted).
 With `--engine-model`, the in-process engine (`calibrate.py`) is measured too, after the
 probes, and printed as a lower bound.
 """

@@ -39,24 +39,21 @@ def resample(samples: Samples, rng: random.Random) -> Samples:
     hits = _resample([(*h, lone) for h, lone in pairs], 2, rng)
     drawn["hit"] = [h[:3] for h in hits]
     drawn["hit_lone"] = [h[3] for h in hits] if samples.hit_lone else []
-    drawn["load"], drawn["load_cpu"] = [], []  # NOTE: the path-load terms are held at their fit on every sample (bootstrap)
+    drawn["load"] = []  # NOTE: the path-load term is held at its fit on every sample (bootstrap)
     return dataclasses.replace(samples, **drawn)
 
 
 def bootstrap(samples: Samples, draws: int = 200, seed: int = 0, engine_decode_s_per_seq: float | None = None,
               fitted: MeshCalibration | None = None) -> list[MeshCalibration]:
-    """`draws` fits of resampled probe repeats (see resample). NOTE: the path-load probe's terms
-    (request_s_per_rps; host_cpu_s_per_request where its runs' CPU was read) are held at their fit on
-    every sample (`fitted`, the caller's fit of `samples`; None: fitted here): fitting them runs the sim
-    on the probe's requests, for every draw."""
+    """`draws` fits of resampled probe repeats (see resample). NOTE: the path-load term is held at its
+    fit on every sample (`fitted`, the caller's fit of `samples`; None: fitted here): fitting it runs
+    the sim on the probe's requests, for every draw."""
     rng = random.Random(seed)
-    held: dict[str, float] = {}
+    per_rps = 0.0
     if samples.load:
-        full = fitted if fitted is not None else fit(samples, engine_decode_s_per_seq)
-        held["request_s_per_rps"] = full.request_s_per_rps
-        if samples.load_cpu:
-            held["host_cpu_s_per_request"] = full.host_cpu_s_per_request
-    return [dataclasses.replace(fit(resample(samples, rng), engine_decode_s_per_seq), **held) for _ in range(draws)]
+        per_rps = (fitted if fitted is not None else fit(samples, engine_decode_s_per_seq)).request_s_per_rps
+    return [dataclasses.replace(fit(resample(samples, rng), engine_decode_s_per_seq), request_s_per_rps=per_rps)
+            for _ in range(draws)]
 
 
 def term_ranges(fits: list[MeshCalibration], low: float = 0.1, high: float = 0.9) -> dict[str, tuple[float, float]]:

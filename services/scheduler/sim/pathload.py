@@ -128,39 +128,6 @@ def group_medians(config: SimConfig, traces: list[list[TraceRequest]], groups: l
     return [statistics.median(ttfts[run][f"load{run}-{i}"] for run, i in group) for group in groups]
 
 
-def fit_request_cpu(samples: Sequence[Sequence[float]], load_cpu: Sequence[Sequence[float]], config: SimConfig,
-                    policy: str = "kv_aware") -> float | None:
-    """MeshCost.host_cpu_s_per_request of a trace-like request: over the path-load runs, the host's CPU
-    outside the engines less what the sim's engine steps (the sim run on each run's requests) and the
-    streamed tokens cost at `config`'s per-step and per-token terms, per request served (>= 0); None
-    without such runs. `load_cpu`: (run, requests served, tokens streamed, CPU s) per run. The sim's
-    steps slow with the term (its host share), so it is refitted at its own value until it settles."""
-    by_run: dict[int, list[Request]] = {}
-    for run, _, arrival, prefix, fresh, output, ttft in samples:
-        if run != LONE_RUN:
-            by_run.setdefault(int(run), []).append((float(arrival), int(prefix), int(fresh), int(output), float(ttft)))
-    runs = [(trace_of(int(run), sorted(by_run[int(run)]), config.cost.block_size), requests, tokens, cpu)
-            for run, requests, tokens, cpu in load_cpu if int(run) in by_run]
-    served = sum(requests for _, requests, _, _ in runs)
-    if not served:
-        return None
-    mesh = config.mesh
-    per_request = mesh.host_cpu_s_per_request
-    for _ in range(MAX_STEPS):
-        spent = 0.0
-        for trace, _, tokens, cpu in runs:
-            cluster = Cluster(policy, replace(config, mesh=replace(mesh, host_cpu_s_per_request=per_request)))
-            cluster.run(trace)
-            figures = cluster.step_figures()
-            steps = figures.decode.steps + figures.prefill.steps
-            spent += cpu - mesh.host_cpu_s_per_step * steps - mesh.host_cpu_s_per_token * tokens
-        nxt = max(0.0, spent / served)
-        if abs(nxt - per_request) <= 1e-7:
-            return nxt
-        per_request = nxt
-    return per_request
-
-
 def fit_request_s_per_rps(samples: Sequence[Sequence[float]], config: SimConfig, policy: str = "kv_aware") -> float:
     """The term (>= 0) at which the sim's median TTFT of each (run, rate level) meets the probe's
     (least squares); 0 without samples."""
