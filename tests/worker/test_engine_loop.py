@@ -204,7 +204,7 @@ def test_a_burst_of_commands_wakes_the_event_loop_once_and_every_caller_gets_its
 
     engine = CountingEngine(FakeClock())
     loop = EngineLoop(engine, sleep=lambda s: None)
-    gate = threading.Event()
+    gate, entered = threading.Event(), threading.Event()
 
     async def main() -> tuple[list, int]:
         loop.start()
@@ -218,7 +218,11 @@ def test_a_burst_of_commands_wakes_the_event_loop_once_and_every_caller_gets_its
 
         loop._loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
         try:
-            loop.call_nowait(lambda e: gate.wait(5))  # holds the engine thread while the burst queues
+            loop.call_nowait(lambda e: (entered.set(), gate.wait(5)))  # holds the engine thread while the burst queues
+            # NOTE: the burst queues once the engine thread is inside that command: before, a loaded host
+            # could let the thread's batch take the first calls with it, and their results crossed apart
+            while not entered.is_set():
+                await asyncio.sleep(0.001)
             calls = [asyncio.ensure_future(loop.call(lambda e, i=i: i * 10)) for i in range(5)]
             calls.append(asyncio.ensure_future(loop.call(lambda e: 1 / 0)))
             await asyncio.sleep(0.05)
