@@ -221,8 +221,7 @@ def test_a_burst_of_commands_wakes_the_event_loop_once_and_every_caller_gets_its
             loop.call_nowait(lambda e: (entered.set(), gate.wait(5)))  # holds the engine thread while the burst queues
             # NOTE: the burst queues once the engine thread is inside that command: before, a loaded host
             # could let the thread's batch take the first calls with it, and their results crossed apart
-            while not entered.is_set():
-                await asyncio.sleep(0.001)
+            await asyncio.to_thread(entered.wait, 5)
             calls = [asyncio.ensure_future(loop.call(lambda e, i=i: i * 10)) for i in range(5)]
             calls.append(asyncio.ensure_future(loop.call(lambda e: 1 / 0)))
             await asyncio.sleep(0.05)
