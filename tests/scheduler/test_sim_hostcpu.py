@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from kvmesh.scheduler.policy import CostModel
-from kvmesh.scheduler.sim import hostcpu
+from kvmesh.scheduler.sim import hostcpu, meshprobe
 from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
 from kvmesh.scheduler.sim.hostcpu import CpuReading, host_busy_s, is_engine_process, is_engine_thread, outside_engines_s, task_cpu_s
 from kvmesh.scheduler.sim.meshcal import fit_host
@@ -128,3 +128,21 @@ def test_a_host_load_run_whose_engine_restarted_is_dropped_and_the_probe_goes_on
     monkeypatch.setattr(hostcpu, "read", lambda: replace(mesh.read(), engines=1 if next(reads) == 5 else 2))
     asyncio.run(mesh.host_load())
     assert [run[0] for run in mesh.samples.host] == [2.0, 2.0, 16.0]  # the restarted run is gone, the rest stand
+
+
+@pytest.mark.parametrize("engines", [1, 0])
+def test_a_path_load_run_reads_the_hosts_cpu_over_its_requests_only_with_the_engines_here(monkeypatch, engines):
+    config = ProbeConfig(repeats=2, load_rates=(0.5,), load_seconds=1.0, load_block_s=1.0, load_prefix_tokens=64,
+                         load_fresh_tokens=32, load_output_tokens=4)
+    mesh = HostMesh(config, engines)
+    monkeypatch.setattr(hostcpu, "read", mesh.read)
+
+    async def stream_one(client, target, model, tokens, max_tokens, **_):  # noqa: ANN001, ANN202, ARG001
+        return await mesh.one(tokens, max_tokens)
+
+    monkeypatch.setattr(meshprobe, "stream_one", stream_one)
+    asyncio.run(mesh.path_load())
+    runs = {run: sum(1 for r, *_ in mesh.samples.load if r == run) for run in (0.0, 1.0)}
+    # (run, requests served, tokens streamed, CPU outside the engines over the run: 20 ms + 50 µs a token each)
+    want = [(run, float(n), 4.0 * n, n * (0.020 + 4 * 50e-6)) for run, n in runs.items()] if engines else []
+    assert [x for run in mesh.samples.load_cpu for x in run] == pytest.approx([x for run in want for x in run])

@@ -92,11 +92,13 @@ def test_calibration_probes_the_mesh(gateway):
     assert {level for run, level, *_ in samples.load if run == 0} <= {0.0, 1.0}
     assert all(0 <= at < 2.0 and (prefix, fresh, out) == (64, 32, 4) and ttft > 0
                for _, _, at, prefix, fresh, out, ttft in samples.load)
-    # the host's CPU over the path-load run, and the host-load probe, on one worker too: its engine runs here
+    # the host's CPU over the path-load run, and the host-load probe, on one worker too: its engine runs here.
+    # NOTE: /proc counts every engine on this machine, so a run during which another test's mesh started or
+    # stopped one is dropped (hostcpu.outside_engines_s; failed once under `make test`'s two workers); what is
+    # recorded must be this run's (test_sim_hostcpu.py tests the recording itself)
     served = sum(1 for run, *_ in samples.load if run == 0)
-    assert [(run, n, tokens) for run, n, tokens, _ in samples.load_cpu] == [(0.0, served, 4.0 * served)]
-    assert samples.load_cpu[0][3] >= 0
-    assert [n for n, *_ in samples.host] == [1.0, 2.0] and all(cpu >= 0 for *_, cpu in samples.host)
+    assert all((run, n, tokens) == (0.0, served, 4.0 * served) and cpu >= 0 for run, n, tokens, cpu in samples.load_cpu)
+    assert [n for n, *_ in samples.host] in ([], [1.0], [2.0], [1.0, 2.0]) and all(cpu >= 0 for *_, cpu in samples.host)
 
 
 def test_a_request_timed_to_its_first_token_counts_the_tokens_before_its_text(gateway):
