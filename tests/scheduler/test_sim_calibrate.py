@@ -15,6 +15,7 @@ from kvmesh.scheduler.sim.meshprobe import ProbeConfig
 from kvmesh.scheduler.sim.meshstreams import admitted_before_first_finish, itl_point, largest_gap, steady_itl
 from kvmesh.scheduler.sim.report import outcome
 from kvmesh.scheduler.sim.trace import TraceRequest
+from kvmesh.scheduler.sim.workertime import shared_slowdown, step_host_s
 
 TRUE = MeshCalibration(prefill_s_per_token=2.4e-4, decode_s_per_step=2.6e-3, decode_s_per_seq=1.0e-4,
                        request_overhead_s=0.031, request_busy_s=0.004, token_overhead_s=4.0e-4, hit_s_per_token=1.5e-5,
@@ -36,42 +37,57 @@ def formula_samples(cal: MeshCalibration, workers: int = 1) -> Samples:
         cached_pair = cal.attention_s_per_pair if cal.attention_s_per_cached_pair is None else cal.attention_s_per_cached_pair
         return n * cal.prefill_s_per_token + cal.attention_s_per_pair * n * n / 2 + cached_pair * n * cached
 
-    def slowdown(busy):
-        return max(1.0, busy / cal.host_parallelism) if cal.host_parallelism else 1.0
-
     def step(k, context=64.0):  # k streams of this mean context (the ITL probe's: 64)
         return step_s(cal, k) + hinge_s(k * context, cal.decode_s_per_padded_token, cal.decode_padded_knee_tokens,
                                         cal.decode_s_per_kv_token)
 
+    host = MeshCost(host_parallelism=cal.host_parallelism, host_cpu_s_per_request=cal.host_cpu_s_per_request,
+                    host_cpu_s_per_step=cal.host_cpu_s_per_step, host_cpu_s_per_token=cal.host_cpu_s_per_token)
+
+    def slowdown(rows, arrivals, steps=None):
+        """The shared host's slowdown (workertime.host_slowdown) with a busy worker of each of `rows` rows
+        (their unslowed steps `steps`, default the short streams' step(rows)), `arrivals` requests in the
+        last second."""
+        steps = steps or [step(r) for r in rows]
+        return shared_slowdown(host, len(rows), arrivals, sum(step_host_s(host, r) / u for r, u in zip(rows, steps, strict=True)))
+
+    lone = slowdown([1], 1)  # a lone request: its worker busy with its one row
+
     def ttft(uncached, cached=0, new=True):  # every timed probe prefill is at a count not sent before
         new_shape = cal.prefill_s_new_shape if new else 0.0
-        return (cal.request_overhead_s + cal.request_busy_s + work(uncached, cached) + cached * cal.hit_s_per_token + step(1)
-                + new_shape)
+        return (cal.request_overhead_s + cal.request_busy_s
+                + lone * (work(uncached, cached) + cached * cal.hit_s_per_token + step(1) + new_shape))
 
     samples = Samples(workers=workers, itl_context=64.0)
     samples.ttft = [(n, ttft(n)) for n in (64, 256, 1024, 1536)]
     samples.hit = [(1520, 16, ttft(16, 1520)), (1024, 512, ttft(512, 1024))]  # the whole prompt again; prefix + new
     samples.hit_lone = [ttft(16), ttft(512)]
-    samples.itl = [(k, slowdown(min(k, workers)) * step(k / min(k, workers))) for k in (1, 4, 8, 16)]
+
+    def itl(k, context=64.0):  # k streams over min(k, W) workers, started together
+        b = min(k, workers)
+        unslowed = step(k / b, context)
+        return slowdown([k / b] * b, k, [unslowed] * b) * unslowed
+
+    samples.itl = [(k, itl(k)) for k in (1, 4, 8, 16)]
     long = [(k * workers, p + 32.0) for k, p in CONTEXT_POINTS]  # k streams per worker, p-token prompts
-    samples.itl_long = [(k, x, slowdown(min(k, workers)) * step(k / min(k, workers), x)) for k, x in long]
+    samples.itl_long = [(k, x, itl(k, x)) for k, x in long]
     samples.burst = [(24, 32, ttft(32, new=False) + 23 * cal.request_busy_s)]  # one length: its counts are not new
     samples.shape = [(n, ttft(n + 1), ttft(n + 1, new=False)) for n in (128, 384)]  # a new count, then it again
     if workers > 1:
-        lone = ttft(1536)
-        samples.pair = [(workers, 1536, lone + (workers - 1) * cal.request_busy_s
-                         + (slowdown(workers) - 1) * (work(1536) + step(1) + cal.prefill_s_new_shape))]
+        samples.pair = [(workers, 1536, ttft(1536) + (workers - 1) * cal.request_busy_s
+                         + (slowdown([1] * workers, workers) - lone) * (work(1536) + step(1) + cal.prefill_s_new_shape))]
     samples.host = [(n, s, t, n * cal.host_cpu_s_per_request + s * cal.host_cpu_s_per_step + t * cal.host_cpu_s_per_token)
                     for n, s, t in ((2, 512, 512), (8, 512, 2048), (16, 512, 4096), (16, 64, 512))] if cal.host_cpu_s_per_step else []
     samples.stall = [(n, 0, 0.0, 0.0, ttft(n)) for n in (512, 1536)]  # alone, then beside k streams
     for k in (2, 8, 16, 32):
         beside = k / min(k, workers)  # k streams over the workers
+        b = min(k, workers)  # the prefill's worker runs one row more
+        shared = slowdown([beside + 1] + [beside] * (b - 1), k + 1)
         for n in (512, 1536):
-            prefill = slowdown(min(k, workers)) * (work(n) * (1 + beside * cal.prefill_share)
-                                                   + cal.prefill_s_per_stream * beside + cal.prefill_s_beside + step(beside + 1)
-                                                   + cal.prefill_s_new_shape)
+            prefill = shared * (work(n) * (1 + beside * cal.prefill_share) + cal.prefill_s_per_stream * beside
+                                + cal.prefill_s_beside + step(beside + 1) + cal.prefill_s_new_shape)
             loaded_ttft = cal.request_overhead_s + cal.request_busy_s + prefill
-            worker = prefill - slowdown(min(k, workers)) * cal.prefill_s_beside  # the once-off term is latency only
+            worker = prefill - shared * cal.prefill_s_beside  # the once-off term is latency only
             samples.stall.append((n, k, step(k) + cal.prefill_stall * worker, step(k), loaded_ttft))
     return samples
 

@@ -11,7 +11,15 @@ from kvmesh.scheduler.registry import Role
 from kvmesh.scheduler.sim.meshcost import MeshCost
 from kvmesh.scheduler.sim.simworker import SimWorker
 from kvmesh.scheduler.sim.trace import TraceRequest
-from kvmesh.scheduler.sim.workertime import context_tokens, hidden_count, host_slowdown, noise_factor, prefill_s, step_s
+from kvmesh.scheduler.sim.workertime import (
+    context_tokens,
+    hidden_count,
+    host_slowdown,
+    measured_slowdown,
+    noise_factor,
+    prefill_s,
+    step_s,
+)
 
 COST = CostModel(prefill_s_per_token=1e-4, decode_s_per_step=2e-3, decode_s_per_seq=1e-4)
 
@@ -71,6 +79,18 @@ def test_the_mesh_per_step_work_slows_with_the_steps_it_serves():
     assert s == pytest.approx((2 + a / s) / 2.0, rel=1e-12)  # the fixed point: its steps slow too
     assert 1.0 < s < (2 + a) / 2.0
     assert host_slowdown(COST, mesh, [worker(1)]) == 1.0  # one busy worker, 1.5 cores of 2: room
+
+
+@pytest.mark.parametrize(("rows", "parallel", "rate"),
+                         [(1, 1.0, 1.0), (3, 1.0, 8.0), (5, 1.5, 10.0), (1, 2.0, 2.0), (16, 1.9, 32.0)])
+def test_a_step_measured_on_the_shared_host_gives_back_the_slowdown_behind_it(rows, parallel, rate):
+    # meshcal.fit unslows the ITL probe's steps so: the sim slows the unslowed step back to what was measured
+    mesh = MeshCost(host_parallelism=parallel, host_cpu_s_per_request=4e-3, host_cpu_s_per_step=6e-4, host_cpu_s_per_token=9e-5)
+    busy = [worker(rows), worker(rows)]
+    s = host_slowdown(COST, mesh, busy, request_rate=rate)
+    measured = s * step_s(COST, mesh, busy[0])
+    assert measured_slowdown(mesh, 2, rows, rate, measured) == pytest.approx(s, rel=1e-12)
+    assert measured_slowdown(MeshCost(), 2, rows, rate, measured) == 1.0  # a host each
 
 
 def test_the_per_token_host_cost_is_charged_a_message_at_a_time_once_a_worker_coalesces():

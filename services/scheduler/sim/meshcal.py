@@ -2,17 +2,26 @@
 measures through its gateway (`kvmesh sim calibrate --url GATEWAY`, shell in meshprobe.py).
 
 The model (cluster.py, `CostModel` + `MeshCost`), as a client sees it, with W decode workers on
-one host that runs P busy ones at full speed (s(b) = max(1, b / P) with b busy workers; W = 1: P = 1 when
-the host-load probe found the engine on this host, else 0, no shared host, s = 1):
+one host that runs P busy ones at full speed (W = 1: P = 1 when the host-load probe found the engine
+on this host, else 0, no shared host). The host's slowdown s is the sim's (workertime.host_slowdown):
+with b busy workers, r requests in the last second and the host CPU outside the engines that the
+host-load probe measured (per request, per engine step, per token: fit_host),
+s = max(1, (b + per_request · r + Σ_busy step_host_s(its rows) / (its unslowed step · s)) / P), solved
+for s; s = 1 without a shared host. Every probe below is slowed by the s of its own
+state, so the fit takes that s out of what it measured (NOTE: before, it took out b / P only, and the
+sim then charged the host CPU terms on top of steps that already held them: its steady steps ran
+1.1-1.7x the ITL probe's at one worker, its lone prefills 1.35x; bench/sim_calibration.md item 12):
 - TTFT of a lone request with n uncached and c cached prompt tokens
-      = request_overhead + request_busy + n · prefill_s_per_token + attention_s_per_pair · n² / 2
-        + attention_s_per_cached_pair · n · c + c · hit_s_per_token + step(1) + new_shape,
+      = request_overhead + request_busy + s_1 · (n · prefill_s_per_token + attention_s_per_pair · n² / 2
+        + attention_s_per_cached_pair · n · c + c · hit_s_per_token + step(1) + new_shape),
+  s_1 the slowdown of one busy worker of one row (step(1)) and one request in the last second,
   new_shape = prefill_s_new_shape when the worker has not run a step of n new tokens lately (every
   timed prefill of the probes is at a count not sent before, meshprobe.py), else 0; the shape probe
   sends a lone request at a count never sent, then one at that count again: the first's TTFT less
   the second's is the term (fit_new_shape);
 - ITL (a request's mean gap between tokens) with k streams of mean context x decoding, spread over
-  b = min(k, W) workers = s(b) · (step(k / b) + hinge(x · k / b)),
+  b = min(k, W) workers = s · (step(k / b) + hinge(x · k / b)), s that of b busy workers of k / b
+  rows and k requests in the last second (measured_slowdown solves it from the measured step),
   step(k) = decode_s_per_step + (decode_s_per_seq + token_overhead_s) · k,
   hinge(t) = decode_s_per_kv_token · t + decode_s_per_padded_token · max(0, t − decode_padded_knee_tokens)
   (decodectx.py: a worker's k / b streams of context x read k / b × x padded KV tokens); the ITL
@@ -20,20 +29,24 @@ the host-load probe found the engine on this host, else 0, no shared host, s = 1
   long ones at several (k, x) the rest of the hinge (_fit_context); the other probes' streams are
   short and take that line, as the ITL probe measured it;
 - W long prompts (n tokens) sent at once, one per worker: the last first token comes
-  (W - 1) · request_busy + (s(W) - 1) · (lone prefill work + step(1) + new_shape) after a lone request's;
+  (W - 1) · request_busy + (s_W - s_1) · (lone prefill work + step(1) + new_shape) after a lone request's,
+  s_W that of W busy workers of one row and W requests (P by bisection: _fit_parallel);
 - a prompt whose first c tokens are cached takes c · hit_s_per_token + attention_s_per_cached_pair · n · c
   longer than a fresh prompt of its n uncached tokens (the hit probe sends one right after each hit;
   its two shapes, n = 16 and 512 after ~1,000-1,500 cached, tell the two terms apart);
 - a burst of M short requests (n tokens, one output token) sent at once: the last first token
   comes (M - 1) · request_busy after a lone request's TTFT at a count run before (the mesh-wide
-  request server; the burst repeats one length, so its steps' counts are not new);
+  request server; the burst repeats one length, so its steps' counts are not new; NOTE: the host's
+  slowdown of its short prefills, which M arrivals raise in the sim, is left out);
 - a prefill of n tokens arriving while k ≥ 1 streams decode over b workers (k / b beside it) takes
-  s(b) · (work(n) · (1 + prefill_share · k / b) + prefill_s_per_stream · k / b + prefill_s_beside
-  + step(k / b + 1) + prefill_s_new_shape), and the streams beside it stop for prefill_stall of that
-  time less prefill_s_beside, which is latency only (their largest gap grows by that much over their
-  ITL); the probe sends it beside several stream counts, 0 included (its lone work(n), measured
-  beside the others), at two lengths: the term proportional to the prefill's work and the additive
-  one per stream are told apart by the length, the once-off one by the stream counts (fit_beside);
+  s · (work(n) · (1 + prefill_share · k / b) + prefill_s_per_stream · k / b + prefill_s_beside
+  + step(k / b + 1) + prefill_s_new_shape), s that of b busy workers (its own of k / b + 1 rows, the
+  others' of k / b, each step the short streams' line) and k + 1 requests, and the streams beside it
+  stop for prefill_stall of that time less prefill_s_beside, which is latency only (their largest gap
+  grows by that much over their ITL); the probe sends it beside several stream counts, 0 included (its
+  lone work(n), measured beside the others), at two lengths: the term proportional to the prefill's
+  work and the additive one per stream are told apart by the length, the once-off one by the stream
+  counts (fit_beside);
 - pauses: the ITL probe's runs (4 or more streams per worker) show gaps that most of a worker's
   streams share (meshstreams.steady_run); their count over the worker-seconds searched is the rate,
   their mean extra gap the length, and the ITL above is measured without them;
@@ -51,6 +64,7 @@ the host-load probe found the engine on this host, else 0, no shared host, s = 1
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -59,8 +73,9 @@ from ..policy import CostModel
 from .calibrate import fit_line
 from .decodectx import fit_hinge
 from .handback import fit_handback
-from .meshcost import MeshCost
+from .meshcost import HOST_LOAD_WINDOW_S, MeshCost
 from .meshstats import around_median, medians, noise_quantiles, nonnegative_fit
+from .workertime import measured_slowdown, shared_slowdown, step_host_s
 
 
 PATH_LOAD_SEQS_PER_WORKER = 64  # the decode worker's max_num_seqs default, as the path-load probe's mesh runs
@@ -300,78 +315,63 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
     # TTFT probe): more repeats of the short lengths, which set the per-request base; in runs F-I the TTFT
     # probe's short lengths alone put it 2.5-8 ms above them and above what the trace's requests saw
     lone_ttft = medians(samples.ttft + [(uncached, t) for (_, uncached, _), t in zip(samples.hit, samples.hit_lone)])
-    itls, itl_long = medians(samples.itl), medians(samples.itl_long)
-    if len(lone_ttft) < 2 or len(itls) < 2:
+    if len(lone_ttft) < 2 or len(medians(samples.itl)) < 2:
         raise ValueError("need TTFT at two prompt lengths and ITL at two stream counts at least")
-    intercept, per_token, attention = fit_prefill(lone_ttft)  # at new token counts: new_shape is in the intercept
-    new_shape = fit_new_shape(samples.shape)
+    # NOTE: the lone prefill terms as measured: slowed by the host as a lone request is (s1 below)
+    intercept, per_token_m, attention_m = fit_prefill(lone_ttft)  # at new token counts: new_shape is in the intercept
+    new_shape_m = fit_new_shape(samples.shape)
     workers = max(1, samples.workers)
+    host = fit_host(samples.host)
 
-    def work(n: float) -> float:
-        return n * per_token + attention * n * n / 2
+    def work_m(n: float) -> float:
+        return n * per_token_m + attention_m * n * n / 2
 
-    busy = max(0.0, _median([(last - intercept + new_shape - work(n)) / (m - 1) for m, n, last in samples.burst if m > 1]))
-    lone_itl = [itl for k, itl in itls if k == 1]
-    step_one = lone_itl[0] if lone_itl else sum(fit_line(itls))
+    busy = max(0.0, _median([(last - intercept + new_shape_m - work_m(n)) / (m - 1) for m, n, last in samples.burst if m > 1]))
     # NOTE: one worker on this host (host-load runs found its engine there) takes all of it: the engine's
     # torch threads are one per core (the default), and a step waits for the slowest of them
     parallel = 1.0 if samples.host else 0.0
     if workers > 1:
-        slowdowns = [1.0 + (last - intercept - work(n) - (m - 1) * busy) / (work(n) + step_one + new_shape)
-                     for m, n, last in samples.pair if m > 1]
-        parallel = min(float(workers), max(1.0, workers / max(1.0, _median(slowdowns)))) if slowdowns else float(workers)
+        parallel = _fit_parallel(samples, host, workers, intercept, busy, new_shape_m, work_m)
+    mesh = MeshCost(host_parallelism=parallel, **host)
+    d = _fit_decode(samples, mesh, workers)
+    s1 = d.lone_slowdown
+    per_token, attention, new_shape = per_token_m / s1, attention_m / s1, new_shape_m / s1
 
-    def slowdown(b: float) -> float:
-        return max(1.0, b / parallel) if parallel else 1.0
+    def work(n: float) -> float:
+        return n * per_token + attention * n * n / 2
 
-    def spread(k: float) -> float:  # busy workers when k streams run at once
-        return min(k, workers)
-
-    points = [(k / spread(k), itl / slowdown(spread(k))) for k, itl in itls]
-    base, per_stream = fit_line(points)
-    if per_stream < 0:  # NOTE: a flat, noisy ITL: a step cannot get cheaper with more streams
-        base, per_stream = statistics.fmean(y for _, y in points), 0.0
-
-    def step(k: float) -> float:  # at the ITL probe's context
-        return base + per_stream * k
-
-    # NOTE: the hinge is fitted on what the long streams took over the short ones' line at their stream
-    # count; the short ones (k / b × x0 <= 16 × 64 padded tokens) are taken to be below its knee
-    unslowed = [(k, x, itl / slowdown(spread(k))) for k, x, itl in itl_long if x > samples.itl_context]
-    long = [(k / spread(k), x, itl - step(k / spread(k))) for k, x, itl in unslowed]
-    per_kv, per_padded, knee = _fit_context(long, samples.itl_context, [itl for _, _, itl in unslowed])
-    per_seq = max(0.0, per_stream - per_kv * samples.itl_context)  # the short streams' line holds their context's cost
-    engine = per_seq if engine_decode_s_per_seq is None else min(per_seq, engine_decode_s_per_seq)
-    hit, cached_pair = fit_hits(samples, attention, [intercept + work(uncached) for _, uncached, _ in samples.hit])
-    overhead = max(0.0, intercept - step(1) - busy - new_shape)
+    hit_m, cached_pair_m = fit_hits(samples, attention_m, [intercept + work_m(uncached) for _, uncached, _ in samples.hit])
+    hit, cached_pair = hit_m / s1, cached_pair_m / s1
+    overhead = max(0.0, intercept - busy - s1 * (d.step(1) + new_shape))
     beside = beside_medians(samples.stall)
     lone = {n: t for (n, k), t in beside.items() if k == 0}
 
     def prefill(n: float) -> float:  # a lone prefill's work: as the stall probe measured it, else from the fit
-        return max(0.0, lone[n] - overhead - busy - step(1) - new_shape) if n in lone else work(n)
+        return max(0.0, (lone[n] - overhead - busy) / s1 - d.step(1) - new_shape) if n in lone else work(n)
 
     loaded = [(n, k, ttft) for (n, k), ttft in beside.items() if k > 0]
-    extras = [(prefill(n), k / spread(k),
-               (ttft - overhead - busy) / slowdown(spread(k)) - step(k / spread(k) + 1) - new_shape - prefill(n))
+    extras = [(prefill(n), k / d.spread(k),
+               (ttft - overhead - busy) / d.beside_slowdown(k) - d.step(k / d.spread(k) + 1) - new_shape - prefill(n))
               for n, k, ttft in loaded]
-    once, share, per_stream_s = fit_beside(extras, [lone.get(n, intercept + work(n)) for n, _, _ in loaded])
+    once, share, per_stream_s = fit_beside(extras, [lone.get(n, intercept + work_m(n)) for n, _, _ in loaded])
     stalls = []
     for tokens, k, gap, itl, _ in samples.stall:
         if k > 0:
-            b, w = spread(k), prefill(tokens)
+            b, w = d.spread(k), prefill(tokens)
             # NOTE: the once-off term is the prefill's latency, not its worker's time (cluster.py): the streams'
             # gap is the stall's fraction of the rest
-            took = w * (1.0 + share * k / b) + per_stream_s * k / b + step(k / b + 1) + new_shape
-            stalls.append((gap - itl) / (slowdown(b) * took))
+            took = w * (1.0 + share * k / b) + per_stream_s * k / b + d.step(k / b + 1) + new_shape
+            stalls.append((gap - itl) / (d.beside_slowdown(k) * took))
     handback_turn, handback_token = fit_handback(medians(samples.handback))
     admitted = samples.admitted if samples.admitted is not None and samples.admitted < samples.probe_streams else None
+    engine = d.per_seq if engine_decode_s_per_seq is None else min(d.per_seq, engine_decode_s_per_seq)
     cal = MeshCalibration(
         prefill_s_per_token=per_token,
-        decode_s_per_step=base,
+        decode_s_per_step=d.base,
         decode_s_per_seq=engine,
         request_overhead_s=overhead,
         request_busy_s=busy,
-        token_overhead_s=per_seq - engine,
+        token_overhead_s=d.per_seq - engine,
         hit_s_per_token=hit,
         attention_s_per_cached_pair=cached_pair,
         prefill_stall=min(1.0, max(0.0, _median(stalls))),
@@ -381,9 +381,9 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         admission_limit=admitted,
         noise=ttft_noise(samples),
         attention_s_per_pair=attention,
-        decode_s_per_kv_token=per_kv,
-        decode_s_per_padded_token=per_padded,
-        decode_padded_knee_tokens=knee,
+        decode_s_per_kv_token=d.per_kv,
+        decode_s_per_padded_token=d.per_padded,
+        decode_padded_knee_tokens=d.knee,
         host_parallelism=parallel,
         pause_rate_hz=len(samples.pauses) / samples.pause_window_s if samples.pause_window_s else 0.0,
         pause_s=statistics.fmean(samples.pauses) if samples.pauses else 0.0,
@@ -391,9 +391,102 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         handback_s_per_token=handback_token,
         prefill_s_new_shape=new_shape,
         hidden_tokens=hidden_quantiles(samples.visible),
-        **fit_host(samples.host),
+        **host,
     )
     return fit_path_load(samples, cal, workers) if samples.load else cal
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeFit:
+    """The decode step fitted on the ITL probe at one host_parallelism, unslowed by the shared host."""
+
+    mesh: MeshCost      # the host terms: host_parallelism and the CPU outside the engines
+    workers: int
+    base: float         # decode_s_per_step
+    per_stream: float   # the short streams' slope: per_seq and their context's cost
+    per_seq: float      # decode_s_per_seq + token_overhead_s
+    per_kv: float
+    per_padded: float
+    knee: float
+
+    def step(self, k: float) -> float:
+        """One step of k short streams (the ITL probe's context), unslowed."""
+        return self.base + self.per_stream * k
+
+    def spread(self, k: float) -> float:
+        """Busy workers when k streams run at once."""
+        return min(k, self.workers)
+
+    @property
+    def lone_slowdown(self) -> float:
+        """A lone request's slowdown as the sim has it when it prefills: one busy worker of one row, one
+        arrival in the last second."""
+        return shared_slowdown(self.mesh, 1, 1.0 / HOST_LOAD_WINDOW_S, step_host_s(self.mesh, 1) / self.step(1))
+
+    def beside_slowdown(self, k: float) -> float:
+        """The slowdown of a prefill arriving beside k streams over spread(k) busy workers (its own worker
+        one row more), k + 1 arrivals in the last second.
+
+        NOTE: each worker's step is the short streams' line, without their context's cost."""
+        b = self.spread(k)
+        rows = k / b
+        load = step_host_s(self.mesh, rows + 1) / self.step(rows + 1) + (b - 1) * step_host_s(self.mesh, rows) / self.step(rows)
+        return shared_slowdown(self.mesh, b, (k + 1) / HOST_LOAD_WINDOW_S, load)
+
+
+def _fit_decode(samples: Samples, mesh: MeshCost, workers: int) -> DecodeFit:
+    """The decode step's terms from the ITL probe: each run's step (its ITL) over the slowdown behind
+    it on the shared host, k streams over b = min(k, W) busy workers of k / b rows each, k arrivals in
+    the last second (measured_slowdown: exact for what the sim's host_slowdown does)."""
+    itls, itl_long = medians(samples.itl), medians(samples.itl_long)
+
+    def spread(k: float) -> float:
+        return min(k, workers)
+
+    def unslowed(k: float, itl: float) -> float:
+        b = spread(k)
+        return itl / measured_slowdown(mesh, b, k / b, k / HOST_LOAD_WINDOW_S, itl)
+
+    points = [(k / spread(k), unslowed(k, itl)) for k, itl in itls]
+    base, per_stream = fit_line(points)
+    if per_stream < 0:  # NOTE: a flat, noisy ITL: a step cannot get cheaper with more streams
+        base, per_stream = statistics.fmean(y for _, y in points), 0.0
+    # NOTE: the hinge is fitted on what the long streams took over the short ones' line at their stream
+    # count; the short ones (k / b × x0 <= 16 × 64 padded tokens) are taken to be below its knee
+    flat = [(k, x, unslowed(k, itl)) for k, x, itl in itl_long if x > samples.itl_context]
+    long = [(k / spread(k), x, itl - base - per_stream * k / spread(k)) for k, x, itl in flat]
+    per_kv, per_padded, knee = _fit_context(long, samples.itl_context, [itl for _, _, itl in flat])
+    per_seq = max(0.0, per_stream - per_kv * samples.itl_context)  # the short streams' line holds their context's cost
+    return DecodeFit(mesh, workers, base, per_stream, per_seq, per_kv, per_padded, knee)
+
+
+def _fit_parallel(samples: Samples, host: dict[str, float], workers: int, intercept: float, busy: float, new_shape_m: float,
+                  work_m: Callable[[float], float]) -> float:
+    """host_parallelism P from the pair probe: W long prompts at once, one per worker, the last first token
+    (W - 1) · request_busy + (s_W / s_1 - 1) × (a lone request's prefill as measured) after a lone request's,
+    s_W the slowdown of W busy workers of one row (W arrivals), s_1 a lone request's (DecodeFit); P in
+    [1, W] by bisection (without host CPU terms s_W / s_1 = W / P: P = W over the measured ratio)."""
+    def ratio_gap(p: float) -> float:
+        mesh = MeshCost(host_parallelism=p, **host)
+        d = _fit_decode(samples, mesh, workers)
+        s1 = d.lone_slowdown
+        overhead = intercept - busy - s1 * d.step(1) - new_shape_m
+        load = step_host_s(mesh, 1) / d.step(1)
+        measured = _median([1.0 + (last - intercept - work_m(n) - (m - 1) * busy) / (intercept + work_m(n) - overhead - busy)
+                            for m, n, last in samples.pair if m > 1])
+        return shared_slowdown(mesh, workers, workers / HOST_LOAD_WINDOW_S, workers * load) / s1 - max(1.0, measured)
+
+    if not any(m > 1 for m, _, _ in samples.pair):
+        return float(workers)
+    low, high = 1.0, float(workers)
+    if ratio_gap(low) <= 0:
+        return low
+    if ratio_gap(high) >= 0:
+        return high
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if ratio_gap(mid) > 0 else (low, mid)
+    return (low + high) / 2
 
 
 def fit_path_load(samples: Samples, cal: MeshCalibration, workers: int) -> MeshCalibration:

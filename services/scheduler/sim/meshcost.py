@@ -101,7 +101,10 @@
   costs the host (the path-load probe's runs: 48 ms a request beyond the steps and tokens, run BI);
   charged at that, the sim's 1-worker steps ran ~1.9x the real ones at 80% load, since the mesh's
   work outside the engine runs partly while the engine waits, and this model takes it all from the
-  engine's cores (meshcal.fit_path_load);
+  engine's cores (meshcal.fit_path_load; that run's fit still charged these terms twice, below);
+  the probes' own timings hold this work, so `kvmesh sim calibrate` takes the slowdown it causes in
+  each probe's state out of them (meshcal.py), and the sim puts it back: at the probes' loads it
+  gives their timings back, and above them it grows with the requests, steps and tokens;
 - stream_interval, stream_interval_from: the decode workers' token coalescing (decode/config.py):
   with at least `stream_interval_from` rows a worker sends a request's tokens `stream_interval` at a
   time, so the per-token host cost above (fitted on fewer streams, a message and an SSE chunk per

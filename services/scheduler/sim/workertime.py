@@ -46,16 +46,39 @@ def host_slowdown(cost: CostModel, mesh: MeshCost, workers: Iterable[SimWorker],
     if not mesh.host_parallelism:
         return 1.0
     busy = [w for w in workers if w.role is Role.DECODE and w.running]
-    base = len(busy) + mesh.host_cpu_s_per_request * request_rate
     per_step = 0.0
     if mesh.host_cpu_s_per_step or mesh.host_cpu_s_per_token:  # NOTE: step_s per busy worker, on every event: only when charged
-        per_step = sum((mesh.host_cpu_s_per_step + mesh.host_cpu_s_per_token * w.running / stream_interval(mesh, w.running))
-                       / step_s(cost, mesh, w) for w in busy)
-    p = mesh.host_parallelism
-    return max(1.0, (base + math.sqrt(base * base + 4 * p * per_step)) / (2 * p))
+        per_step = sum(step_host_s(mesh, w.running) / step_s(cost, mesh, w) for w in busy)
+    return shared_slowdown(mesh, len(busy), request_rate, per_step)
 
 
-def stream_interval(mesh: MeshCost, rows: int) -> int:
+def shared_slowdown(mesh: MeshCost, busy: float, request_rate: float, steps_load: float) -> float:
+    """host_slowdown's formula: `busy` busy decode workers, `request_rate` requests a second, and
+    `steps_load` = Σ over the busy workers of step_host_s over its own (unslowed) step time."""
+    if not mesh.host_parallelism:
+        return 1.0
+    base, p = busy + mesh.host_cpu_s_per_request * request_rate, mesh.host_parallelism
+    return max(1.0, (base + math.sqrt(base * base + 4 * p * steps_load)) / (2 * p))
+
+
+def measured_slowdown(mesh: MeshCost, busy: float, rows: float, request_rate: float, measured_step_s: float) -> float:
+    """The slowdown behind a step that took `measured_step_s` on the shared host, with `busy` busy
+    decode workers of `rows` rows each alike: host_slowdown solved from the slowed step (its A / s is
+    busy × step_host_s(rows) / measured_step_s), so measured_step_s / it is the unslowed step that
+    host_slowdown slows back to measured_step_s exactly (meshcal.fit unslows the ITL probe's steps so)."""
+    if not mesh.host_parallelism:
+        return 1.0
+    base = busy + mesh.host_cpu_s_per_request * request_rate + busy * step_host_s(mesh, rows) / measured_step_s
+    return max(1.0, base / mesh.host_parallelism)
+
+
+def step_host_s(mesh: MeshCost, rows: float) -> float:
+    """The host CPU outside the engine one engine step of a busy worker of `rows` rows costs: its
+    per-step work and a message per stream_interval tokens of each row."""
+    return mesh.host_cpu_s_per_step + mesh.host_cpu_s_per_token * rows / stream_interval(mesh, rows)
+
+
+def stream_interval(mesh: MeshCost, rows: float) -> int:
     """Tokens per message of a worker running `rows` sequences (its stream_interval from
     stream_interval_from rows on, else 1; decode/stream.py)."""
     return max(1, mesh.stream_interval) if rows >= mesh.stream_interval_from else 1
