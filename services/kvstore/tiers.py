@@ -64,8 +64,25 @@ class Tiers:
         return now - entry.last_access >= self.config.idle_cap_s
 
     def drop_idle(self, now: float) -> None:
+        """Drops the unpinned blocks idle past the cap. Each tier is walked from its least recently
+        used end, stepping over pinned blocks, and the walk stops at the first block that is not idle:
+        a sweep costs the blocks it drops, not the store's size. Before, every sweep (each `tick_s`)
+        looked at every block: 30-60 ms a second for a full 1 GiB memory tier of 70,000 blocks, on
+        the thread that serves the store's calls.
+
+        NOTE: memory's order is by last access exactly. Disk's is the order its blocks were demoted or
+        read, by last access but for a memory victim taken before an older parent (TierIndex.victim:
+        leaves first), so an idle disk block behind a fresher one waits for that one's cap, or for its
+        next read (`live` drops it then)."""
         for tier in Tier:
-            for entry in [e for e in self.index.tiers[tier].values() if not e.pins and self.is_idle(e, now)]:
+            idle = []
+            for entry in self.index.tiers[tier].values():
+                if entry.pins:
+                    continue
+                if not self.is_idle(entry, now):
+                    break
+                idle.append(entry)
+            for entry in idle:
                 self.remove(entry, "idle")
 
     def payload(self, entry: Entry) -> Block:

@@ -139,6 +139,23 @@ def test_blocks_untouched_for_the_idle_cap_are_dropped(clock):
     assert store.stats()[0].evictions == {"idle": 2}
 
 
+def test_an_idle_sweep_stops_at_the_first_block_not_idle(clock):
+    store = make_store(clock, memory_blocks=1000, idle_cap_s=60)
+    put(store, [block("x")])
+    clock.advance(30)
+    put(store, chain(*(f"new{i}" for i in range(500))))
+    clock.advance(30)
+    looked = []
+    is_idle = store.tiers.is_idle
+    store.tiers.is_idle = lambda entry, now: looked.append(entry) or is_idle(entry, now)
+    store.tick()
+    assert removed(store) == ["x"]
+    assert len(looked) == 2  # the idle block, then the first fresh one: not the other 499
+    clock.advance(30)
+    store.tick()
+    assert sum(len(e.hashes) for e in store.drain_events() if isinstance(e, Removed)) == 500
+
+
 def test_a_leased_block_outlives_the_idle_cap_until_its_lease_ends(clock):
     store = make_store(clock, idle_cap_s=60)
     put(store, [block("a1")])
