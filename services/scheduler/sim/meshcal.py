@@ -333,7 +333,9 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
     if workers > 1:
         parallel = _fit_parallel(samples, host, workers, intercept, busy, new_shape_m, work_m)
     mesh = MeshCost(host_parallelism=parallel, **host)
-    d = _fit_decode(samples, mesh, workers)
+    d = _step_line(samples, mesh, workers)
+    per_kv, per_padded, knee = _fit_context_terms(samples, d)
+    per_seq = max(0.0, d.per_stream - per_kv * samples.itl_context)  # the short streams' line holds their context's cost
     s1 = d.lone_slowdown
     per_token, attention, new_shape = per_token_m / s1, attention_m / s1, new_shape_m / s1
 
@@ -364,14 +366,14 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
             stalls.append((gap - itl) / (d.beside_slowdown(k) * took))
     handback_turn, handback_token = fit_handback(medians(samples.handback))
     admitted = samples.admitted if samples.admitted is not None and samples.admitted < samples.probe_streams else None
-    engine = d.per_seq if engine_decode_s_per_seq is None else min(d.per_seq, engine_decode_s_per_seq)
+    engine = per_seq if engine_decode_s_per_seq is None else min(per_seq, engine_decode_s_per_seq)
     cal = MeshCalibration(
         prefill_s_per_token=per_token,
         decode_s_per_step=d.base,
         decode_s_per_seq=engine,
         request_overhead_s=overhead,
         request_busy_s=busy,
-        token_overhead_s=d.per_seq - engine,
+        token_overhead_s=per_seq - engine,
         hit_s_per_token=hit,
         attention_s_per_cached_pair=cached_pair,
         prefill_stall=min(1.0, max(0.0, _median(stalls))),
@@ -381,9 +383,9 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
         admission_limit=admitted,
         noise=ttft_noise(samples),
         attention_s_per_pair=attention,
-        decode_s_per_kv_token=d.per_kv,
-        decode_s_per_padded_token=d.per_padded,
-        decode_padded_knee_tokens=d.knee,
+        decode_s_per_kv_token=per_kv,
+        decode_s_per_padded_token=per_padded,
+        decode_padded_knee_tokens=knee,
         host_parallelism=parallel,
         pause_rate_hz=len(samples.pauses) / samples.pause_window_s if samples.pause_window_s else 0.0,
         pause_s=statistics.fmean(samples.pauses) if samples.pauses else 0.0,
@@ -397,17 +399,14 @@ def fit(samples: Samples, engine_decode_s_per_seq: float | None = None) -> MeshC
 
 
 @dataclass(frozen=True, slots=True)
-class DecodeFit:
-    """The decode step fitted on the ITL probe at one host_parallelism, unslowed by the shared host."""
+class StepLine:
+    """The short streams' decode step fitted on the ITL probe at one host_parallelism, unslowed by the
+    shared host, and the slowdown the sim gives each probe's state on that host."""
 
     mesh: MeshCost      # the host terms: host_parallelism and the CPU outside the engines
     workers: int
     base: float         # decode_s_per_step
     per_stream: float   # the short streams' slope: per_seq and their context's cost
-    per_seq: float      # decode_s_per_seq + token_overhead_s
-    per_kv: float
-    per_padded: float
-    knee: float
 
     def step(self, k: float) -> float:
         """One step of k short streams (the ITL probe's context), unslowed."""
@@ -415,66 +414,72 @@ class DecodeFit:
 
     def spread(self, k: float) -> float:
         """Busy workers when k streams run at once."""
-        return min(k, self.workers)
+        return _spread(k, self.workers)
+
+    def slowdown(self, rows: list[float], arrivals: float) -> float:
+        """The host's slowdown with a busy worker of each of `rows` rows (each step the short streams'
+        line, without their context's cost) and `arrivals` requests in the last HOST_LOAD_WINDOW_S."""
+        load = sum(step_host_s(self.mesh, r) / self.step(r) for r in rows)
+        return shared_slowdown(self.mesh, len(rows), arrivals / HOST_LOAD_WINDOW_S, load)
 
     @property
     def lone_slowdown(self) -> float:
-        """A lone request's slowdown as the sim has it when it prefills: one busy worker of one row, one
-        arrival in the last second."""
-        return shared_slowdown(self.mesh, 1, 1.0 / HOST_LOAD_WINDOW_S, step_host_s(self.mesh, 1) / self.step(1))
+        """A lone request's as the sim has it when it prefills: one busy worker of one row, one arrival."""
+        return self.slowdown([1.0], 1)
 
     def beside_slowdown(self, k: float) -> float:
-        """The slowdown of a prefill arriving beside k streams over spread(k) busy workers (its own worker
-        one row more), k + 1 arrivals in the last second.
-
-        NOTE: each worker's step is the short streams' line, without their context's cost."""
-        b = self.spread(k)
-        rows = k / b
-        load = step_host_s(self.mesh, rows + 1) / self.step(rows + 1) + (b - 1) * step_host_s(self.mesh, rows) / self.step(rows)
-        return shared_slowdown(self.mesh, b, (k + 1) / HOST_LOAD_WINDOW_S, load)
+        """A prefill's arriving beside k streams over spread(k) busy workers (its own worker one row
+        more), k + 1 arrivals."""
+        b = int(self.spread(k))
+        return self.slowdown([k / b + 1] + [k / b] * (b - 1), k + 1)
 
 
-def _fit_decode(samples: Samples, mesh: MeshCost, workers: int) -> DecodeFit:
-    """The decode step's terms from the ITL probe: each run's step (its ITL) over the slowdown behind
-    it on the shared host, k streams over b = min(k, W) busy workers of k / b rows each, k arrivals in
-    the last second (measured_slowdown: exact for what the sim's host_slowdown does)."""
-    itls, itl_long = medians(samples.itl), medians(samples.itl_long)
+def _spread(k: float, workers: int) -> float:
+    return min(k, workers)
 
-    def spread(k: float) -> float:
-        return min(k, workers)
 
-    def unslowed(k: float, itl: float) -> float:
-        b = spread(k)
-        return itl / measured_slowdown(mesh, b, k / b, k / HOST_LOAD_WINDOW_S, itl)
-
-    points = [(k / spread(k), unslowed(k, itl)) for k, itl in itls]
+def _step_line(samples: Samples, mesh: MeshCost, workers: int) -> StepLine:
+    """The short streams' line from the ITL probe: each run's step (its ITL) over the slowdown behind it
+    on the shared host (`_unslowed`)."""
+    points = [(k / _spread(k, workers), _unslowed(mesh, workers, k, itl)) for k, itl in medians(samples.itl)]
     base, per_stream = fit_line(points)
     if per_stream < 0:  # NOTE: a flat, noisy ITL: a step cannot get cheaper with more streams
         base, per_stream = statistics.fmean(y for _, y in points), 0.0
+    return StepLine(mesh, workers, base, per_stream)
+
+
+def _unslowed(mesh: MeshCost, workers: int, k: float, itl: float) -> float:
+    """A step of k streams that took `itl` on the shared host, unslowed: k streams over b = min(k, W)
+    busy workers of k / b rows each, k arrivals in the last second (measured_slowdown: exact for what
+    the sim's host_slowdown does)."""
+    b = _spread(k, workers)
+    return itl / measured_slowdown(mesh, b, k / b, k / HOST_LOAD_WINDOW_S, itl)
+
+
+def _fit_context_terms(samples: Samples, line: StepLine) -> tuple[float, float, float]:
+    """(per KV token, per one past the knee, knee) from the ITL probe's long streams, unslowed as the
+    short ones, over the short streams' line (_fit_context)."""
     # NOTE: the hinge is fitted on what the long streams took over the short ones' line at their stream
     # count; the short ones (k / b × x0 <= 16 × 64 padded tokens) are taken to be below its knee
-    flat = [(k, x, unslowed(k, itl)) for k, x, itl in itl_long if x > samples.itl_context]
-    long = [(k / spread(k), x, itl - base - per_stream * k / spread(k)) for k, x, itl in flat]
-    per_kv, per_padded, knee = _fit_context(long, samples.itl_context, [itl for _, _, itl in flat])
-    per_seq = max(0.0, per_stream - per_kv * samples.itl_context)  # the short streams' line holds their context's cost
-    return DecodeFit(mesh, workers, base, per_stream, per_seq, per_kv, per_padded, knee)
+    unslowed = [(k, x, _unslowed(line.mesh, line.workers, k, itl)) for k, x, itl in medians(samples.itl_long)
+                if x > samples.itl_context]
+    long = [(k / line.spread(k), x, itl - line.step(k / line.spread(k))) for k, x, itl in unslowed]
+    return _fit_context(long, samples.itl_context, [itl for _, _, itl in unslowed])
 
 
 def _fit_parallel(samples: Samples, host: dict[str, float], workers: int, intercept: float, busy: float, new_shape_m: float,
                   work_m: Callable[[float], float]) -> float:
     """host_parallelism P from the pair probe: W long prompts at once, one per worker, the last first token
     (W - 1) · request_busy + (s_W / s_1 - 1) × (a lone request's prefill as measured) after a lone request's,
-    s_W the slowdown of W busy workers of one row (W arrivals), s_1 a lone request's (DecodeFit); P in
+    s_W the slowdown of W busy workers of one row (W arrivals), s_1 a lone request's (StepLine); P in
     [1, W] by bisection (without host CPU terms s_W / s_1 = W / P: P = W over the measured ratio)."""
     def ratio_gap(p: float) -> float:
-        mesh = MeshCost(host_parallelism=p, **host)
-        d = _fit_decode(samples, mesh, workers)
-        s1 = d.lone_slowdown
-        overhead = intercept - busy - s1 * d.step(1) - new_shape_m
-        load = step_host_s(mesh, 1) / d.step(1)
+        line = _step_line(samples, MeshCost(host_parallelism=p, **host), workers)
+        s1 = line.lone_slowdown
+        overhead = intercept - busy - s1 * line.step(1) - new_shape_m
         measured = _median([1.0 + (last - intercept - work_m(n) - (m - 1) * busy) / (intercept + work_m(n) - overhead - busy)
                             for m, n, last in samples.pair if m > 1])
-        return shared_slowdown(mesh, workers, workers / HOST_LOAD_WINDOW_S, workers * load) / s1 - max(1.0, measured)
+        return line.slowdown([1.0] * workers, workers) / s1 - max(1.0, measured)
 
     if not any(m > 1 for m, _, _ in samples.pair):
         return float(workers)
