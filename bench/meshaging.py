@@ -19,6 +19,7 @@ import time
 
 import psutil
 from simfidelity import Bench, mesh_metrics, start_mesh
+from tokcost import process_cpu_s
 
 from kvmesh.scheduler.sim.client import Target
 from kvmesh.scheduler.sim.hostspeed import timed_probe
@@ -33,7 +34,7 @@ def process_cpu(procs: dict[str, psutil.Process]) -> dict[str, float]:
     out = {}
     for name, p in procs.items():
         try:
-            out[name] = sum(sum(q.cpu_times()[:2]) for q in (p, *p.children(recursive=True)))
+            out[name] = process_cpu_s(p)
         except psutil.Error:
             out[name] = 0.0
     return out
@@ -57,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode", type=int, default=1)
     p.add_argument("--rate", type=float, default=12.0, help="req/s of every replay")
     p.add_argument("--replays", type=int, default=5)
-    p.add_argument("--probe-before", type=int, default=-1, help="run the calibration's probes once before this replay (-1: never)")
+    p.add_argument("--probe-before", type=int, default=-1,
+                   help="run the calibration's probes once before this replay (-1: never)")
     p.add_argument("--repeats", type=int, default=5, help="the probes' repeats (simfidelity's default)")
     p.add_argument("--duration-s", type=float, default=40.0)
     p.add_argument("--warmup-s", type=float, default=6.0)

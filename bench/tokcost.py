@@ -109,9 +109,9 @@ def engine_child(model: str, requests: int, concurrency: int, max_tokens: int) -
     engine.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=4))  # warm up
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     me = psutil.Process()
-    cpu0, t0 = _cpu(me), time.perf_counter()
+    cpu0, t0 = process_cpu_s(me), time.perf_counter()
     tokens, steps = closed_loop(engine, prompts, params, concurrency)
-    return {"tokens": tokens, "wall_s": time.perf_counter() - t0, "cpu_s": _cpu(me) - cpu0, "steps": steps}
+    return {"tokens": tokens, "wall_s": time.perf_counter() - t0, "cpu_s": process_cpu_s(me) - cpu0, "steps": steps}
 
 
 def closed_loop(engine, prompts: list[list[int]], params, concurrency: int, tag: str = "r") -> tuple[int, int]:
@@ -197,7 +197,7 @@ def _switches(proc) -> int:
     return total
 
 
-def _cpu(proc) -> float:
+def process_cpu_s(proc) -> float:
     """A mesh process's CPU time, its children's (a worker's engine process) included."""
     import psutil
 
@@ -261,11 +261,11 @@ def _cpu_around(procs: dict, run: Callable[[], dict]) -> tuple[dict, dict[str, f
     """`run()` between two readings of each mesh process's CPU time and its engine's; the second 0.5 s
     after it, since the hand-backs of the last turns are part of the cost. (run's result, CPU s by
     process, CPU s by "<process>: its engine <process|thread>")."""
-    before = {name: _cpu(p) for name, p in procs.items()}
+    before = {name: process_cpu_s(p) for name, p in procs.items()}
     engines_before = {name: _engine_cpu(p) for name, p in procs.items()}
     result = run()
     time.sleep(0.5)
-    cpu = {name: _cpu(p) - before[name] for name, p in procs.items()}
+    cpu = {name: process_cpu_s(p) - before[name] for name, p in procs.items()}
     engines = {f"{name}: its engine {kind}": s - engines_before[name][1]
                for name, p in procs.items() if engines_before[name] is not None for kind, s in [_engine_cpu(p)]}
     return result, cpu, engines
