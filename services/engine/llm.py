@@ -39,6 +39,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9  # share of the device's memory this engine may use (CUDA)
     attention_backend: str = "auto"  # auto (triton on CUDA, torch elsewhere) | torch | triton
     enforce_eager: bool = False  # no CUDA graphs for decode
+    cpu_row_buckets: bool = True  # CPU: packed linears pad a step's rows to a few counts, so their kernels stay cached (linear.py)
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
@@ -64,7 +65,8 @@ class LLMEngine:
         model_max = self.model_args.max_position_embeddings
         rope_len = min(config.max_model_len or model_max, model_max)
         self.runner = ModelRunner(
-            path, self.model_args, self.dtype, self.device, 0, self.block_size, rope_len, config.attention_backend
+            path, self.model_args, self.dtype, self.device, 0, self.block_size, rope_len, config.attention_backend,
+            config.cpu_row_buckets,
         )
         self.sampler = Sampler()
         block_bytes = ModelRunner.bytes_per_block(self.model_args, self.block_size, self.dtype)

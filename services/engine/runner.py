@@ -47,14 +47,14 @@ class ModelRunner:
 
     def __init__(
         self, path: Path, args: ModelArgs, dtype: torch.dtype, device: torch.device, num_blocks: int, block_size: int,
-        max_len: int, attention_backend: str = "auto",
+        max_len: int, attention_backend: str = "auto", row_buckets: bool = True,
     ) -> None:
         self.args = args
         self.dtype = dtype
         self.device = device
         self.block_size = block_size
         self.attention = make_backend(attention_backend, args, block_size, device)
-        self.model = load_model(path, args, dtype, device, max_len, self.attention)
+        self.model = load_model(path, args, dtype, device, max_len, self.attention, row_buckets)
         self.kv_cache = torch.empty(0, dtype=dtype, device=device)
         self.graphs: DecodeGraphs | None = None
         if num_blocks:

@@ -91,9 +91,11 @@ def read_tensors(path: Path, args: ModelArgs) -> dict[str, torch.Tensor]:
 
 
 def load_model(
-    path: Path, args: ModelArgs, dtype: torch.dtype, device: torch.device, max_len: int, attention: Any
+    path: Path, args: ModelArgs, dtype: torch.dtype, device: torch.device, max_len: int, attention: Any,
+    row_buckets: bool = True,
 ) -> LlamaModel:
-    """The model on `device` in `dtype`, attending through the backend `attention` (see attention.py)."""
+    """The model on `device` in `dtype`, attending through the backend `attention` (see attention.py);
+    `row_buckets`: CPU packed linears pad their rows to a few counts (linear.py)."""
     raw = read_tensors(path, args)
 
     def get(name: str) -> torch.Tensor:
@@ -114,13 +116,14 @@ def load_model(
                     cat(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
                     cat(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias") if args.attention_bias else None,
                     packed,
+                    row_buckets,
                 ),
-                o=make_linear(get(a + "o_proj.weight"), get(a + "o_proj.bias") if args.o_proj_bias else None, packed),
+                o=make_linear(get(a + "o_proj.weight"), get(a + "o_proj.bias") if args.o_proj_bias else None, packed, row_buckets),
                 post_norm=get(p + "post_attention_layernorm.weight"),
-                gate_up=make_linear(cat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), None, packed),
-                down=make_linear(get(p + "mlp.down_proj.weight"), None, packed),
+                gate_up=make_linear(cat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), None, packed, row_buckets),
+                down=make_linear(get(p + "mlp.down_proj.weight"), None, packed, row_buckets),
             )
         )
     embed = get("model.embed_tokens.weight")
-    lm_head = make_linear(embed if args.tie_word_embeddings else get("lm_head.weight"), None, packed)
+    lm_head = make_linear(embed if args.tie_word_embeddings else get("lm_head.weight"), None, packed, row_buckets)
     return LlamaModel(args, embed, layers, get("model.norm.weight"), lm_head, max_len, attention)

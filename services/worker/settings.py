@@ -41,6 +41,7 @@ class WorkerSettings(MeshSettings):
     engine_call_timeout_s: float = Field(60.0, gt=0.0, description="how long a request waits for the engine (thread or process) to answer a command before UNAVAILABLE")
     engine_stall_s: float = Field(30.0, gt=0.0, description="watchdog: no engine step progress for this long while work is pending = stalled (NOT_SERVING, deregistered)")
     step_slowdown: float = Field(1.0, ge=1.0, description="testing aid: every engine step takes this many times as long (sleeps the difference)")
+    cpu_row_buckets: bool = Field(True, description="CPU: a step's rows padded up to a few counts in the packed linears (at most 25% more), so the kernels built per count stay cached")
     cpu_kernel_cache_entries: int = Field(256, ge=1, description="CPU: oneDNN/ideep kernels cached per input shape (each cache; unless LRU_CACHE_CAPACITY / ONEDNN_PRIMITIVE_CACHE_CAPACITY are set)")
 
     def resolved_worker_id(self, role: str) -> str:
@@ -92,6 +93,7 @@ def engine_config(settings: WorkerSettings) -> Any:
         gpu_memory_utilization=settings.gpu_memory_utilization,
         attention_backend=settings.attention_backend,
         enforce_eager=settings.enforce_eager,
+        cpu_row_buckets=settings.cpu_row_buckets,
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_model_len=settings.max_model_len or None,
