@@ -7,9 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kvmesh.decode.config import DecodeSettings
 from kvmesh.engine.linear import ROWS_EXACT, PackedLinear, bucket_rows, packed_linear_works
 from kvmesh.engine.llm import EngineConfig, LLMEngine
 from kvmesh.engine.sampling import SamplingParams
+from kvmesh.worker.settings import engine_config
 
 needs_onednn = pytest.mark.skipif(not packed_linear_works(torch.float32), reason="no oneDNN packed linear in this torch")
 
@@ -48,3 +50,8 @@ def test_the_engine_generates_the_same_tokens_with_and_without_row_buckets() -> 
         for on in (False, True)
     }
     assert out[True] == out[False]
+
+
+def test_the_worker_setting_reaches_the_engine_config() -> None:
+    assert engine_config(DecodeSettings(model="tiny", nats_url="")).cpu_row_buckets is True
+    assert engine_config(DecodeSettings(model="tiny", nats_url="", cpu_row_buckets=False)).cpu_row_buckets is False
