@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from kvmesh.engine.config import ModelArgs, ModelLoadError
-from kvmesh.engine.linear import make_linear, packed_linear_works
+from kvmesh.engine.linear import Linear, make_linear, packed_linear_works
 from kvmesh.engine.model import LayerWeights, LlamaModel
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -105,6 +105,10 @@ def load_model(
         return torch.cat([raw[n] for n in names]).to(device=device, dtype=dtype)
 
     packed = device.type == "cpu" and packed_linear_works(dtype)
+
+    def linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
+        return make_linear(weight, bias, packed, row_buckets)
+
     layers = []
     for i in range(args.num_layers):
         p = f"model.layers.{i}."
@@ -112,18 +116,16 @@ def load_model(
         layers.append(
             LayerWeights(
                 input_norm=get(p + "input_layernorm.weight"),
-                qkv=make_linear(
+                qkv=linear(
                     cat(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
                     cat(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias") if args.attention_bias else None,
-                    packed,
-                    row_buckets,
                 ),
-                o=make_linear(get(a + "o_proj.weight"), get(a + "o_proj.bias") if args.o_proj_bias else None, packed, row_buckets),
+                o=linear(get(a + "o_proj.weight"), get(a + "o_proj.bias") if args.o_proj_bias else None),
                 post_norm=get(p + "post_attention_layernorm.weight"),
-                gate_up=make_linear(cat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), None, packed, row_buckets),
-                down=make_linear(get(p + "mlp.down_proj.weight"), None, packed, row_buckets),
+                gate_up=linear(cat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")),
+                down=linear(get(p + "mlp.down_proj.weight")),
             )
         )
     embed = get("model.embed_tokens.weight")
-    lm_head = make_linear(embed if args.tie_word_embeddings else get("lm_head.weight"), None, packed, row_buckets)
+    lm_head = linear(embed if args.tie_word_embeddings else get("lm_head.weight"))
     return LlamaModel(args, embed, layers, get("model.norm.weight"), lm_head, max_len, attention)
