@@ -72,6 +72,9 @@ async def _httpx_client(url: str, bodies: list[dict], concurrency: int) -> dict:
 
 
 def client_child(kind: str, url: str, model: str, requests: int, concurrency: int, max_tokens: int) -> dict:
+    from kvmesh.runtime.process import apply_cpus
+
+    apply_cpus(os.environ.get("KVMESH_CPUS", ""))  # --pin-engines: off the engine's CPU, as the mesh's other processes
     bodies = _bodies(model, requests, max_tokens)
     if kind == "httpx":
         return asyncio.run(_httpx_client(url, bodies, concurrency))
@@ -80,12 +83,14 @@ def client_child(kind: str, url: str, model: str, requests: int, concurrency: in
     return sseload.main_sync(url, bodies, concurrency)
 
 
-def run_client(url: str, model: str, requests: int, concurrency: int, max_tokens: int, kind: str = "raw") -> dict:
+def run_client(url: str, model: str, requests: int, concurrency: int, max_tokens: int, kind: str = "raw",
+               cpus: str = "") -> dict:
     """Runs the load in a child process; returns its result. `kind`: the load generator, "raw"
-    (bench/sseload.py) or "httpx"."""
+    (bench/sseload.py) or "httpx"; `cpus`: the CPUs it runs on ("" = any)."""
     argv = [sys.executable, __file__, "--client", url, "--served", model, "--requests", str(requests),
             "--concurrency", str(concurrency), "--max-tokens", str(max_tokens), "--client-kind", kind]
-    done = subprocess.run(argv, check=False, capture_output=True, text=True)
+    env = {**os.environ, "KVMESH_CPUS": cpus}
+    done = subprocess.run(argv, check=False, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"the load client exited {done.returncode}:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -212,31 +217,34 @@ def process_cpu_s(proc) -> float:
 
 # -- the mesh ---------------------------------------------------------------------------------
 def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens: int, settings: list[str],
-                 client_kind: str = "raw", split_lengths: list[int] = ()) -> dict:
+                 client_kind: str = "raw", split_lengths: list[int] = (), pin_engines: bool = False) -> dict:
     """Each level's figures by concurrency; with `split_lengths`, also "split": one load per
     output length at the first level (as many tokens in all as a level's), for
     `request_token_split`."""
     import psutil
 
-    from kvmesh.runtime.launcher import MeshOptions, free_port
+    from kvmesh.runtime.launcher import MeshOptions, free_port, mesh_cpu_layout
     from kvmesh.runtime.supervisor import Mesh
 
     served = Path(model).name if model != "tiny" else "tiny"
     results = {}
     with tempfile.TemporaryDirectory() as run_dir:
-        mesh = Mesh(MeshOptions(model=model, port=free_port(), run_dir=run_dir, prefill=0, decode=1, settings=settings))
+        opts = MeshOptions(model=model, port=free_port(), run_dir=run_dir, prefill=0, decode=1, settings=settings,
+                           pin_engines=pin_engines)
+        cpus = mesh_cpu_layout(opts).shared  # NOTE: the load client stays off the engine's CPUs too
+        mesh = Mesh(opts)
         mesh.start(timeout_s=180)
         try:
             procs = {r.spec.name: psutil.Process(r.proc.pid) for r in mesh.procs}
             store = _store_endpoint(procs)
-            run_client(mesh.gateway_url, served, 8, 8, 8, client_kind)  # warm up
+            run_client(mesh.gateway_url, served, 8, 8, 8, client_kind, cpus)  # warm up
             for c in concurrencies:
                 time.sleep(0.6)  # the warm-up's (or the last level's) hand-backs finish, its steps are counted
                 counts = _store_counts(store)
                 switches_before = {name: _switches(p) for name, p in procs.items()}
                 frames = _frame_counts(procs)
                 load, cpu, engine_cpu = _cpu_around(
-                    procs, lambda c=c: run_client(mesh.gateway_url, served, requests, c, max_tokens, client_kind))
+                    procs, lambda c=c: run_client(mesh.gateway_url, served, requests, c, max_tokens, client_kind, cpus))
                 switches = {name: _switches(p) - switches_before[name] for name, p in procs.items()}
                 store_delta = {k: v - counts[k] for k, v in _store_counts(store).items()}
                 time.sleep(0.6)  # NOTE: the engine step counter is refreshed with the gauges (every heartbeat, 0.5 s)
@@ -249,7 +257,8 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
             for length in split_lengths:
                 time.sleep(0.6)
                 load, cpu, engine_cpu = _cpu_around(procs, lambda length=length: run_client(
-                    mesh.gateway_url, served, max(8, requests * max_tokens // length), concurrencies[0], length, client_kind))
+                    mesh.gateway_url, served, max(8, requests * max_tokens // length), concurrencies[0], length, client_kind,
+                    cpus))
                 results.setdefault("split", []).append(
                     {"requests": load["requests"], "tokens": load["tokens"], "cpu_s": {**cpu, **engine_cpu}})
         finally:
@@ -442,6 +451,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", default="", metavar="N,M",
                    help="also split each process's CPU into per request and per token, from loads of these output "
                         "lengths at the first concurrency level (e.g. 16,256)")
+    p.add_argument("--pin-engines", action="store_true",
+                   help="start the mesh as `kvmesh up --pin-engines` does (the engine on a CPU of its own; the load client "
+                        "with the mesh's other processes)")
     p.add_argument("--client", help=argparse.SUPPRESS)
     p.add_argument("--served", help=argparse.SUPPRESS)
     p.add_argument("--engine-child", action="store_true", help=argparse.SUPPRESS)
@@ -456,9 +468,11 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(c) for c in args.concurrency.split(",")]
     load_before = os.getloadavg()[0]
     lengths = [int(x) for x in args.split.split(",") if x]
-    mesh = measure_mesh(args.model, args.requests, levels, args.max_tokens, args.set, args.client_kind, lengths)
+    mesh = measure_mesh(args.model, args.requests, levels, args.max_tokens, args.set, args.client_kind, lengths,
+                        args.pin_engines)
     print(f"{args.requests} streamed chat requests x {args.max_tokens} tokens, model {args.model}, "
-          f"{os.cpu_count()} CPUs, niceness {os.nice(0)}, {args.client_kind} load client, load average {load_before:.1f} before the mesh, "
+          f"{os.cpu_count()} CPUs{' (engine pinned)' if args.pin_engines else ''}, niceness {os.nice(0)}, "
+          f"{args.client_kind} load client, load average {load_before:.1f} before the mesh, "
           f"{os.getloadavg()[0]:.1f} after it")
     for c in levels:
         runs = [run_engine(args.model, args.requests, c, args.max_tokens) for _ in range(max(1, args.engine_runs))]

@@ -52,6 +52,9 @@ def up_main(argv: Sequence[str]) -> int:
                    help="CPU priority of the candidate workers and the canary: idle (default) runs them only on "
                         "CPU time production leaves unused, low is nice 10")
     p.add_argument("--policy", default="", help="scheduler routing policy")
+    p.add_argument("--pin-engines", action="store_true",
+                   help="give each worker's engine CPUs of its own (its torch threads' worth, from the highest) and run "
+                        "every other process on the rest, so none context-switches onto an engine's CPU (Linux)")
     p.add_argument("--run-dir", default=".kvmesh", help="logs, traces and mesh.json go here")
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="SERVICE.FIELD=VALUE",
                    help="a service setting, e.g. --set decode.kv_encoding=int8 (repeatable)")
@@ -133,9 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         return up_main(rest)
     if command == "exec-child":  # internal: `kvmesh up` runs nats-server through this
+        from .runtime.process import apply_cpus  # noqa: PLC0415
         from .runtime.supervisor import die_with_parent  # noqa: PLC0415
 
         die_with_parent()
+        apply_cpus(os.environ.get("KVMESH_CPUS", ""))  # NOTE: a pinning survives the exec
         os.execvp(rest[0], rest)
     if command == "health":
         return health_main(rest)

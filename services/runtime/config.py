@@ -43,6 +43,9 @@ class MeshSettings(BaseSettings):
     cpu_priority: CpuPriority = mesh_field(
         "normal", "CPU_PRIORITY", "OS CPU priority: normal | low (nice 10) | idle (runs only on otherwise idle CPU)"
     )
+    cpus: str = mesh_field(
+        "", "CPUS", "CPUs this process runs on, e.g. '0' or '0-3,8' (Linux; empty = any; kvmesh up --pin-engines sets it)"
+    )
     heap_trim_s: float = mesh_field(
         5.0, "HEAP_TRIM_S", "workers and the KV store hand freed C heap pages back to the OS this often (0 = never)"
     )

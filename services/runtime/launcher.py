@@ -10,6 +10,8 @@ import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from .process import format_cpu_list
+
 SERVICES = ("gateway", "scheduler", "prefill", "decode", "kvstore", "canary")
 
 
@@ -45,6 +47,7 @@ class MeshOptions:
     run_dir: str = ".kvmesh"
     nats_port: int = 0
     cpus: int = 0                                                # 0 = os.cpu_count()
+    pin_engines: bool = False                                    # engines on CPUs of their own (cpu_layout)
     settings: list[str] = field(default_factory=list)            # "service.field=value"
     candidate_settings: list[str] = field(default_factory=list)  # same, candidate workers only
     env: dict[str, str] = field(default_factory=dict)            # mesh-wide extra env
@@ -65,6 +68,44 @@ def worker_threads(cpus: int, num_workers: int) -> int:
     made a step ~100x slower on a busy 2-core machine (measured with bench/mesh.py).
     """
     return max(1, (cpus - 1) // max(1, num_workers))
+
+
+@dataclass(frozen=True, slots=True)
+class CpuLayout:
+    """`kvmesh up --pin-engines`: the CPU list of every process but the engines (`KVMESH_CPUS`), and
+    each production worker's engine's own (its `engine_cpus`), in start order; "" = unpinned."""
+
+    shared: str = ""
+    engines: tuple[str, ...] = ()
+
+
+def cpu_layout(allowed: Iterable[int], engines: int, threads: int) -> CpuLayout:
+    """Each of `engines` engines gets `threads` CPUs of its own, from the highest down, and every
+    other process shares what is left. Why: an engine that time-shares its CPU pays for every
+    switch (its caches and predictors refilled): on a 2-core host the in-process engine took 1.6x
+    its CPU per token beside a busy loop on its CPU and 1.0x beside one on the other
+    (`bench/cpushare.sh`), and the mesh's own engine process took 1.1-1.2x the in-process engine's
+    pinned against 1.2-1.5x unpinned (`bench/tokcost.py --pin-engines`, README).
+    ValueError when nothing would be left for the rest of the mesh."""
+    cpus = sorted(allowed)
+    need = engines * threads
+    if engines < 1:
+        return CpuLayout()
+    if len(cpus) - need < 1:
+        raise ValueError(f"--pin-engines: {engines} engine(s) x {threads} thread(s) leave none of the {len(cpus)} "
+                         "CPUs for the gateway, scheduler, KV store and NATS")
+    own = [cpus[len(cpus) - (i + 1) * threads : len(cpus) - i * threads] for i in range(engines)]
+    return CpuLayout(format_cpu_list(cpus[: len(cpus) - need]), tuple(format_cpu_list(c) for c in own))
+
+
+def mesh_cpu_layout(opts: MeshOptions) -> CpuLayout:
+    """The CPU layout of the mesh `opts` describes (unpinned without `pin_engines`)."""
+    if not opts.pin_engines:
+        return CpuLayout()
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    allowed = allowed[: opts.cpus or None]
+    engines = opts.prefill + opts.decode
+    return cpu_layout(allowed, engines, worker_threads(len(allowed), engines + opts.candidate_prefill + opts.candidate_decode))
 
 
 def setting_env(assignments: list[str]) -> dict[str, dict[str, str]]:
@@ -137,10 +178,16 @@ def plan_mesh(
 
     num_workers = opts.prefill + opts.decode + opts.candidate_prefill + opts.candidate_decode
     threads = worker_threads(opts.cpus or os.cpu_count() or 1, num_workers)
+    layout = mesh_cpu_layout(opts)
+    if layout.shared:
+        base_env["KVMESH_CPUS"] = layout.shared
+    engine_cpus = iter(layout.engines)
 
     def add(name: str, service: str, args: list[str], *, grpc_port: int = 0, metrics_port: int = 0,
             http_health: str = "", pool: str = "", env: dict[str, str] | None = None) -> None:
         defaults = {f"KVMESH_{service.upper()}_TORCH_THREADS": str(threads)} if service in ("prefill", "decode") else {}
+        if pool == "production" and (own := next(engine_cpus, "")):
+            defaults[f"KVMESH_{service.upper()}_ENGINE_CPUS"] = own
         merged = {**base_env, **defaults, "KVMESH_NATS_URL": nats_url(service), **overrides.get(service, {}),
                   **(env or {})}
         specs.append(ProcessSpec(

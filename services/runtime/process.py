@@ -1,4 +1,4 @@
-"""What every service process does first: logging, and its OS CPU priority.
+"""What every service process does first: logging, its OS CPU priority, and the CPUs it runs on.
 
 The priority lets a canary's candidate pool share a host with production without taking CPU from it:
 
@@ -8,6 +8,10 @@ The priority lets a canary's candidate pool share a host with production without
 
 Priorities are per thread on Linux, so every thread that exists now is changed, and threads
 started later inherit the setting from the thread that starts them.
+
+The CPUs (`cpus`, e.g. "0" or "0-3,8"; `kvmesh up --pin-engines` sets them) pin the process and
+every thread of it, as `taskset` would, so a worker's engine can have CPUs no other process
+context-switches onto.
 """
 
 from __future__ import annotations
@@ -60,10 +64,60 @@ def apply_cpu_priority(priority: CpuPriority) -> None:
     log.info("CPU priority: %s", priority)
 
 
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """"0-2,5" → {0, 1, 2, 5}; "" → {} (any CPU). ValueError on anything else."""
+    cpus: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        first, dash, last = part.partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"bad CPU list {text!r}: expected numbers and ranges such as 0-3,8")
+        low, high = int(first), int(last) if dash else int(first)
+        if high < low:
+            raise ValueError(f"bad CPU list {text!r}: the range {part} runs backwards")
+        cpus.update(range(low, high + 1))
+    return frozenset(cpus)
+
+
+def format_cpu_list(cpus: list[int] | frozenset[int]) -> str:
+    """[0, 1, 2, 5] → "0-2,5" (what parse_cpu_list reads back)."""
+    parts: list[str] = []
+    for cpu in sorted(cpus):
+        if parts and cpu == int(parts[-1].rpartition("-")[2]) + 1:
+            parts[-1] = f"{parts[-1].partition('-')[0]}-{cpu}"
+        else:
+            parts.append(str(cpu))
+    return ",".join(parts)
+
+
+def apply_cpus(text: str) -> None:
+    """Runs this process, every thread it has and every one it starts, on the CPUs listed (Linux;
+    "" changes nothing). A list with no CPU the OS lets it use fails the start with ValueError.
+
+    NOTE: not narrowed to the CPUs it runs on now: an engine process starts on its worker's CPUs
+    and moves to CPUs of its own."""
+    cpus = parse_cpu_list(text)
+    if not cpus:
+        return
+    if not hasattr(os, "sched_setaffinity"):
+        log.warning("CPU list %r ignored: this OS cannot pin a process", text)
+        return
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as exc:
+        raise ValueError(f"CPU list {text!r}: this process may not run there ({exc.strerror})") from None
+    for tid in _thread_ids():
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError as exc:  # e.g. a thread that just ended
+            log.warning("could not pin thread %d to CPUs %s: %s", tid, text, exc)
+    log.info("CPUs: %s", format_cpu_list(os.sched_getaffinity(0)))
+
+
 def init_process(settings: MeshSettings) -> None:
-    """Logging at the settings' level, then the settings' CPU priority."""
+    """Logging at the settings' level, then the settings' CPU priority and CPUs."""
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     apply_cpu_priority(settings.cpu_priority)
+    apply_cpus(settings.cpus)
 
 
 def run_service(main: Coroutine[Any, Any, Any]) -> Any:

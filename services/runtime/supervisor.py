@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .config import MeshSettings
 from .grpcutil import TlsConfig
-from .launcher import MeshOptions, ProcessSpec, free_port, parse_external, plan_mesh
+from .launcher import MeshOptions, ProcessSpec, free_port, mesh_cpu_layout, parse_external, plan_mesh
 from .natsauth import NatsAuth
 
 log = logging.getLogger("kvmesh.up")
@@ -101,7 +101,7 @@ class Mesh:
             conf.write_text(self.nats_auth.server_config(self.opts.host, port, cluster_port, self.cluster_ports, name))
             conf.chmod(0o600)
             argv = [sys.executable, "-m", "kvmesh", "exec-child", nats_server_binary(), "-c", str(conf)]
-            self._spawn(ProcessSpec(name, "nats", (), {}), argv)
+            self._spawn(ProcessSpec(name, "nats", (), {"KVMESH_CPUS": mesh_cpu_layout(self.opts).shared}), argv)
         deadline = time.monotonic() + timeout_s
         try:
             for port in self.nats_ports:  # NOTE: within the start's own deadline: a loaded host is slow to exec

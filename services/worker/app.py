@@ -16,7 +16,7 @@ from kvmesh.runtime.cacheevents import CacheEvents
 from kvmesh.runtime.config import settings_from_argv
 from kvmesh.runtime.grpcutil import ChannelPool, GrpcServer, TlsConfig
 from kvmesh.runtime.heap import fix_mmap_threshold, trim_heap
-from kvmesh.runtime.process import init_process, run_service
+from kvmesh.runtime.process import apply_cpus, init_process, run_service
 from kvmesh.runtime.shutdown import GracefulShutdown
 from kvmesh.runtime.telemetry import Telemetry
 from .commands import BASE_COMMANDS, Command
@@ -141,6 +141,7 @@ async def start_engine(
     else:
         from kvmesh.engine.llm import LLMEngine  # noqa: PLC0415 - torch, only in worker processes
 
+        apply_cpus(settings.engine_cpus)  # NOTE: the engine's thread shares the process; all of it moves
         bound_cpu_kernel_caches(settings.cpu_kernel_cache_entries)
         engine = await asyncio.to_thread(LLMEngine, engine_config(settings))
         loop = EngineLoop(engine, name=f"{role}-engine", step_delay_s=settings.step_delay_s,

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kvmesh.runtime.heap import fix_mmap_threshold, start_trim_thread
-from kvmesh.runtime.process import name_os_thread
+from kvmesh.runtime.process import apply_cpus, name_os_thread
 
 from . import enginewire as wire
 from .commands import Command
@@ -188,6 +188,7 @@ def main(settings_cls: type[WorkerSettings], commands: Mapping[str, Command], ar
     start_trim_thread(settings.heap_trim_s)
     bound_cpu_kernel_caches(settings.cpu_kernel_cache_entries)
     try:
+        apply_cpus(settings.engine_cpus)  # NOTE: before torch starts its threads, which inherit it
         from kvmesh.engine.llm import LLMEngine  # noqa: PLC0415
 
         engine = LLMEngine(engine_config(settings))

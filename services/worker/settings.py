@@ -37,6 +37,10 @@ class WorkerSettings(MeshSettings):
     heartbeat_interval_s: float = Field(0.5, description="heartbeat period on NATS")
     drain_grace_s: float = Field(10.0, description="how long in-flight requests may finish on shutdown")
     torch_threads: int = Field(0, description="torch intra-op threads (0 = torch's default: one per core)")
+    engine_cpus: str = Field(
+        "", description="CPUs the engine runs on, e.g. '1' (empty = this worker's): its process's, or with the engine "
+        "on a thread (decode engine_process=false) the whole worker's; kvmesh up --pin-engines sets it"
+    )
     step_delay_s: float = Field(0.0, description="testing aid: sleep after every engine step (e.g. a deliberately slow canary candidate)")
     engine_call_timeout_s: float = Field(60.0, gt=0.0, description="how long a request waits for the engine (thread or process) to answer a command before UNAVAILABLE")
     engine_stall_s: float = Field(30.0, gt=0.0, description="watchdog: no engine step progress for this long while work is pending = stalled (NOT_SERVING, deregistered)")
