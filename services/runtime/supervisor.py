@@ -86,6 +86,8 @@ class Mesh:
         self.external = parse_external(opts.external)
         self.scheduler_endpoint = next((s.grpc_endpoint for s in self.specs if s.service == "scheduler"), "") or \
             self.external.get("scheduler", [""])[0]
+        if (layout := mesh_cpu_layout(opts)).shared:
+            log.info("pinned: engines on CPUs %s; every other process on %s", ", ".join(layout.engines), layout.shared)
 
     def external_nats_url(self, role: str) -> str:
         """The NATS URL (with `role`'s credentials) an outside process playing `role` connects to."""
