@@ -56,6 +56,10 @@ class GatewayMetrics:
             "kvmesh_gateway_inter_token_seconds", "time between streamed token chunks", buckets=TOKEN_BUCKETS, registry=r
         )
         self.e2e = Histogram("kvmesh_gateway_e2e_seconds", "whole request", buckets=LATENCY_BUCKETS, registry=r)
+        self.loop_lag = LoopHistogram(
+            "kvmesh_gateway_event_loop_lag_seconds", "how late the event loop woke for a timer due every 0.1 s "
+            "(what ready work waits: requests, SSE writes)", buckets=TOKEN_BUCKETS, registry=r
+        )
         self.prompt_tokens = Counter("kvmesh_gateway_prompt_tokens", "prompt tokens", registry=r)
         self.completion_tokens = Counter("kvmesh_gateway_completion_tokens", "completion tokens", registry=r)
         self.mirror_published = Counter("kvmesh_gateway_mirror_published", "requests mirrored to the canary", registry=r)

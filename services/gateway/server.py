@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kvmesh.runtime.looplag import LoopLag
 from kvmesh.runtime.process import freeze_startup_objects
 
 from . import openapi
@@ -99,12 +100,16 @@ def create_app(
     workers = WorkerList(backend)  # one ListWorkers read shared by the context length and /health
     context_watch = ContextLengthWatch(workers, model, settings.pool, settings.context_refresh_s)
 
+    loop_lag = LoopLag(metrics.loop_lag.observe)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         mirror.start()
         context_watch.start()
+        loop_lag.start()
         freeze_startup_objects()
         yield
+        await loop_lag.close()
         await context_watch.close()
         await mirror.close()
         await backend.close()

@@ -193,6 +193,7 @@ async def test_models_health_and_metrics(gateway: RunningGateway) -> None:
     assert [m["id"] for m in models["data"]] == ["tiny"] and models["data"][0]["max_model_len"] == 2048
     assert one.json()["id"] == "tiny"
     assert health.status_code == 200
+    assert 'kvmesh_gateway_event_loop_lag_seconds_bucket{le="+Inf"}' in metrics
     for name in (
         'kvmesh_gateway_requests_total{route="/v1/completions",status="200"} 1.0',
         "kvmesh_gateway_inflight_requests 0.0",
