@@ -6,6 +6,7 @@ Pure: `plan_mesh(options, ports)` returns ProcessSpecs; `supervisor.py` runs the
 from __future__ import annotations
 
 import os
+import random
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -54,8 +55,37 @@ class MeshOptions:
     external: list[str] = field(default_factory=list)            # "role=host:port": run by someone else
 
 
+PORT_FLOOR = 20000  # free ports are drawn from here up to the kernel's ephemeral range
+
+
+def ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    """The lowest port the kernel gives outgoing connections (Linux; 32768 elsewhere or unreadable)."""
+    try:
+        with open(path, encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A port nothing is bound to now, drawn at random below the kernel's ephemeral range.
+
+    NOTE: not the kernel's own pick (bind to port 0): that comes from the ephemeral range, which every
+    outgoing connection's local port comes from too, so in the seconds before a service bound it
+    another process's gRPC client could take it (a CI run lost a candidate worker's metrics port,
+    EADDRINUSE). Below the range only a listener can take it, and a random draw makes two meshes
+    starting at once unlikely to pick the same one."""
+    high = ephemeral_low()
+    low = PORT_FLOOR if high - PORT_FLOOR >= 1000 else 1024
+    for _ in range(200):
+        port = random.randrange(low, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a crowded range: the kernel's pick
         sock.bind((host, 0))
         return sock.getsockname()[1]
 

@@ -93,3 +93,21 @@ def test_replicas_shards_and_their_clients_are_planned():
     assert specs["kvstore-2"].args[specs["kvstore-2"].args.index("--store-id") + 1] == "kvstore-2"
     with pytest.raises(ValueError, match=">= 1"):
         plan(schedulers=0)
+
+
+def test_free_ports_are_bindable_and_below_the_kernels_ephemeral_range(tmp_path):
+    import socket
+
+    from kvmesh.runtime.launcher import PORT_FLOOR, ephemeral_low, free_port
+
+    high = ephemeral_low()
+    low = PORT_FLOOR if high - PORT_FLOOR >= 1000 else 1024
+    ports = {free_port() for _ in range(20)}
+    assert all(low <= p < high for p in ports) and len(ports) > 1
+    for port in list(ports)[:3]:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+    custom = tmp_path / "range"
+    custom.write_text("40000\t60999\n")
+    assert ephemeral_low(str(custom)) == 40000
+    assert ephemeral_low(str(tmp_path / "missing")) == 32768
