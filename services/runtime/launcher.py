@@ -100,6 +100,12 @@ def worker_threads(cpus: int, num_workers: int) -> int:
     return max(1, (cpus - 1) // max(1, num_workers))
 
 
+def mesh_worker_threads(opts: MeshOptions) -> int:
+    """The torch threads each worker of the mesh `opts` describes gets (and, pinned, its engine's CPUs)."""
+    workers = opts.prefill + opts.decode + opts.candidate_prefill + opts.candidate_decode
+    return worker_threads(opts.cpus or os.cpu_count() or 1, workers)
+
+
 @dataclass(frozen=True, slots=True)
 class CpuLayout:
     """`kvmesh up --pin-engines`: the CPU list of every process but the engines (`KVMESH_CPUS`), and
@@ -133,9 +139,7 @@ def mesh_cpu_layout(opts: MeshOptions) -> CpuLayout:
     if not opts.pin_engines:
         return CpuLayout()
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    allowed = allowed[: opts.cpus or None]
-    engines = opts.prefill + opts.decode
-    return cpu_layout(allowed, engines, worker_threads(len(allowed), engines + opts.candidate_prefill + opts.candidate_decode))
+    return cpu_layout(allowed[: opts.cpus or None], opts.prefill + opts.decode, mesh_worker_threads(opts))
 
 
 def setting_env(assignments: list[str]) -> dict[str, dict[str, str]]:
@@ -206,8 +210,7 @@ def plan_mesh(
     host = opts.host
     specs: list[ProcessSpec] = []
 
-    num_workers = opts.prefill + opts.decode + opts.candidate_prefill + opts.candidate_decode
-    threads = worker_threads(opts.cpus or os.cpu_count() or 1, num_workers)
+    threads = mesh_worker_threads(opts)
     layout = mesh_cpu_layout(opts)
     if layout.shared:
         base_env["KVMESH_CPUS"] = layout.shared

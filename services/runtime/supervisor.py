@@ -86,8 +86,10 @@ class Mesh:
         self.external = parse_external(opts.external)
         self.scheduler_endpoint = next((s.grpc_endpoint for s in self.specs if s.service == "scheduler"), "") or \
             self.external.get("scheduler", [""])[0]
-        if (layout := mesh_cpu_layout(opts)).shared:
-            log.info("pinned: engines on CPUs %s; every other process on %s", ", ".join(layout.engines), layout.shared)
+        self.cpu_layout = mesh_cpu_layout(opts)  # NOTE: plan_mesh put the same in the specs' environments
+        if self.cpu_layout.shared:
+            log.info("pinned: engines on CPUs %s; every other process on %s",
+                     ", ".join(self.cpu_layout.engines), self.cpu_layout.shared)
 
     def external_nats_url(self, role: str) -> str:
         """The NATS URL (with `role`'s credentials) an outside process playing `role` connects to."""
@@ -103,7 +105,7 @@ class Mesh:
             conf.write_text(self.nats_auth.server_config(self.opts.host, port, cluster_port, self.cluster_ports, name))
             conf.chmod(0o600)
             argv = [sys.executable, "-m", "kvmesh", "exec-child", nats_server_binary(), "-c", str(conf)]
-            self._spawn(ProcessSpec(name, "nats", (), {"KVMESH_CPUS": mesh_cpu_layout(self.opts).shared}), argv)
+            self._spawn(ProcessSpec(name, "nats", (), {"KVMESH_CPUS": self.cpu_layout.shared}), argv)
         deadline = time.monotonic() + timeout_s
         try:
             for port in self.nats_ports:  # NOTE: within the start's own deadline: a loaded host is slow to exec

@@ -39,17 +39,18 @@ def test_a_layout_that_leaves_nothing_for_the_rest_of_the_mesh_is_refused():
         cpu_layout([0, 1], engines=2, threads=1)
 
 
-def plan(monkeypatch, cpus, **options):
-    monkeypatch.setattr(launcher.os, "sched_getaffinity", lambda pid: set(cpus), raising=False)
+def plan(monkeypatch, allowed, **options):
+    monkeypatch.setattr(launcher.os, "sched_getaffinity", lambda pid: set(allowed), raising=False)
     ports = itertools.count(20000)
     opts = MeshOptions(**options)
     return opts, plan_mesh(opts, lambda service: "nats://x", port_of=lambda: next(ports))
 
 
 def test_pinned_mesh_gives_every_process_the_shared_cpus_and_each_engine_its_own(monkeypatch):
-    opts, specs = plan(monkeypatch, range(4), prefill=1, decode=1, pin_engines=True)
+    opts, specs = plan(monkeypatch, range(4), cpus=4, prefill=1, decode=1, pin_engines=True)
     env = {s.name: s.env for s in specs}
     # 2 workers on 4 CPUs: one torch thread each (worker_threads), engines on CPUs 3 and 2
+    assert env["decode-0"]["KVMESH_DECODE_TORCH_THREADS"] == "1"
     assert env["prefill-0"]["KVMESH_PREFILL_ENGINE_CPUS"] == "3"
     assert env["decode-0"]["KVMESH_DECODE_ENGINE_CPUS"] == "2"
     assert {name: e["KVMESH_CPUS"] for name, e in env.items()} == dict.fromkeys(env, "0-1")
@@ -57,12 +58,13 @@ def test_pinned_mesh_gives_every_process_the_shared_cpus_and_each_engine_its_own
 
 
 def test_candidates_share_the_rest_and_a_set_engine_cpus_wins(monkeypatch):
-    _, specs = plan(monkeypatch, range(4), prefill=0, decode=1, candidate_decode=1, pin_engines=True)
+    _, specs = plan(monkeypatch, range(4), cpus=4, prefill=0, decode=1, candidate_decode=1, pin_engines=True)
     env = {s.name: s.env for s in specs}
     assert env["decode-0"]["KVMESH_DECODE_ENGINE_CPUS"] == "3"
     assert "KVMESH_DECODE_ENGINE_CPUS" not in env["decode-candidate-0"]
     assert env["decode-candidate-0"]["KVMESH_CPUS"] == "0-2"
-    _, specs = plan(monkeypatch, range(4), prefill=0, decode=1, pin_engines=True, settings=["decode.engine_cpus=2-3"])
+    _, specs = plan(monkeypatch, range(4), cpus=4, prefill=0, decode=1, pin_engines=True,
+                    settings=["decode.engine_cpus=2-3"])
     assert specs[2].env["KVMESH_DECODE_ENGINE_CPUS"] == "2-3"
 
 
