@@ -20,7 +20,7 @@ import asyncio
 import gc
 import logging
 import os
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -41,6 +41,16 @@ def _thread_ids() -> list[int]:
     return [int(t.name) for t in tasks.iterdir()]
 
 
+def _on_every_thread(action: Callable[[int], None], what: str) -> None:
+    """`action(tid)` for each thread this process has now; where it fails (a thread that just
+    ended, no permission) the thread is logged and skipped."""
+    for tid in _thread_ids():
+        try:
+            action(tid)
+        except OSError as exc:
+            log.warning("could not %s thread %d: %s", what, tid, exc)
+
+
 def _lower_nice(tid: int, nice: int) -> None:
     # NOTE: only ever lowers priority, which needs no privilege.
     current = os.getpriority(os.PRIO_PROCESS, tid)
@@ -54,13 +64,13 @@ def apply_cpu_priority(priority: CpuPriority) -> None:
         return
     idle = priority == "idle" and hasattr(os, "SCHED_IDLE")
     nice = IDLE_NICE if priority == "idle" else LOW_NICE
-    for tid in _thread_ids():
-        try:
-            if idle:
-                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-            _lower_nice(tid, nice)
-        except OSError as exc:  # e.g. a thread that just ended, or no permission
-            log.warning("could not lower the CPU priority of thread %d: %s", tid, exc)
+
+    def lower(tid: int) -> None:
+        if idle:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        _lower_nice(tid, nice)
+
+    _on_every_thread(lower, "lower the CPU priority of")
     log.info("CPU priority: %s", priority)
 
 
@@ -105,11 +115,7 @@ def apply_cpus(text: str) -> None:
         os.sched_setaffinity(0, cpus)
     except OSError as exc:
         raise ValueError(f"CPU list {text!r}: this process may not run there ({exc.strerror})") from None
-    for tid in _thread_ids():
-        try:
-            os.sched_setaffinity(tid, cpus)
-        except OSError as exc:  # e.g. a thread that just ended
-            log.warning("could not pin thread %d to CPUs %s: %s", tid, text, exc)
+    _on_every_thread(lambda tid: os.sched_setaffinity(tid, cpus), f"pin to CPUs {text}")
     log.info("CPUs: %s", format_cpu_list(os.sched_getaffinity(0)))
 
 
