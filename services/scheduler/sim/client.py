@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from .rawclient import RawClient
 from .report import Outcome
 
 CLIENT_ERROR = 0     # the request never got an HTTP answer (connection refused, timeout)
@@ -57,7 +58,10 @@ def unreachable(exc: BaseException) -> bool:
     return isinstance(exc, (httpx.HTTPError, OSError, KeyError, IndexError, ValueError))
 
 
-def new_client(target: Target, connections: int = 1024):  # noqa: ANN201 - httpx.AsyncClient
+def new_client(target: Target, connections: int = 1024):  # noqa: ANN201 - RawClient or httpx.AsyncClient
+    """The lean client (rawclient.py) for an http:// gateway; httpx for https (TLS)."""
+    if target.url.startswith("http://"):
+        return RawClient(target.url, target.timeout_s)
     import httpx  # noqa: PLC0415 - only the replay/calibrate commands need it
 
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
@@ -86,7 +90,7 @@ async def stream_one(client, target: Target, model: str, prompt: list[int], max_
     seen = 0
     first, tokens, cached, status = math.nan, 0, 0, 200
     try:
-        async with client.stream("POST", f"{target.url}/v1/completions", json=body,
+        async with client.stream("POST", f"{target.url}/v1/completions", content=json.dumps(body).encode(),
                                  headers=_headers(target, session_id)) as response:
             if response.status_code != 200:
                 await response.aread()
