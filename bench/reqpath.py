@@ -101,7 +101,8 @@ def summary(rows: list[tuple[float, ...]]) -> list[str]:
 async def send(client, url: str, model: str, prompt: list[int], max_tokens: int, sent: Sent) -> None:  # noqa: ANN001
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True, "ignore_eos": True}
     sent.sent_ns = time.time_ns()
-    async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+    async with client.stream("POST", f"{url}/v1/completions", content=json.dumps(body).encode(),
+                             headers={"Content-Type": "application/json"}) as response:
         async for line in sse_lines(response.aiter_bytes()):
             if line.startswith("data: {") and not sent.first_ns:
                 sent.first_ns = time.time_ns()

@@ -141,3 +141,20 @@ def test_https_targets_keep_httpx_and_other_schemes_are_refused():
     assert isinstance(new_client(Target("https://127.0.0.1:8443")), httpx.AsyncClient)
     with pytest.raises(ValueError, match="http:// URLs only"):
         RawClient("ftp://127.0.0.1:21")
+
+
+def test_httpx_is_there_when_asked_for_and_an_unknown_client_is_refused():
+    import httpx
+
+    assert isinstance(new_client(Target("http://127.0.0.1:8000", client="httpx")), httpx.AsyncClient)
+    with pytest.raises(ValueError, match="raw or httpx"):
+        new_client(Target("http://127.0.0.1:8000", client="curl"))
+
+
+@pytest.mark.parametrize("kind", ["raw", "httpx"])
+async def test_both_clients_read_the_same_stream_alike(kind):
+    async with Server(STREAM_HEAD + chunked(EVENTS, 5)) as url:
+        target = Target(url, client=kind)
+        async with new_client(target) as client:
+            outcome = await stream_one(client, target, "m", [1], 3, arrival_s=0.0)
+    assert (outcome.status, outcome.output_tokens, outcome.cached_tokens) == (200, 3, 16)

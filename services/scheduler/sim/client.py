@@ -25,12 +25,14 @@ STREAM_ERROR = 500   # the stream broke off or carried an error event
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """Where requests go: the gateway's base URL (…:8000, without /v1) and the served model."""
+    """Where requests go: the gateway's base URL (…:8000, without /v1) and the served model; `client`
+    is how: "raw" (rawclient.py; httpx for an https URL) or "httpx"."""
 
     url: str
     model: str = ""
     api_key: str = ""
     timeout_s: float = 120.0
+    client: str = "raw"
 
 
 async def served_model(client, target: Target) -> str:  # noqa: ANN001 - httpx.AsyncClient, imported lazily
@@ -59,8 +61,10 @@ def unreachable(exc: BaseException) -> bool:
 
 
 def new_client(target: Target, connections: int = 1024):  # noqa: ANN201 - RawClient or httpx.AsyncClient
-    """The lean client (rawclient.py) for an http:// gateway; httpx for https (TLS)."""
-    if target.url.startswith("http://"):
+    """The lean client (rawclient.py) for an http:// gateway; httpx for https (TLS) or when asked for."""
+    if target.client not in ("raw", "httpx"):
+        raise ValueError(f"client must be raw or httpx, not {target.client!r}")
+    if target.client == "raw" and target.url.startswith("http://"):
         return RawClient(target.url, target.timeout_s)
     import httpx  # noqa: PLC0415 - only the replay/calibrate commands need it
 

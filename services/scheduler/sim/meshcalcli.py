@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", required=True, help="gateway base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", default="", help="model name (default: the gateway's first in /v1/models)")
     p.add_argument("--api-key", default="")
+    p.add_argument("--client", choices=("raw", "httpx"), default="raw",
+                   help="the HTTP client: raw (lean, HTTP/1.1 over asyncio streams; httpx for https) or httpx; "
+                   "replay with the same one")
     p.add_argument("--lengths", default="64,256,512,1024,1536", help="uncached prompt lengths for the TTFT probe")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--extra-repeats", type=int, default=4,
@@ -159,7 +162,7 @@ def calibrate_main(argv: list[str] | None = None) -> int:
         load_rates=tuple(float(x) for x in args.load_rates.split(",") if x), load_seconds=args.load_seconds,
         load_block_s=args.load_block_s,
     )
-    target = Target(args.url.rstrip("/"), args.model, args.api_key)
+    target = Target(args.url.rstrip("/"), args.model, args.api_key, client=args.client)
     t0 = time.perf_counter()
     try:
         speeds, samples = timed_probe(target, config)

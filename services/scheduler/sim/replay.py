@@ -126,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-s", type=float, default=0.0, help="figures start this long after the first arrival")
     p.add_argument("--slo-ttft-s", type=float, default=0.5, help="TTFT SLO for goodput")
     p.add_argument("--timeout-s", type=float, default=120.0, help="a request not finished after this counts as error 0")
+    p.add_argument("--client", choices=("raw", "httpx"), default="raw",
+                   help="the HTTP client: raw (lean, HTTP/1.1 over asyncio streams; httpx for https) or httpx")
     p.add_argument("--label", default="real", help="first column of the table (e.g. the mesh's policy)")
     p.add_argument("--workers", type=int, default=1, help="decode workers of the mesh, for the table")
     p.add_argument("--salt", default=None,
@@ -180,7 +182,7 @@ def replay_main(argv: list[str] | None = None) -> int:
         trace = load_trace(args.trace, args.rate_scale, args.rate, args.max_requests)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"kvmesh sim replay: {exc}") from None
-    target = Target(args.url.rstrip("/"), args.model, args.api_key, args.timeout_s)
+    target = Target(args.url.rstrip("/"), args.model, args.api_key, args.timeout_s, args.client)
     try:
         reference = _speed_reference(args.speed_reference)
         speed_line = asyncio.run(_speed_now(target, reference)) if reference else ""
