@@ -90,8 +90,8 @@ def test_calibration_probes_the_mesh(gateway):
     # parallel runs of the scheduler suite, its message cut off)
     assert {run for run, *_ in samples.load} == {-1.0, 0.0}
     assert {level for run, level, *_ in samples.load if run == 0} <= {0.0, 1.0}
-    assert all(0 <= at < 2.0 and (prefix, fresh, out) == (64, 32, 4) and ttft > 0
-               for _, _, at, prefix, fresh, out, ttft in samples.load)
+    assert all(0 <= at < 2.0 and (prefix, fresh, out, index) == (64, 32, 4, 0.0) and ttft > 0  # one worker: one prefix
+               for _, _, at, prefix, fresh, out, index, ttft in samples.load)
     # the host's CPU over the path-load run, and the host-load probe, on one worker too: its engine runs here.
     # NOTE: /proc counts every engine on this machine, so a run during which another test's mesh started or
     # stopped one is dropped (hostcpu.outside_engines_s; failed once under `make test`'s two workers); what is

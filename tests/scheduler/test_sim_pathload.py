@@ -27,14 +27,18 @@ def probe_runs(rates: tuple[float, ...], runs: int = 2, cycles: int = 2, block_s
     return [(run, stepped_arrivals(rates, cycles, block_s, rng)) for run in range(runs)]
 
 
-def timed_by_the_sim(runs: list[tuple[int, list[tuple[float, int]]]], per_rps: float, config: SimConfig = CONFIG) -> list[tuple]:
-    """The probe's samples as a mesh that is the sim with this term would time them."""
+def timed_by_the_sim(runs: list[tuple[int, list[tuple[float, int]]]], per_rps: float, config: SimConfig = CONFIG,
+                     prefixes: int = 1) -> list[tuple]:
+    """The probe's samples as a mesh that is the sim with this term would time them (with more than one
+    shared prefix, taken in turn and recorded as the probe records them)."""
     config = dataclasses.replace(config, mesh=dataclasses.replace(config.mesh, request_s_per_rps=per_rps))
     samples = []
     for run, arrivals in runs:
-        results = Cluster("kv_aware", config).run(trace_of(run, [(a, PREFIX, FRESH, OUTPUT, 0.0) for a, _ in arrivals], 16))
+        requests = [(a, PREFIX, FRESH, OUTPUT, i % prefixes, 0.0) for i, (a, _) in enumerate(arrivals)]
+        results = Cluster("kv_aware", config).run(trace_of(run, requests, 16))
         ttft = {r.request.request_id: r.ttft_s for r in results}
-        samples += [(float(run), float(level), a, float(PREFIX), float(FRESH), float(OUTPUT), ttft[f"load{run}-{i}"])
+        index = (lambda i: (float(i % prefixes),)) if prefixes > 1 else (lambda i: ())
+        samples += [(float(run), float(level), a, float(PREFIX), float(FRESH), float(OUTPUT), *index(i), ttft[f"load{run}-{i}"])
                     for i, (a, level) in enumerate(arrivals)]
     return samples
 
@@ -73,7 +77,7 @@ def test_a_mesh_no_slower_under_traffic_than_the_sim_without_the_term_gets_none(
 
 def test_the_runs_share_a_cached_prefix_and_the_term_counts_the_requests_before_each_not_itself() -> None:
     # three requests 0.1 s apart, then one 2 s later: it had nobody in the second before it
-    trace = trace_of(0, [(0.0, 64, 32, 2, 0.0), (0.1, 64, 32, 2, 0.0), (0.2, 64, 32, 2, 0.0), (2.2, 64, 32, 2, 0.0)], 16)
+    trace = trace_of(0, [(0.0, 64, 32, 2, 0, 0.0), (0.1, 64, 32, 2, 0, 0.0), (0.2, 64, 32, 2, 0, 0.0), (2.2, 64, 32, 2, 0, 0.0)], 16)
     assert trace[0].request_id == "load0-prime" and all(r.hash_ids[:4] == trace[0].hash_ids[:4] for r in trace)
     assert len({r.hash_ids[4:] for r in trace}) == len(trace)  # each its own blocks after the prefix
     with_term = Cluster("kv_aware", SimConfig(num_workers=4, cost=CONFIG.cost, mesh=MeshCost(request_s_per_rps=0.01))).run(trace)
@@ -82,6 +86,30 @@ def test_the_runs_share_a_cached_prefix_and_the_term_counts_the_requests_before_
              for a in with_term for b in without if a.request.request_id == b.request.request_id}
     assert [round(extra[f"load0-{i}"], 6) for i in range(4)] == [0.0, 0.01, 0.02, 0.0]
     assert others_rate([0.0, 0.1, 0.2, 2.2]) == pytest.approx((0 + 1 + 2 + 0) / 4)
+
+
+def test_a_prefix_per_worker_is_primed_at_once_and_each_request_shares_only_its_own() -> None:
+    trace = trace_of(0, [(0.0, 64, 32, 2, 0, 0.0), (0.1, 64, 32, 2, 1, 0.0), (0.2, 64, 32, 2, 0, 0.0)], 16)
+    primes, requests = trace[:2], trace[2:]
+    assert [p.request_id for p in primes] == ["load0-prime", "load0-1prime"] and {p.arrival_s for p in primes} == {0.0}
+    assert primes[0].hash_ids[:4] != primes[1].hash_ids[:4]
+    assert [r.hash_ids[:4] for r in requests] == [primes[0].hash_ids[:4], primes[1].hash_ids[:4], primes[0].hash_ids[:4]]
+    # the two primes sent at once land on the two workers, and each prefix's requests follow it
+    results = Cluster("kv_aware", dataclasses.replace(CONFIG, num_workers=2)).run(trace)
+    worker = {r.request.request_id: r.decode_id for r in results}
+    assert worker["load0-prime"] != worker["load0-1prime"]
+    assert worker["load0-0"] == worker["load0-2"] == worker["load0-prime"] and worker["load0-1"] == worker["load0-1prime"]
+
+
+def test_two_workers_probed_over_two_prefixes_give_a_known_term_back_and_old_samples_read_as_one_prefix() -> None:
+    config = dataclasses.replace(CONFIG, num_workers=2)
+    runs = probe_runs((10.0, 20.0, 30.0))
+    samples = lone_by_the_sim(5, config) + timed_by_the_sim(runs, 0.0008, config, prefixes=2)
+    assert {len(s) for s in samples if s[0] >= 0} == {8}
+    assert fit_request_s_per_rps(samples, config) == pytest.approx(0.0008, rel=1e-4)
+    assert {r[4] for run in runs_of(samples)[0] for r in run} == {0, 1}
+    old = timed_by_the_sim(runs, 0.0008, config)  # one prefix, 7 fields: an earlier probe's saved samples
+    assert {len(s) for s in old} == {7} and {r[4] for run in runs_of(old)[0] for r in run} == {0}
 
 
 def test_the_calibration_fits_the_term_when_the_probe_ran() -> None:

@@ -54,8 +54,9 @@ stream's ITL read 2.82 ms right after 16 streams of 1,024-token prompts, 1.12 ms
    outside the engines (the gateway, scheduler, workers' RPC loops, KV store and this client) against
    their requests, the busy workers' engine steps and the streamed tokens (`host_cpu_s_per_request`,
    `_per_step`, `_per_token`), which takes from the cores the busy workers share.
-12. path load (run before 11; `load_rates`, empty: skip): a prefix of `load_prefix_tokens`, cached by
-   a request before them, then `load_fresh_tokens` fresh ones (a multi-turn trace's later turn), at
+12. path load (run before 11; `load_rates`, empty: skip): one of `load_prefixes` prefixes (one per
+   decode worker by default) of `load_prefix_tokens`, each cached by a request before them, those sent
+   at once so the workers share them, then `load_fresh_tokens` fresh ones (a multi-turn trace's later turn), at
    Poisson arrivals whose rate steps between `load_rates` every `load_block_s` (`load_seconds` each in
    all), `repeats` runs, after a few of them one at a time; each request's rate, arrival, lengths and
    TTFT (pathload.py fits how a request's path slows with the traffic: `request_s_per_rps`); and, when
@@ -129,6 +130,9 @@ class ProbeConfig:
     load_seconds: float = 6.0         # per rate, in blocks of `load_block_s` that step between the rates
     load_block_s: float = 2.0
     load_prefix_tokens: int = 768
+    # shared prefixes, each cached by its own request, all sent at once so the scheduler spreads them
+    # over the workers; the runs' requests take them in turn (0: one per decode worker)
+    load_prefixes: int = 0
     load_fresh_tokens: int = 192
     load_output_tokens: int = 48
     extra_repeats: int = 4            # more repeats, at most, of a probe point whose repeats disagree
@@ -382,43 +386,49 @@ class _Prober:
 
     async def path_load(self) -> None:
         """The path-load probe: (run, rate level, arrival s, prefix tokens, fresh tokens, output tokens,
-        TTFT s) per request (pathload.py); the prefix is cached by a request before them all."""
+        shared prefix index, TTFT s) per request (pathload.py); each shared prefix is cached by a
+        request before them all, the prefixes' requests sent at once."""
         if not self.config.load_rates:
             return
-        prefix = self.prompt(self.config.load_prefix_tokens)
+        # NOTE: one prefix per worker: with one, kv_aware kept every request of a 2-worker mesh's probe on the
+        # worker that cached it (191 of 191 at 20 req/s) where the sim spilled 13% to the other, and the fit
+        # read the difference as the request path slowing (run BO: 0.5 ms per req/s, 0.126 at 1 worker); with
+        # two, sent at once, both split 96 / 96 and 95 / 95, as the trace's system prompts spread
+        prefixes = [self.prompt(self.config.load_prefix_tokens) for _ in range(self.config.load_prefixes or self.config.workers)]
         fresh, out = self.config.load_fresh_tokens, self.config.load_output_tokens
-        await self.one(prefix + self.prompt(BLOCK_TOKENS), 1)
-        lone = [(await self.one(prefix + self.prompt(fresh), out, hidden=[])).ttft_s for _ in range(LOAD_LONE_REQUESTS)]
-        self.samples.load += [(LONE_RUN, 0.0, 0.0, float(len(prefix)), float(fresh), float(out), t) for t in lone]
+        await asyncio.gather(*(self.one(prefix + self.prompt(BLOCK_TOKENS), 1) for prefix in prefixes))
+        lone = [(await self.one(prefixes[0] + self.prompt(fresh), out, hidden=[])).ttft_s for _ in range(LOAD_LONE_REQUESTS)]
+        length = float(len(prefixes[0]))
+        self.samples.load += [(LONE_RUN, 0.0, 0.0, length, float(fresh), float(out), 0.0, t) for t in lone]
         rates = [f / statistics.median(lone) for f in self.config.load_rates]
         for run in range(self.config.repeats):
-            record, cpu = await self.settled(partial(self.poisson, prefix, rates))
+            record, cpu = await self.settled(partial(self.poisson, prefixes, rates))
             self.samples.load += [(float(run), *request) for request in record]
             if cpu is not None:
                 self.samples.load_cpu.append((float(run), *cpu))
 
-    async def poisson(self, prefix: list[int], rates: list[float]) -> tuple[list[tuple[float, ...]], tuple[float, ...] | None]:
+    async def poisson(self, prefixes: list[list[int]], rates: list[float]) -> tuple[list[tuple[float, ...]], tuple[float, ...] | None]:
         """Requests at Poisson arrivals whose rate steps between `rates` every `load_block_s`, each rate
-        `load_seconds` in all (the rates in a new random order each cycle), each `prefix` then fresh
-        tokens: (rate level, arrival s, prefix tokens, fresh tokens, output tokens, TTFT s) of each
-        that was served, timed to its first token; and (requests served, tokens streamed, the host's CPU
+        `load_seconds` in all (the rates in a new random order each cycle), each one of `prefixes` in
+        turn then fresh tokens: (rate level, arrival s, prefix tokens, fresh tokens, output tokens, its
+        prefix's index, TTFT s) of each that was served, timed to its first token; and (requests served, tokens streamed, the host's CPU
         s outside the engines meanwhile), None when no engine is on this host (hostcpu.py)."""
         fresh, out, block = self.config.load_fresh_tokens, self.config.load_output_tokens, self.config.load_block_s
         arrivals = stepped_arrivals(rates, max(1, round(self.config.load_seconds / block)), block, random.Random(os.urandom(8)))
         start = time.perf_counter()
 
-        async def one(at: float) -> Outcome:
+        async def one(at: float, prefix: list[int]) -> Outcome:
             await self.sleep(max(0.0, start + at - time.perf_counter()))
             return await stream_one(self.client, self.target, self.model, prefix + self.prompt(fresh), out, hidden=[])
 
         before = hostcpu.read()
-        outcomes = await asyncio.gather(*(one(a) for a, _ in arrivals))
+        outcomes = await asyncio.gather(*(one(a, prefixes[k % len(prefixes)]) for k, (a, _) in enumerate(arrivals)))
         outside = hostcpu.outside_engines_s(before, hostcpu.read())
         served = [o for o in outcomes if o.ok]
         cpu = None if outside is None else (float(len(served)), float(sum(o.output_tokens for o in served)), outside)
         # NOTE: the sim is run on these arrival times; a request's TTFT counts from its send, as replay's do
-        return [(float(level), a, float(len(prefix)), float(fresh), float(out), o.ttft_s)
-                for (a, level), o in zip(arrivals, outcomes, strict=True) if o.ok], cpu
+        return [(float(level), a, float(len(prefixes[0])), float(fresh), float(out), float(k % len(prefixes)), o.ttft_s)
+                for k, ((a, level), o) in enumerate(zip(arrivals, outcomes, strict=True)) if o.ok], cpu
 
     async def host_load(self) -> None:
         """The host-load probe: (requests, engine steps, tokens, the host's CPU seconds outside the

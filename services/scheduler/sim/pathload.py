@@ -42,41 +42,48 @@ LONE_RUN = -1.0  # the run index of the probe's lone requests
 LONE_SPACING_S = 10.0  # the sim's copies of those, this far apart ...
 LONE_TRACE_RUN = 9999  # ... with their ids and blocks as run this
 PRIME_LEAD_S = 2.0  # the sim's request that caches the shared prefix comes this long before a run
-PREFIX_IDS = 1 << 40  # the shared prefix's hash ids start here (every other block's are below)
+PREFIX_IDS = 1 << 40  # the shared prefixes' hash ids start here (every other block's are below) ...
+PREFIX_SPAN = 1 << 20  # ... this many apart
 PRIME = "prime"
 
-Request = tuple[float, int, int, int, float]  # (arrival s, prefix tokens, fresh tokens, output tokens, TTFT s)
+Request = tuple[float, int, int, int, int, float]  # (arrival s, prefix tokens, fresh tokens, output tokens, prefix index, TTFT s)
 
 
 def runs_of(samples: Sequence[Sequence[float]]) -> tuple[list[list[Request]], list[list[int]]]:
     """Each run's requests in arrival order, and each one's rate level; the lone requests left out."""
     runs: dict[int, list[tuple[Request, int]]] = {}
-    for run, level, arrival, prefix, fresh, output, ttft in samples:
+    for sample in samples:
+        run, level, arrival, prefix, fresh, output, *index, ttft = sample  # NOTE: no index: an older probe's one prefix
         if run != LONE_RUN:
-            runs.setdefault(int(run), []).append(((float(arrival), int(prefix), int(fresh), int(output), float(ttft)), int(level)))
+            request = (float(arrival), int(prefix), int(fresh), int(output), int(index[0]) if index else 0, float(ttft))
+            runs.setdefault(int(run), []).append((request, int(level)))
     ordered = [sorted(runs[k]) for k in sorted(runs)]
     return [[r for r, _ in run] for run in ordered], [[lv for _, lv in run] for run in ordered]
 
 
 def trace_of(run: int, requests: Sequence[Request], block_tokens: int) -> list[TraceRequest]:
-    """The run's requests as a trace, PRIME_LEAD_S later, after one request that caches their prefix
-    (`PRIME`): each prompt is that prefix's blocks, then blocks of its own."""
+    """The run's requests as a trace, PRIME_LEAD_S later, after a request for each of their shared
+    prefixes that caches it (`PRIME`, all at once, as the probe sends them): each prompt is its
+    prefix's blocks, then blocks of its own."""
     if not requests:
         return []
     prefix = requests[0][1]
-    shared = tuple(range(PREFIX_IDS, PREFIX_IDS + prefix // block_tokens))
-    out = [TraceRequest(0.0, f"load{run}-{PRIME}", "", prefix + block_tokens, 1, (*shared, PREFIX_IDS - 1 - run))]
-    for i, (arrival, prefix, fresh, output, _) in enumerate(requests):
+    indices = sorted({r[4] for r in requests})
+    shared = {k: tuple(range(PREFIX_IDS + k * PREFIX_SPAN, PREFIX_IDS + k * PREFIX_SPAN + prefix // block_tokens))
+              for k in indices}
+    out = [TraceRequest(0.0, f"load{run}-{k or ''}{PRIME}", "", prefix + block_tokens, 1,
+                        (*shared[k], PREFIX_IDS - 1 - run * PREFIX_SPAN - k)) for k in indices]
+    for i, (arrival, prefix, fresh, output, k, _) in enumerate(requests):
         first = (run * 100_000 + i) * 1000
         own = tuple(range(first, first + -(-fresh // block_tokens)))
-        out.append(TraceRequest(PRIME_LEAD_S + arrival, f"load{run}-{i}", "", prefix + fresh, output, shared + own))
+        out.append(TraceRequest(PRIME_LEAD_S + arrival, f"load{run}-{i}", "", prefix + fresh, output, shared[k] + own))
     return out
 
 
 def lone_trace(count: int, prefix: int, fresh: int, output: int, block_tokens: int) -> list[TraceRequest]:
     """The probe's lone requests as a trace: as many as it sent, far apart, so each runs alone (with its
     own noise factor, MeshCost.noise, by its id)."""
-    return trace_of(LONE_TRACE_RUN, [(LONE_SPACING_S * i, prefix, fresh, output, 0.0) for i in range(count)], block_tokens)
+    return trace_of(LONE_TRACE_RUN, [(LONE_SPACING_S * i, prefix, fresh, output, 0, 0.0) for i in range(count)], block_tokens)
 
 
 def stepped_arrivals(rates: Sequence[float], cycles: int, block_s: float, rng: random.Random) -> list[tuple[float, int]]:
