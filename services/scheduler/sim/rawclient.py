@@ -3,10 +3,10 @@ gateway: one connection per request (`Connection: close`, as the httpx client's 
 to, client.py says why) over asyncio streams, the chunked body de-framed by hand.
 
 Why not httpx here: the replay's client shares the host with the mesh it times. httpx (its pool,
-h11 and its async machinery per chunk) cost ~90 µs of CPU per streamed chunk in bench/tokcost.py,
-and a chunk's arrival waited behind the others' parsing: on a 2-core host at 13.5 req/s the
-client's TTFT ran 13-15 ms over the gateway's own (run BN). This one reads a status line, headers
-and chunk sizes, nothing more. It copies the slice of httpx's API the sim's client uses
+h11 and its async machinery per chunk) cost 12.6-14.5 ms of CPU a replayed request against this
+one's 7.8 (bench/replayclient.py: the fidelity trace, 2 workers, 13.5 req/s). That CPU is taken
+from the mesh. The TTFTs the two clients measured differed by less than the host's noise. This
+one reads a status line, headers and chunk sizes, nothing more. It copies the slice of httpx's API the sim's client uses
 (`stream`, `get`, `status_code`, `aiter_bytes`, `aread`, `json`, `raise_for_status`), so
 client.py's code reads the same over either; https targets keep httpx.
 
