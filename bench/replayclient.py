@@ -27,14 +27,10 @@ from kvmesh.runtime.launcher import MeshOptions, free_port
 from kvmesh.runtime.supervisor import Mesh
 from kvmesh.scheduler.sim.client import Target
 from kvmesh.scheduler.sim.replay import ReplayConfig, replay
+from kvmesh.scheduler.sim.report import quantile
 from kvmesh.scheduler.sim.trace import synthetic, without_output_blocks
 
 HISTOGRAM = "kvmesh_gateway_ttft_seconds"
-
-
-def quantile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def one(url: str, gateway: str, trace: list, kind: str, warmup_s: float) -> str:

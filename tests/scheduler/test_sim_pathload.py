@@ -37,8 +37,8 @@ def timed_by_the_sim(runs: list[tuple[int, list[tuple[float, int]]]], per_rps: f
         requests = [(a, PREFIX, FRESH, OUTPUT, i % prefixes, 0.0) for i, (a, _) in enumerate(arrivals)]
         results = Cluster("kv_aware", config).run(trace_of(run, requests, 16))
         ttft = {r.request.request_id: r.ttft_s for r in results}
-        index = (lambda i: (float(i % prefixes),)) if prefixes > 1 else (lambda i: ())
-        samples += [(float(run), float(level), a, float(PREFIX), float(FRESH), float(OUTPUT), *index(i), ttft[f"load{run}-{i}"])
+        samples += [(float(run), float(level), a, float(PREFIX), float(FRESH), float(OUTPUT),
+                     *((float(i % prefixes),) if prefixes > 1 else ()), ttft[f"load{run}-{i}"])
                     for i, (a, level) in enumerate(arrivals)]
     return samples
 

@@ -158,3 +158,26 @@ async def test_both_clients_read_the_same_stream_alike(kind):
         async with new_client(target) as client:
             outcome = await stream_one(client, target, "m", [1], 3, arrival_s=0.0)
     assert (outcome.status, outcome.output_tokens, outcome.cached_tokens) == (200, 3, 16)
+
+
+@pytest.mark.parametrize("reply", [b"", STREAM_HEAD, STREAM_HEAD + chunked(EVENTS, 16)[:40]])
+async def test_a_gateway_that_stops_sending_is_a_client_error_after_the_timeout_not_a_hang(reply):
+    """httpx's read timeout, kept: silence before the head, between chunks, or inside one."""
+    release = asyncio.Event()
+
+    async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(reply)
+        await writer.drain()
+        await release.wait()
+        writer.close()
+
+    server = await asyncio.start_server(stall, "127.0.0.1", 0)
+    target = Target(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", timeout_s=0.3)
+    try:
+        async with new_client(target) as client:
+            outcome = await asyncio.wait_for(stream_one(client, target, "m", [1], 4), 10.0)
+    finally:
+        release.set()
+        server.close()
+    assert outcome.status == CLIENT_ERROR

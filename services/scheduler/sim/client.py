@@ -35,7 +35,7 @@ class Target:
     client: str = "raw"
 
 
-async def served_model(client, target: Target) -> str:  # noqa: ANN001 - httpx.AsyncClient, imported lazily
+async def served_model(client, target: Target) -> str:  # noqa: ANN001 - new_client's: RawClient or httpx.AsyncClient
     """The model to name in requests: the target's, or the gateway's first in /v1/models."""
     if target.model:
         return target.model

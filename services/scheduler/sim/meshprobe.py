@@ -411,8 +411,9 @@ class _Prober:
         """Requests at Poisson arrivals whose rate steps between `rates` every `load_block_s`, each rate
         `load_seconds` in all (the rates in a new random order each cycle), each one of `prefixes` in
         turn then fresh tokens: (rate level, arrival s, prefix tokens, fresh tokens, output tokens, its
-        prefix's index, TTFT s) of each that was served, timed to its first token; and (requests served, tokens streamed, the host's CPU
-        s outside the engines meanwhile), None when no engine is on this host (hostcpu.py)."""
+        prefix's index, TTFT s) of each that was served, timed to its first token; and (requests served,
+        tokens streamed, the host's CPU s outside the engines meanwhile), None when no engine is on this
+        host (hostcpu.py)."""
         fresh, out, block = self.config.load_fresh_tokens, self.config.load_output_tokens, self.config.load_block_s
         arrivals = stepped_arrivals(rates, max(1, round(self.config.load_seconds / block)), block, random.Random(os.urandom(8)))
         start = time.perf_counter()

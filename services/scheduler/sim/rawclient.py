@@ -6,11 +6,12 @@ Why not httpx here: the replay's client shares the host with the mesh it times. 
 h11 and its async machinery per chunk) cost 12.6-14.5 ms of CPU a replayed request against this
 one's 7.8 (bench/replayclient.py: the fidelity trace, 2 workers, 13.5 req/s). That CPU is taken
 from the mesh. The lean client's TTFT p50 was 6-16 ms lower in 4 of 5 alternating rounds, and equal
-in one. This one reads a status line, headers and chunk sizes, nothing more. It copies the slice of httpx's API the sim's client uses
-(`stream`, `get`, `status_code`, `aiter_bytes`, `aread`, `json`, `raise_for_status`), so
-client.py's code reads the same over either; https targets keep httpx.
+in one. This one reads a status line, headers and chunk sizes, nothing more. It copies the slice of
+httpx's API the sim's client uses (`stream`, `get`, `status_code`, `aiter_bytes`, `aread`, `json`,
+`raise_for_status`), so client.py's code reads the same over either; https targets keep httpx.
 
-Every failure of the connection or of the response's framing is a `ConnectionError` (an
+Every failure of the connection or of the response's framing, and a read that waits longer than
+the client's `timeout_s` for its bytes (httpx's read timeout), is a `ConnectionError` (an
 `OSError`), which the callers count as status 0, like httpx's transport errors.
 """
 
@@ -27,10 +28,34 @@ _HEAD_END = b"\r\n\r\n"
 _CRLF = b"\r\n"
 
 
+class _TimedReader:
+    """A StreamReader whose every read fails after `timeout_s` without its bytes."""
+
+    def __init__(self, reader: asyncio.StreamReader, timeout_s: float) -> None:
+        self._reader = reader
+        self._timeout_s = timeout_s
+
+    async def _timed(self, read):  # noqa: ANN001, ANN202 - an awaitable read; its bytes
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await read
+        except TimeoutError as exc:
+            raise ConnectionError(f"no response bytes for {self._timeout_s:g} s") from exc
+
+    async def readuntil(self, separator: bytes) -> bytes:
+        return await self._timed(self._reader.readuntil(separator))
+
+    async def readexactly(self, n: int) -> bytes:
+        return await self._timed(self._reader.readexactly(n))
+
+    async def read(self) -> bytes:
+        return await self._timed(self._reader.read())
+
+
 class RawResponse:
     """One response: its status and headers read, its body not yet."""
 
-    def __init__(self, status: int, headers: dict[str, str], reader: asyncio.StreamReader) -> None:
+    def __init__(self, status: int, headers: dict[str, str], reader: _TimedReader) -> None:
         self.status_code = status
         self.headers = headers
         self._reader = reader
@@ -113,7 +138,7 @@ class RawClient:
                      f"Content-Length: {len(content)}"]
             lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
             writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + content)
-            yield await _read_head(reader)
+            yield await _read_head(_TimedReader(reader, self.timeout_s))
         finally:
             writer.close()
 
@@ -122,7 +147,7 @@ class RawClient:
             return _ReadResponse(response.status_code, await response.aread())
 
 
-async def _read_head(reader: asyncio.StreamReader) -> RawResponse:
+async def _read_head(reader: _TimedReader) -> RawResponse:
     try:
         head = await reader.readuntil(_HEAD_END)
         status_line, *header_lines = head[: -len(_HEAD_END)].decode("latin-1").split("\r\n")
