@@ -15,12 +15,15 @@ joined by that id:
     B  -> its `routed` event (body, prompt checks and block hashes, the Routes stream's round trip
        to the scheduler and its policy);
     C  -> the worker's `decode.generate` span starts (the gateway's Generate frame to the worker);
-    D  -> the worker's first token (the span's `ttft_s`: its prefill queue and step);
+    D  -> the worker's first token (the span's `ttft_s`), in three parts: D1 the worker's own work
+       around the engine (its KV lookup, the hop to the engine process and back), D2 the wait in
+       the engine (`engine_queue_s`), D3 the prefill step (`engine_prefill_s`);
     E  -> the client's first chunk (the frame back, the gateway's SSE, the client's read, and any
        tokens whose text was held back before it: those are decode steps).
 
 Prints mean / median ms of each, and their sum (the client's TTFT), per rate and round, requests
-sent in the first `--warmup-s` seconds left out. The simulator's cost model (meshcost.py) takes
+sent in the first `--warmup-s` seconds left out; then the same means over the slowest tenth of the
+requests (by the client's TTFT) and over the rest, so a tail shows which segment it sits in. The simulator's cost model (meshcost.py) takes
 A + B + C + E at idle as `request_overhead_s`; how they grow with load is what this shows.
 """
 
@@ -46,7 +49,8 @@ from kvmesh.scheduler.sim.replay import prompt_token_ids
 from kvmesh.scheduler.sim.trace import TraceRequest, synthetic
 from simfidelity import trace_config  # the fidelity trace
 
-SEGMENTS = ("A client -> gateway", "B -> routed", "C -> worker", "D worker TTFT", "E -> client first chunk", "client TTFT")
+SEGMENTS = ("A client -> gateway", "B -> routed", "C -> worker", "D1 worker", "D2 engine queue", "D3 prefill",
+            "E -> client first chunk", "client TTFT")
 
 
 @dataclass(slots=True)
@@ -80,7 +84,8 @@ def read_spans(spans: Iterable[Span]) -> dict[str, Spans]:
 
 
 def segments_ms(sent: Sent, spans: Spans) -> tuple[float, ...] | None:
-    """A..E and the client's TTFT of one request, in ms (None when a span or its times are missing)."""
+    """A..E (D in its three parts) and the client's TTFT of one request, in ms (None when a span or
+    its times are missing)."""
     g, w = spans.gateway, spans.worker
     if g is None or w is None or not sent.first_ns or "ttft_s" not in w.attributes:
         return None
@@ -89,13 +94,26 @@ def segments_ms(sent: Sent, spans: Spans) -> tuple[float, ...] | None:
         return None
     worker_first = w.start_ns + w.attributes["ttft_s"] * 1e9
     marks = (sent.sent_ns, g.start_ns, routed[-1], w.start_ns, worker_first, sent.first_ns)
-    parts = tuple((b - a) / 1e6 for a, b in zip(marks, marks[1:]))
-    return (*parts, (sent.first_ns - sent.sent_ns) / 1e6)
+    a, b, c, d, e = ((y - x) / 1e6 for x, y in zip(marks, marks[1:]))
+    queue_ms = 1e3 * float(w.attributes.get("engine_queue_s", 0.0))
+    prefill_ms = 1e3 * float(w.attributes.get("engine_prefill_s", 0.0))
+    return (a, b, c, d - queue_ms - prefill_ms, queue_ms, prefill_ms, e, (sent.first_ns - sent.sent_ns) / 1e6)
 
 
 def summary(rows: list[tuple[float, ...]]) -> list[str]:
     """'mean / median' of each segment over `rows`."""
     return [f"{statistics.fmean(c):.1f} / {statistics.median(c):.1f}" for c in zip(*rows)] if rows else ["-"] * len(SEGMENTS)
+
+
+def tail_split(rows: list[tuple[float, ...]], share: float = 0.1) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]]:
+    """The slowest `share` of `rows` by the client's TTFT (their last field), and the rest."""
+    ranked = sorted(rows, key=lambda r: r[-1])
+    cut = len(ranked) - max(1, round(share * len(ranked))) if ranked else 0
+    return ranked[cut:], ranked[:cut]
+
+
+def means(rows: list[tuple[float, ...]]) -> list[str]:
+    return [f"{statistics.fmean(c):.1f}" for c in zip(*rows)] if rows else ["-"] * len(SEGMENTS)
 
 
 async def send(client, url: str, model: str, prompt: list[int], max_tokens: int, sent: Sent) -> None:  # noqa: ANN001
@@ -149,6 +167,7 @@ def main() -> None:
         print("| round | req/s | requests | " + " | ".join(SEGMENTS) + " |")
         print("|---" * (len(SEGMENTS) + 3) + "|")
         served = mesh.gateway_url
+        tails: list[tuple[int, float, list[tuple[float, ...]], list[tuple[float, ...]]]] = []
         for round_ in range(1, args.rounds + 1):
             for rate in rates:
                 sents = asyncio.run(replay(served, args.model, synthetic(trace_config(args), rate)))
@@ -157,6 +176,13 @@ def main() -> None:
                 rows = [s for s in (segments_ms(x, spans.get(x.completion_id, Spans())) for x in sents
                                     if x.arrival_s >= args.warmup_s) if s is not None]
                 print(f"| {round_} | {rate:g} | {len(rows)} | " + " | ".join(summary(rows)) + " |", flush=True)
+                tails.append((round_, rate, *tail_split(rows)))
+        print("\nmeans (ms) of the slowest tenth by the client's TTFT, and of the rest")
+        print("| round | req/s | which | requests | " + " | ".join(SEGMENTS) + " |")
+        print("|---" * (len(SEGMENTS) + 4) + "|")
+        for round_, rate, tail, rest in tails:
+            for which, rows in (("slowest 10%", tail), ("rest", rest)):
+                print(f"| {round_} | {rate:g} | {which} | {len(rows)} | " + " | ".join(means(rows)) + " |")
     finally:
         mesh.stop()
 

@@ -3,11 +3,12 @@ and print the sim's capacity and TTFTs, without a mesh (the sim is deterministic
 does not move these figures).
 
     .venv/bin/python bench/simwhatif.py PREFIX.2w.json [--rates 15.6,25] [--set host_parallelism=2 ...]
-        [--noise lone|beside] [--engine-decode-s-per-seq 1.68e-05]
+        [--noise fitted|beside|lone] [--engine-decode-s-per-seq 1.68e-05]
 
 Each `--set` is a MeshCalibration field (meshcal.py) and its value, applied after the fit; several
-`--set` apply together. `--noise` replaces `--ttft-noise` with the lone TTFTs' spread or the spread
-beside decoding streams (meshcal.ttft_noise). The trace, SLO and sim settings are simfidelity's.
+`--set` apply together. `--noise` replaces the fitted `--ttft-noise` (the path-load probe's spread
+around the sim's, pathload.residual_noise) with the spread of the TTFTs beside decoding streams
+(meshcal.ttft_noise, the fit's before stop 44) or of the lone TTFTs. The trace, SLO and sim settings are simfidelity's.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 
 import simfidelity
 
-from kvmesh.scheduler.sim.meshcal import MeshCalibration, Samples, fit
+from kvmesh.scheduler.sim.meshcal import MeshCalibration, Samples, fit, ttft_noise
 from kvmesh.scheduler.sim.meshstats import around_median, noise_quantiles
 
 
@@ -40,6 +41,8 @@ def changed(cal: MeshCalibration, samples: Samples, assignments: list[str], nois
         cal = dataclasses.replace(cal, **{name: float(value)})
     if noise == "lone":
         cal = dataclasses.replace(cal, noise=noise_quantiles(around_median(samples.ttft)))
+    elif noise == "beside":
+        cal = dataclasses.replace(cal, noise=ttft_noise(samples))
     return cal
 
 
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policies", default="kv_aware",
                    help="comma-separated policies to simulate at each rate (the capacity is kv_aware's); with several, "
                    "sessions are not sticky, as in simfidelity's policy ordering")
-    p.add_argument("--noise", choices=["beside", "lone"], default="beside")
+    p.add_argument("--noise", choices=["fitted", "beside", "lone"], default="fitted")
     p.add_argument("--engine-decode-s-per-seq", type=float, default=None,
                    help="the in-process lower bound's per-sequence decode cost (simfidelity prints it); splits the ITL slope")
     p.add_argument("--slo-ttft-s", type=float, default=0.5)

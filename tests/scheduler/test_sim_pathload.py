@@ -12,7 +12,7 @@ from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
 from kvmesh.scheduler.sim.meshcal import MeshCalibration, Samples, fit_path_load
 from kvmesh.scheduler.sim.meshcost import MeshCost
 from kvmesh.scheduler.sim.pathload import (
-    fit_request_s_per_rps, lone_trace, others_rate, runs_of, stepped_arrivals, trace_of,
+    fit_request_s_per_rps, lone_trace, others_rate, residual_noise, runs_of, stepped_arrivals, trace_of,
 )
 
 CONFIG = SimConfig(num_workers=1, cost=CostModel(1e-5, 1e-3, 1e-4),
@@ -147,3 +147,30 @@ def test_the_probes_rate_steps_through_every_level_each_cycle_in_blocks() -> Non
     fast = sum(1 for _, lv in arrivals if lv == 1)
     assert 200 < fast < 400 and sum(1 for _, lv in arrivals if lv == 0) < fast / 4  # ~300 and ~30
 
+
+
+def test_timings_the_sim_made_without_noise_leave_no_residual_spread() -> None:
+    quiet = dataclasses.replace(CONFIG, mesh=dataclasses.replace(CONFIG.mesh, noise=()))
+    samples = lone_by_the_sim(5, quiet) + timed_by_the_sim(probe_runs((10.0, 20.0, 30.0)), 0.0006, quiet)
+    assert residual_noise(samples, CONFIG, 0.0006) == pytest.approx((1.0,) * 10, abs=1e-9)  # CONFIG's own noise is not used
+    slower = [(*s[:6], s[6] + 0.003) for s in samples]  # a slower host: the lone requests' offset, not a spread
+    assert residual_noise(slower, CONFIG, 0.0006) == pytest.approx((1.0,) * 10, abs=1e-9)
+    assert residual_noise([], CONFIG, 0.0) == ()
+
+
+def test_a_known_spread_of_first_tokens_comes_back_as_the_noise_and_the_calibration_takes_it() -> None:
+    spread = (0.6, 0.8, 0.9, 1.0, 1.0, 1.0, 1.1, 1.3, 1.6, 2.2)
+    noisy = dataclasses.replace(CONFIG, mesh=dataclasses.replace(CONFIG.mesh, noise=spread))
+    runs = probe_runs((5.0, 10.0), runs=3, cycles=3)
+    samples = lone_by_the_sim(5, dataclasses.replace(noisy, mesh=dataclasses.replace(noisy.mesh, noise=()))) + \
+        timed_by_the_sim(runs, 0.0005, noisy)
+    noise = residual_noise(samples, CONFIG, 0.0005)
+    assert len(noise) == 10 and noise[4] <= 1.0 <= noise[5]
+    assert noise[0] == pytest.approx(0.6, abs=0.08) and noise[-1] == pytest.approx(2.2, abs=0.25)
+    assert noise[-2] / noise[1] == pytest.approx(1.6 / 0.8, rel=0.15)
+    cal = MeshCalibration(prefill_s_per_token=1e-5, decode_s_per_step=1e-3, decode_s_per_seq=1e-4, request_overhead_s=0.006,
+                          request_busy_s=0.001, token_overhead_s=0.0, hit_s_per_token=2e-6, prefill_stall=0.0,
+                          prefill_share=0.0, admission_limit=None, noise=(0.9, 1.0, 1.1))
+    fitted = fit_path_load(Samples(load=samples), cal, 1)
+    assert fitted.noise[-1] > 1.8 and fitted.noise == pytest.approx(residual_noise(samples, CONFIG, fitted.request_s_per_rps))
+    assert fit_path_load(Samples(), cal, 1).noise == (0.9, 1.0, 1.1)  # no path-load probe: the noise as it was

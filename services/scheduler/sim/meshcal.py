@@ -129,7 +129,7 @@ class MeshCalibration:
     prefill_stall: float
     prefill_share: float             # a prefill takes (1 + this × streams beside it) times as long ...
     admission_limit: int | None      # None: not probed, or more than the probe sent
-    noise: tuple[float, ...] = ()    # deciles of TTFT / its probe point's median, beside decoding streams (ttft_noise)
+    noise: tuple[float, ...] = ()    # TTFT deciles: the path-load probe's around the sim's (pathload.residual_noise), else ttft_noise
     attention_s_per_pair: float = 0.0
     decode_s_per_kv_token: float = 0.0      # a decode step's cost per padded KV token (decodectx.py) ...
     decode_s_per_padded_token: float = 0.0  # ... and this much more per one past the knee
@@ -273,9 +273,10 @@ def fit_hits(samples: Samples, attention: float, fitted_lone: list[float]) -> tu
 
 
 def ttft_noise(samples: Samples) -> tuple[float, ...]:
-    """The spread of a request's TTFT the sim applies (`--ttft-noise`): deciles of the TTFTs of the
-    CPU-sharing probe's prefills beside decoding streams, each over the median of its (length,
-    streams) point; the lone TTFTs (each over the median at its length) when that probe has none.
+    """The spread of a request's TTFT the sim applies (`--ttft-noise`) when the path-load probe did not
+    run (with it, pathload.residual_noise replaces this): deciles of the TTFTs of the CPU-sharing
+    probe's prefills beside decoding streams, each over the median of its (length, streams) point;
+    the lone TTFTs (each over the median at its length) when that probe has none.
 
     NOTE: a loaded mesh serves its requests beside other requests' streams, and there they spread
     more than alone: run T's probes gave a 90th-percentile decile of 1.37 and 1.51 beside streams
@@ -495,8 +496,9 @@ def _fit_parallel(samples: Samples, host: dict[str, float], workers: int, interc
 
 
 def fit_path_load(samples: Samples, cal: MeshCalibration, workers: int) -> MeshCalibration:
-    """`cal` with MeshCost.request_s_per_rps fitted on the path-load probe, every other term as in `cal`
-    (pathload.py).
+    """`cal` with MeshCost.request_s_per_rps fitted on the path-load probe, and its TTFT noise the spread
+    of that probe's requests around the sim's (pathload.residual_noise), every other term as in `cal`
+    (pathload.py says why the noise comes from there).
 
     NOTE: its runs' host CPU (`samples.load_cpu`) is printed, not fitted. Charged as the trace's
     requests' host_cpu_s_per_request (their CPU less what the sim's steps and tokens cost: 48 ms a
@@ -504,11 +506,12 @@ def fit_path_load(samples: Samples, cal: MeshCalibration, workers: int) -> MeshC
     at 80% load (run BI: ITL p50 5.1 ms against 2.6 / 2.8); the host-sharing model takes every
     CPU-second outside the engine from the engine's, while much of it runs between its steps."""
     from .cluster import SimConfig  # noqa: PLC0415 - the sim, which imports this module's neighbours
-    from .pathload import fit_request_s_per_rps  # noqa: PLC0415
+    from .pathload import fit_request_s_per_rps, residual_noise  # noqa: PLC0415
 
     cost, mesh = cal.costs(admission_limit=PATH_LOAD_SEQS_PER_WORKER * workers)
     config = SimConfig(num_workers=workers, max_num_seqs=PATH_LOAD_SEQS_PER_WORKER, cost=cost, mesh=mesh)
-    return replace(cal, request_s_per_rps=fit_request_s_per_rps(samples.load, config))
+    per_rps = fit_request_s_per_rps(samples.load, config)
+    return replace(cal, request_s_per_rps=per_rps, noise=residual_noise(samples.load, config, per_rps) or cal.noise)
 
 
 def fit_host(points: list[tuple[float, ...]]) -> dict[str, float]:

@@ -71,9 +71,10 @@
   most streams of a run share (meshstreams.correlated_pauses), at 0.4-2.3 a second of ~50 ms;
 - noise: factors on a request's latency from the start of its prefill to its first token (not on
   the worker's busy time), one per request drawn uniformly by its id (deterministic): deciles of
-  the calibration's TTFTs of prefills beside decoding streams over their probe point's median (lone
-  TTFTs when it has none; meshcal.ttft_noise), i.e. the spread a loaded host adds (bursts of other
-  requests' work, other work on a shared machine), which a deterministic model has no tail for;
+  the path-load probe's TTFTs over the sim's for the same requests (pathload.residual_noise; without
+  that probe, of prefills beside decoding streams over their probe point's median, or of lone TTFTs:
+  meshcal.ttft_noise), i.e. the spread a loaded host adds (bursts of other requests' work, other work
+  on a shared machine), which a deterministic model has no tail for;
 - host_parallelism: every decode worker runs on one host (as `kvmesh up` does) that runs this many
   busy workers at full speed (its cores left over by the gateway, scheduler and client): with b
   busy workers (any running sequence) a worker's prefill and decode steps take max(1, b / this)

@@ -83,7 +83,7 @@ def noise_quantiles(ratios: list[float], count: int = 10) -> tuple[float, ...]:
         return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
     middle = statistics.median(ordered)
-    return tuple(at((i + 0.5) / count) / middle for i in range(count)) if middle > 0 else ()
+    return tuple(float(at((i + 0.5) / count) / middle) for i in range(count)) if middle > 0 else ()
 
 
 def around_median(points: list[tuple[Hashable, float]]) -> list[float]:

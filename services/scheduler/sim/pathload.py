@@ -22,6 +22,20 @@ mesh (14-15 ms, the term fitted 0.06 ms per req/s), while 768 cached + 200 fresh
 15.4, 18.7, 22.7, 29.9 ms at 8, 16, 24, 32 req/s: the trace's requests carry a long body, its
 block hashes through the gateway, the scheduler and the KV events, and a prefix hit.
 
+The probe's requests also give the sim its TTFT spread (`--ttft-noise`, residual_noise): each one's
+TTFT over the sim's for it with the term fitted and no noise, over the median of its (run, level),
+as deciles. That is the spread the model lacks on a loaded path: bursts of other requests' work on
+the gateway, the workers' RPC loops and the shared cores, which a deterministic sim has no tail for.
+Before, the noise came from the CPU-sharing probe's prefills beside steady streams (deciles
+0.81-1.30 in run BQ); the path-load probe's residuals spread 0.54-2.00 (BQ, 2 workers), 0.62-1.83
+(BO) and 0.65-1.64 (BP, 1 worker). On those runs' saved probes (`bench/simwhatif.py --noise
+beside|fitted`), the sim's TTFT p90 at 50% / 80% load went 39 / 45 → 47 / 56 ms against real
+55-57 / 62-69 (BQ), 50 / 65 → 58 / 75 against 49-51 / 73-103 (BO) and 29 / 34 → 32 / 36 against
+33-35 / 39-46 (BP), its p50 within 2 ms of before and its capacity unchanged (the noise stretches
+a request's latency, not its worker's time). `bench/reqpath.py` shows where that tail sits on a real 2-worker mesh: the
+slowest tenth of requests spent +10-13 ms in the prefill step and +5-11 ms from the worker's first
+token to the client's first chunk over the rest.
+
 A sample is (run, rate level, arrival s within the run, cached prefix tokens, fresh tokens, output
 tokens, TTFT s) per request.
 """
@@ -35,6 +49,7 @@ from dataclasses import replace
 
 from .cluster import Cluster, SimConfig
 from .meshcost import HOST_LOAD_WINDOW_S
+from .meshstats import around_median, noise_quantiles
 from .trace import TraceRequest
 
 MAX_STEPS = 8
@@ -146,12 +161,7 @@ def fit_request_s_per_rps(samples: Sequence[Sequence[float]], config: SimConfig,
     if not any(rates):
         return 0.0
     block = config.cost.block_size
-    lone = [s for s in samples if s[0] == LONE_RUN]
-    offset = 0.0
-    if lone:
-        *_, prefix, fresh, output, _ = lone[0]
-        alone = sim_ttfts(config, lone_trace(len(lone), int(prefix), int(fresh), int(output), block), 0.0, policy)
-        offset = statistics.median(s[-1] for s in lone) - statistics.median(alone.values())
+    offset = lone_offset(samples, config, policy)
     real = [statistics.median(runs[run][i][-1] for run, i in g) - offset for g in groups]
     traces = [trace_of(run, r, block) for run, r in enumerate(runs)]
     per_rps = 0.0
@@ -165,3 +175,32 @@ def fit_request_s_per_rps(samples: Sequence[Sequence[float]], config: SimConfig,
             return nxt
         per_rps, base = nxt, group_medians(config, traces, groups, nxt, policy)
     return per_rps
+
+
+def lone_offset(samples: Sequence[Sequence[float]], config: SimConfig, policy: str = "kv_aware") -> float:
+    """The probe's lone requests' median TTFT less the sim's for them (the host's speed this calibration,
+    which is not a slope); 0 without lone requests."""
+    lone = [s for s in samples if s[0] == LONE_RUN]
+    if not lone:
+        return 0.0
+    *_, prefix, fresh, output, _ = lone[0]
+    trace = lone_trace(len(lone), int(prefix), int(fresh), int(output), config.cost.block_size)
+    return statistics.median(s[-1] for s in lone) - statistics.median(sim_ttfts(config, trace, 0.0, policy).values())
+
+
+def residual_noise(samples: Sequence[Sequence[float]], config: SimConfig, per_rps: float,
+                   policy: str = "kv_aware") -> tuple[float, ...]:
+    """Deciles (meshstats.noise_quantiles) of each probe request's TTFT (less the lone offset) over the
+    sim's for it at `per_rps` with no noise, each over the median of its (run, rate level): the spread
+    the sim lacks on a loaded path (module docstring); () without runs."""
+    runs, levels = runs_of(samples)
+    offset = lone_offset(samples, config, policy)
+    quiet = replace(config, mesh=replace(config.mesh, noise=()))
+    ratios: list[tuple[tuple[int, int], float]] = []
+    for run, (requests, run_levels) in enumerate(zip(runs, levels, strict=True)):
+        sim = sim_ttfts(quiet, trace_of(run, requests, config.cost.block_size), per_rps, policy)
+        for i, (request, level) in enumerate(zip(requests, run_levels, strict=True)):
+            expected = sim.get(f"load{run}-{i}", 0.0)
+            if expected > 0:
+                ratios.append(((run, level), (request[-1] - offset) / expected))
+    return noise_quantiles(around_median(ratios))
