@@ -12,7 +12,8 @@ from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
 from kvmesh.scheduler.sim.meshcal import MeshCalibration, Samples, fit_path_load
 from kvmesh.scheduler.sim.meshcost import MeshCost
 from kvmesh.scheduler.sim.pathload import (
-    fit_request_s_per_rps, lone_trace, others_rate, residual_noise, runs_of, stepped_arrivals, trace_of,
+    followed, fit_request_s_per_rps, lone_trace, others_rate, residual_noise, runs_of, sim_ttfts, stepped_arrivals,
+    trace_of,
 )
 
 CONFIG = SimConfig(num_workers=1, cost=CostModel(1e-5, 1e-3, 1e-4),
@@ -174,3 +175,25 @@ def test_a_known_spread_of_first_tokens_comes_back_as_the_noise_and_the_calibrat
     fitted = fit_path_load(Samples(load=samples), cal, 1)
     assert fitted.noise[-1] > 1.8 and fitted.noise == pytest.approx(residual_noise(samples, CONFIG, fitted.request_s_per_rps))
     assert fit_path_load(Samples(), cal, 1).noise == (0.9, 1.0, 1.1)  # no path-load probe: the noise as it was
+
+
+def test_a_request_the_sim_refuses_counts_as_its_deadline_in_the_fit_and_a_run_the_sim_does_not_follow_adds_no_noise() -> None:
+    crowded = dataclasses.replace(CONFIG, mesh=dataclasses.replace(CONFIG.mesh, admission_limit=1, admission_queue_factor=1.0))
+    burst = trace_of(0, [(0.0, PREFIX, FRESH, OUTPUT, 0, 0.0)] * 6, 16)
+    served = sim_ttfts(crowded, burst, 0.0, "kv_aware")
+    counted = sim_ttfts(crowded, burst, 0.0, "kv_aware", refused_s=30.0)
+    assert len(served) < 6 and len(counted) == 6
+    assert all(counted[k] == 30.0 for k in counted.keys() - served.keys())
+    # the probe's timings from a mesh that kept up, fitted with a sim that refuses some: no crash, and
+    # the runs it does not follow give no noise
+    samples = lone_by_the_sim(5) + timed_by_the_sim(probe_runs((10.0, 20.0, 30.0)), 0.0)
+    assert fit_request_s_per_rps(samples, crowded) == 0.0
+    assert residual_noise(samples, crowded, 0.0) == ()
+    assert len(residual_noise(samples, CONFIG, 0.0)) == 10
+
+
+def test_a_run_is_followed_when_the_sims_p90_stays_within_twice_the_probes_at_every_level() -> None:
+    near = [((0, 0), 0.02, 0.03)] * 9 + [((0, 0), 0.05, 0.09), ((0, 1), 0.03, 0.03)]
+    assert followed(near)
+    assert not followed(near + [((0, 1), 0.03, 0.5)] * 3)  # one level's tail ran away
+    assert not followed([((0, 0), 0.02, float("inf"))] * 4)  # refused
