@@ -22,15 +22,18 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import simfidelity
 
 from kvmesh.runtime.supervisor import Mesh
 from kvmesh.scheduler.sim.client import Target
+from kvmesh.scheduler.sim.hostcpu import task_cpu_s
 from kvmesh.scheduler.sim.hostspeed import timed_probe
 from kvmesh.scheduler.sim.meshprobe import ProbeConfig
 
-TICK = os.sysconf("SC_CLK_TCK")
+TICK = float(os.sysconf("SC_CLK_TCK"))
 ENGINE = (("steps", "kvmesh_decode_engine_steps_total"),
           ("decode_s", 'kvmesh_decode_engine_busy_seconds_total{kind="decode"}'),
           ("prefill_s", 'kvmesh_decode_engine_busy_seconds_total{kind="prefill"}'),
@@ -42,28 +45,22 @@ def pids(pid: int) -> list[int]:
     return [pid, *(int(c) for c in os.popen(f"pgrep -P {pid}").read().split())]
 
 
-def cpu_s(mesh: Mesh) -> dict[str, float]:
-    """Each mesh process's user + system CPU seconds so far, its children's included."""
+def per_process(mesh: Mesh, name: str, value: Callable[[str], float]) -> dict[str, float]:
+    """`value` of /proc/PID/`name`'s text, summed over each mesh process and its children."""
     out = {}
     for spec in mesh.specs:
-        total = 0.0
-        for pid in pids(mesh.pid_of(spec.name)):
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / TICK
-        out[spec.name] = total
+        out[spec.name] = sum(value(Path(f"/proc/{pid}/{name}").read_text()) for pid in pids(mesh.pid_of(spec.name)))
     return out
+
+
+def cpu_s(mesh: Mesh) -> dict[str, float]:
+    """Each mesh process's user + system CPU seconds so far, its children's included."""
+    return per_process(mesh, "stat", lambda text: task_cpu_s(text, TICK))
 
 
 def rss_mib(mesh: Mesh) -> dict[str, int]:
-    out = {}
-    for spec in mesh.specs:
-        pages = 0
-        for pid in pids(mesh.pid_of(spec.name)):
-            with open(f"/proc/{pid}/statm") as f:
-                pages += int(f.read().split()[1])
-        out[spec.name] = pages * os.sysconf("SC_PAGE_SIZE") // 2**20
-    return out
+    pages = per_process(mesh, "statm", lambda text: float(text.split()[1]))
+    return {k: int(v) * os.sysconf("SC_PAGE_SIZE") // 2**20 for k, v in pages.items()}
 
 
 def metric(text: str, name: str) -> float:
