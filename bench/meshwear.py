@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import simfidelity
+from soakstats import metric_in
 
 from kvmesh.runtime.supervisor import Mesh
 from kvmesh.scheduler.sim.client import Target
@@ -34,10 +34,10 @@ from kvmesh.scheduler.sim.hostspeed import timed_probe
 from kvmesh.scheduler.sim.meshprobe import ProbeConfig
 
 TICK = float(os.sysconf("SC_CLK_TCK"))
-ENGINE = (("steps", "kvmesh_decode_engine_steps_total"),
-          ("decode_s", 'kvmesh_decode_engine_busy_seconds_total{kind="decode"}'),
-          ("prefill_s", 'kvmesh_decode_engine_busy_seconds_total{kind="prefill"}'),
-          ("requests", "kvmesh_decode_requests_total"))
+ENGINE = (("steps", "kvmesh_decode_engine_steps_total", {}),
+          ("decode_s", "kvmesh_decode_engine_busy_seconds_total", {"kind": "decode"}),
+          ("prefill_s", "kvmesh_decode_engine_busy_seconds_total", {"kind": "prefill"}),
+          ("requests", "kvmesh_decode_requests_total", {}))
 
 
 def pids(pid: int) -> list[int]:
@@ -63,20 +63,16 @@ def rss_mib(mesh: Mesh) -> dict[str, int]:
     return {k: int(v) * os.sysconf("SC_PAGE_SIZE") // 2**20 for k, v in pages.items()}
 
 
-def metric(text: str, name: str) -> float:
-    """The sum of a metric's samples whose name (with labels) starts with `name`."""
-    return sum(float(v) for k, v in re.findall(r"^(\S+) (\S+)$", text, re.M) if k.startswith(name))
-
-
 def worker_figures(mesh: Mesh) -> dict[str, dict[str, float]]:
     out = {}
     for spec in mesh.specs:
         if spec.service == "decode" and spec.metrics_target:
             text = simfidelity.read_text(spec.metrics_target)
-            out[spec.name] = {label: metric(text, name) for label, name in ENGINE}
+            out[spec.name] = {label: metric_in(text, name, **labels) for label, name, labels in ENGINE}
         elif spec.service == "kvstore" and spec.metrics_target:
             text = simfidelity.read_text(spec.metrics_target)
-            out[spec.name] = {"blocks": metric(text, "kvmesh_kvstore_blocks{"), "evictions": metric(text, "kvmesh_kvstore_evictions_total")}
+            out[spec.name] = {"blocks": metric_in(text, "kvmesh_kvstore_blocks"),
+                              "evictions": metric_in(text, "kvmesh_kvstore_evictions_total")}
     return out
 
 
