@@ -37,6 +37,12 @@ TICK = float(os.sysconf("SC_CLK_TCK"))
 ENGINE = (("steps", "kvmesh_decode_engine_steps_total", {}),
           ("decode_s", "kvmesh_decode_engine_busy_seconds_total", {"kind": "decode"}),
           ("prefill_s", "kvmesh_decode_engine_busy_seconds_total", {"kind": "prefill"}),
+          ("prefill_steps", "kvmesh_decode_model_steps_total", {"kind": "prefill"}),
+          ("prefill_rows", "kvmesh_decode_step_decode_rows_total", {"kind": "prefill"}),
+          ("decode_steps", "kvmesh_decode_model_steps_total", {"kind": "decode"}),
+          ("decode_rows", "kvmesh_decode_step_decode_rows_total", {"kind": "decode"}),
+          ("prompt_tokens", "kvmesh_decode_prefix_query_tokens_total", {}),
+          ("hit_tokens", "kvmesh_decode_prefix_hit_tokens_total", {}),
           ("requests", "kvmesh_decode_requests_total", {}))
 
 
