@@ -7,7 +7,7 @@ them if asked.
 A plan step is `rRATE` (one replay of bench/simfidelity.py's trace at RATE req/s, as its capacity
 search sends it), `pREPEATS` (one pass of `kvmesh sim calibrate`'s probes with that many repeats,
 not fitted) or `gSECONDS` (idle). After each replay it prints the TTFT p50 / p99, ITL p50 and
-errors, every mesh process's CPU seconds during it (a worker's engine process counted with it),
+errors, every mesh process's CPU seconds during it (a worker's engine process on its own line),
 each decode worker's requests, and what each worker's engine ran (steps, decode and prefill busy
 seconds, from its /metrics), the KV store's blocks and LRU evictions, and each process's RSS.
 Why: bench/simfidelity.py searches the real capacity on a mesh its calibration has just probed,
@@ -52,16 +52,21 @@ def pids(pid: int) -> list[int]:
 
 
 def per_process(mesh: Mesh, name: str, value: Callable[[str], float]) -> dict[str, float]:
-    """`value` of /proc/PID/`name`'s text, summed over each mesh process and its children."""
+    """`value` of /proc/PID/`name`'s text for each mesh process, and summed over its children (a decode
+    worker's engine process) as `NAME/engine` where it has any."""
     out = {}
     for spec in mesh.specs:
-        out[spec.name] = sum(value(Path(f"/proc/{pid}/{name}").read_text()) for pid in pids(mesh.pid_of(spec.name)))
+        pid, *children = pids(mesh.pid_of(spec.name))
+        out[spec.name] = value(Path(f"/proc/{pid}/{name}").read_text())
+        if children:
+            out[f"{spec.name}/engine"] = sum(value(Path(f"/proc/{c}/{name}").read_text()) for c in children)
     return out
 
 
 def cpu_s(mesh: Mesh) -> dict[str, float]:
-    """Each mesh process's user + system CPU seconds so far, its children's included."""
-    return per_process(mesh, "stat", lambda text: task_cpu_s(text, TICK))
+    """Each mesh process's user + system CPU seconds so far (an engine process on its own), and this
+    process's own (`client`: the replay's or the probes' client, which shares the host with the mesh)."""
+    return {**per_process(mesh, "stat", lambda text: task_cpu_s(text, TICK)), "client": time.process_time()}
 
 
 def rss_mib(mesh: Mesh) -> dict[str, int]:
