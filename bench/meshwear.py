@@ -7,9 +7,11 @@ them if asked.
 A plan step is `rRATE` (one replay of bench/simfidelity.py's trace at RATE req/s, as its capacity
 search sends it), `pREPEATS` (one pass of `kvmesh sim calibrate`'s probes with that many repeats,
 not fitted) or `gSECONDS` (idle). After each replay it prints the TTFT p50 / p99, ITL p50 and
-errors, every mesh process's CPU seconds during it (a worker's engine process on its own line),
-each decode worker's requests, and what each worker's engine ran (steps, decode and prefill busy
-seconds, from its /metrics), the KV store's blocks and LRU evictions, and each process's RSS.
+errors, every mesh process's CPU seconds during it (a worker's engine process as `NAME/engine`, and
+this process's, the replay's or probes' client, as `client`), each decode worker's requests, and
+what each worker's engine ran (steps, decode and prefill busy seconds, prefill and decode steps and
+their decode rows, prompt and prefix-hit tokens, from its /metrics), the KV store's blocks and LRU
+evictions, and each process's RSS.
 Why: bench/simfidelity.py searches the real capacity on a mesh its calibration has just probed,
 and the README (simulator, stop 44) found replays there slower than on a fresh mesh.
 """
