@@ -12,8 +12,8 @@ from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
 from kvmesh.scheduler.sim.meshcal import MeshCalibration, Samples, fit_path_load
 from kvmesh.scheduler.sim.meshcost import MeshCost
 from kvmesh.scheduler.sim.pathload import (
-    followed, fit_request_s_per_rps, lone_trace, others_rate, residual_noise, runs_of, sim_ttfts, stepped_arrivals,
-    trace_of,
+    LONE_RUN, followed, fit_request_s_per_rps, others_rate, path_offset, residual_line, residual_noise, runs_of, sim_ttfts,
+    stepped_arrivals, trace_of,
 )
 
 CONFIG = SimConfig(num_workers=1, cost=CostModel(1e-5, 1e-3, 1e-4),
@@ -45,9 +45,10 @@ def timed_by_the_sim(runs: list[tuple[int, list[tuple[float, int]]]], per_rps: f
 
 
 def lone_by_the_sim(count: int, config: SimConfig = CONFIG) -> list[tuple]:
-    """The probe's lone requests (run -1), as the sim times each alone."""
-    results = Cluster("kv_aware", config).run(lone_trace(count, PREFIX, FRESH, OUTPUT, 16))
-    return [(-1.0, 0.0, 0.0, float(PREFIX), float(FRESH), float(OUTPUT), r.ttft_s)
+    """The probe's lone requests (run LONE_RUN), as the sim times each alone (10 s apart)."""
+    lone = trace_of(9999, [(10.0 * i, PREFIX, FRESH, OUTPUT, 0, 0.0) for i in range(count)], 16)
+    results = Cluster("kv_aware", config).run(lone)
+    return [(LONE_RUN, 0.0, 0.0, float(PREFIX), float(FRESH), float(OUTPUT), r.ttft_s)
             for r in results if "prime" not in r.request.request_id]
 
 
@@ -58,14 +59,29 @@ def test_timings_the_sim_made_with_a_known_term_give_that_term_back() -> None:
 
 
 def test_a_host_slower_or_faster_by_a_constant_than_the_calibration_says_gets_the_same_term() -> None:
-    """The lone requests sent just before the runs anchor the fit: an offset on all of them is not a slope."""
-    samples = lone_by_the_sim(5) + timed_by_the_sim(probe_runs((10.0, 20.0, 30.0)), 0.0006)
+    """The offset is fitted beside the term: a constant on every request is not a slope."""
+    samples = timed_by_the_sim(probe_runs((10.0, 20.0, 30.0)), 0.0006)
     assert fit_request_s_per_rps(samples, CONFIG) == pytest.approx(0.0006, rel=1e-4)
+    assert path_offset(samples, CONFIG, 0.0006) == pytest.approx(0.0, abs=1e-9)
     for offset in (0.004, -0.002):
         shifted = [(*s[:6], s[6] + offset) for s in samples]
         assert fit_request_s_per_rps(shifted, CONFIG) == pytest.approx(0.0006, rel=1e-4)
-    # without the anchor, a slower host reads as a slope
-    assert fit_request_s_per_rps([(*s[:6], s[6] + 0.004) for s in samples if s[0] >= 0], CONFIG) > 1.2 * 0.0006
+        assert path_offset(shifted, CONFIG, 0.0006) == pytest.approx(offset, rel=1e-6)
+
+
+def test_lone_requests_slower_than_the_loaded_ones_do_not_take_the_slope_out() -> None:
+    """Runs BU/BV: the lone requests on an idle host read 6-7 ms over the sim's while the lowest level met
+    it; as an anchor they took the whole rise with the rate out. They no longer move the fit."""
+    loaded = timed_by_the_sim(probe_runs((10.0, 20.0, 30.0)), 0.0006)
+    slow_lone = [(*s[:6], s[6] + 0.007) for s in lone_by_the_sim(5)]
+    assert fit_request_s_per_rps(slow_lone + loaded, CONFIG) == pytest.approx(0.0006, rel=1e-4)
+
+
+def test_the_residual_line_is_least_squares_with_an_intercept_and_through_the_origin_at_one_rate() -> None:
+    rates = [10.0, 20.0, 30.0]
+    assert residual_line(rates, [0.003, 0.005, 0.007], [0.0] * 3) == pytest.approx((0.0002, 0.001))
+    assert residual_line(rates, [0.013, 0.015, 0.017], [0.010] * 3) == pytest.approx((0.0002, 0.001))
+    assert residual_line([10.0, 10.0], [0.003, 0.005], [0.0, 0.0]) == pytest.approx((0.0004, 0.0))
 
 
 def test_a_mesh_no_slower_under_traffic_than_the_sim_without_the_term_gets_none() -> None:
@@ -154,7 +170,7 @@ def test_timings_the_sim_made_without_noise_leave_no_residual_spread() -> None:
     quiet = dataclasses.replace(CONFIG, mesh=dataclasses.replace(CONFIG.mesh, noise=()))
     samples = lone_by_the_sim(5, quiet) + timed_by_the_sim(probe_runs((10.0, 20.0, 30.0)), 0.0006, quiet)
     assert residual_noise(samples, CONFIG, 0.0006) == pytest.approx((1.0,) * 10, abs=1e-9)  # CONFIG's own noise is not used
-    slower = [(*s[:6], s[6] + 0.003) for s in samples]  # a slower host: the lone requests' offset, not a spread
+    slower = [(*s[:6], s[6] + 0.003) for s in samples]  # a slower host: the fitted offset, not a spread
     assert residual_noise(slower, CONFIG, 0.0006) == pytest.approx((1.0,) * 10, abs=1e-9)
     assert residual_noise([], CONFIG, 0.0) == ()
 

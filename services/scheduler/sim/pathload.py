@@ -10,12 +10,24 @@ before them) with every other term as fitted; what it lacks is the path outside 
 slowing with the traffic around it, which the other probes (one request, or one prefill beside
 steady streams, at a time) never load. The term is the `request_s_per_rps` at which the sim's
 median first token of each (run, level) meets the probe's, in least squares over them (each
-group's own requests a second set how much the term moves its median), after taking out the offset
-between the probe's lone requests (sent one at a time just before the runs, run LONE_RUN) and the
-sim's: the host's speed drifts during a calibration, and a constant offset would otherwise read as
-a slope through the origin. Newton's method on a function that is linear in the term but for the
-sim's own knock-on effects (a later first token ends its turn later), so a few steps settle it,
-and timings the sim made with a known term give that term back.
+group's own requests a second set how much the term moves its median), with a constant offset
+fitted beside it (path_offset): the host's speed drifts during a calibration, and a constant would
+otherwise read as a slope through the origin. Newton's method on a function that is linear in the
+term but for the sim's own knock-on effects (a later first token ends its turn later), so a few
+steps settle it, and timings the sim made with a known term, shifted by any constant, give that
+term back.
+
+Until stop 46 the offset was the probe's lone requests' median TTFT (sent one at a time just before
+the runs, run LONE_RUN) less the sim's for them. On runs BU (2 workers) and BV (1 worker) that
+anchor read 6.3 and 7.0 ms, while the probe's lowest level (~10 req/s) met the sim's medians with
+no offset at all: a request alone on an idle host is slower than one among others (the loops wake
+from idle), which is not the host's speed. It took the whole rise with the rate out and fitted a
+term of 0; the free intercept fits 0.26 ms per req/s (BU, intercept -1.8 ms) and 0.35 (BV, -2.8
+ms). Re-simulated on those saved probes (`bench/simwhatif.py --set request_s_per_rps=...`), BU's
+TTFT p50 / p90 at 80% load went -31% / -42% → -6% / -22% of the real mesh's and at 50% -12% /
+-11% → +7% / +11%, capacity +14% → +9%; BV's 50% went -18% / -6% → +6% / +21%, but its 80% -9% /
+-6% → +21% / +40% (that run's real medians at 18.2 req/s sat below its 11.4 req/s ones), capacity
++23% → +19%. The lone median is still printed by the calibration (meshcalcli.path_load_line).
 
 Why a shared prefix: fresh 256-token prompts at 10-33 req/s kept a flat median TTFT on a 1-worker
 mesh (14-15 ms, the term fitted 0.06 ms per req/s), while 768 cached + 200 fresh tokens went
@@ -45,7 +57,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from .cluster import Cluster, SimConfig
@@ -57,8 +69,6 @@ from .trace import TraceRequest
 MAX_STEPS = 8
 FOLLOWS = 2.0  # residual_noise takes a run whose sim TTFT p90 stays within this factor of the probe's at every level
 LONE_RUN = -1.0  # the run index of the probe's lone requests
-LONE_SPACING_S = 10.0  # the sim's copies of those, this far apart ...
-LONE_TRACE_RUN = 9999  # ... with their ids and blocks as run this
 PRIME_LEAD_S = 2.0  # the sim's request that caches the shared prefix comes this long before a run
 PREFIX_IDS = 1 << 40  # the shared prefixes' hash ids start here (every other block's are below) ...
 PREFIX_SPAN = 1 << 20  # ... this many apart
@@ -96,12 +106,6 @@ def trace_of(run: int, requests: Sequence[Request], block_tokens: int) -> list[T
         own = tuple(range(first, first + -(-fresh // block_tokens)))
         out.append(TraceRequest(PRIME_LEAD_S + arrival, f"load{run}-{i}", "", prefix + fresh, output, shared[k] + own))
     return out
-
-
-def lone_trace(count: int, prefix: int, fresh: int, output: int, block_tokens: int) -> list[TraceRequest]:
-    """The probe's lone requests as a trace: as many as it sent, far apart, so each runs alone (with its
-    own noise factor, MeshCost.noise, by its id)."""
-    return trace_of(LONE_TRACE_RUN, [(LONE_SPACING_S * i, prefix, fresh, output, 0, 0.0) for i in range(count)], block_tokens)
 
 
 def stepped_arrivals(rates: Sequence[float], cycles: int, block_s: float, rng: random.Random) -> list[tuple[float, int]]:
@@ -162,46 +166,66 @@ def group_medians(config: SimConfig, traces: list[list[TraceRequest]], groups: l
 
 
 def fit_request_s_per_rps(samples: Sequence[Sequence[float]], config: SimConfig, policy: str = "kv_aware") -> float:
-    """The term (>= 0) at which the sim's median TTFT of each (run, rate level) meets the probe's
-    (least squares); 0 without samples."""
+    """The term (>= 0) at which the sim's median TTFT of each (run, rate level) follows the probe's
+    over the rate, less a constant (the host's speed this calibration, path_offset); 0 without samples."""
+    fit = level_fit(samples, config, policy)
+    if fit is None:
+        return 0.0
+    rates, real, medians = fit
+    per_rps = 0.0
+    base = medians(per_rps)
+    for _ in range(MAX_STEPS):
+        # NOTE: d(median)/d(per_rps) is about each group's rate (its median request's own rate); the sim's
+        # knock-on effects bend it a little, which the next step corrects
+        step, _ = residual_line(rates, real, base)
+        nxt = max(0.0, per_rps + step)
+        if abs(nxt - per_rps) <= 1e-9 or (nxt == 0.0 and per_rps == 0.0):
+            return nxt
+        per_rps, base = nxt, medians(nxt)
+    return per_rps
+
+
+def path_offset(samples: Sequence[Sequence[float]], config: SimConfig, per_rps: float, policy: str = "kv_aware") -> float:
+    """The constant by which the probe's median TTFTs sit above the sim's at `per_rps`, the intercept of
+    their difference over the rate (the host's speed this calibration, not a slope); 0 without samples."""
+    fit = level_fit(samples, config, policy)
+    if fit is None:
+        return 0.0
+    rates, real, medians = fit
+    return residual_line(rates, real, medians(per_rps))[1]
+
+
+def level_fit(samples: Sequence[Sequence[float]], config: SimConfig, policy: str
+              ) -> tuple[list[float], list[float], Callable[[float], list[float]]] | None:
+    """Each (run, rate level)'s rate (requests a second before its requests, mean), its median TTFT, and
+    the sim's medians at a term; None without a rate."""
     runs, levels = runs_of(samples)
     keys = sorted({(run, level) for run, lv in enumerate(levels) for level in lv})
     groups = [[(run, i) for i, lv in enumerate(levels[run]) if lv == level] for run, level in keys]
     counts = [others([a for a, *_ in r]) for r in runs]
     rates = [statistics.fmean(counts[run][i] for run, i in g) / HOST_LOAD_WINDOW_S for g in groups]
     if not any(rates):
-        return 0.0
-    block = config.cost.block_size
-    offset = lone_offset(samples, config, policy)
-    real = [statistics.median(runs[run][i][-1] for run, i in g) - offset for g in groups]
-    traces = [trace_of(run, r, block) for run, r in enumerate(runs)]
-    per_rps = 0.0
-    base = group_medians(config, traces, groups, per_rps, policy)
-    for _ in range(MAX_STEPS):
-        # NOTE: d(median)/d(per_rps) is about each group's rate (its median request's own rate); the sim's
-        # knock-on effects bend it a little, which the next step corrects
-        step = sum(x * (y - s) for x, y, s in zip(rates, real, base, strict=True)) / sum(x * x for x in rates)
-        nxt = max(0.0, per_rps + step)
-        if abs(nxt - per_rps) <= 1e-9 or (nxt == 0.0 and per_rps == 0.0):
-            return nxt
-        per_rps, base = nxt, group_medians(config, traces, groups, nxt, policy)
-    return per_rps
+        return None
+    real = [statistics.median(runs[run][i][-1] for run, i in g) for g in groups]
+    traces = [trace_of(run, r, config.cost.block_size) for run, r in enumerate(runs)]
+    return rates, real, lambda per_rps: group_medians(config, traces, groups, per_rps, policy)
 
 
-def lone_offset(samples: Sequence[Sequence[float]], config: SimConfig, policy: str = "kv_aware") -> float:
-    """The probe's lone requests' median TTFT less the sim's for them (the host's speed this calibration,
-    which is not a slope); 0 without lone requests."""
-    lone = [s for s in samples if s[0] == LONE_RUN]
-    if not lone:
-        return 0.0
-    *_, prefix, fresh, output, _ = lone[0]
-    trace = lone_trace(len(lone), int(prefix), int(fresh), int(output), config.cost.block_size)
-    return statistics.median(s[-1] for s in lone) - statistics.median(sim_ttfts(config, trace, 0.0, policy).values())
+def residual_line(rates: Sequence[float], real: Sequence[float], sim: Sequence[float]) -> tuple[float, float]:
+    """(slope, intercept) of real - sim over the rate in least squares; through the origin where the
+    rates do not differ (one level: no intercept to tell from a slope)."""
+    residuals = [y - s for y, s in zip(real, sim, strict=True)]
+    mean_x, mean_r = statistics.fmean(rates), statistics.fmean(residuals)
+    spread = sum((x - mean_x) ** 2 for x in rates)
+    if spread <= 1e-12 * sum(x * x for x in rates):
+        return sum(x * r for x, r in zip(rates, residuals, strict=True)) / sum(x * x for x in rates), 0.0
+    slope = sum((x - mean_x) * (r - mean_r) for x, r in zip(rates, residuals, strict=True)) / spread
+    return slope, mean_r - slope * mean_x
 
 
 def residual_noise(samples: Sequence[Sequence[float]], config: SimConfig, per_rps: float,
                    policy: str = "kv_aware") -> tuple[float, ...]:
-    """Deciles (meshstats.noise_quantiles) of each probe request's TTFT (less the lone offset) over the
+    """Deciles (meshstats.noise_quantiles) of each probe request's TTFT (less path_offset) over the
     sim's for it at `per_rps` with no noise, each over the median of its (run, rate level): the spread
     the sim lacks on a loaded path (module docstring); () without runs the sim follows.
 
@@ -211,8 +235,8 @@ def residual_noise(samples: Sequence[Sequence[float]], config: SimConfig, per_rp
     mesh's was 17-32 ms) and tipped into it on a third (p90 0.34 s against 26 ms); their ratios, the
     sim's runaway and not the host's noise, made deciles of 0.09-9.7."""
     runs, levels = runs_of(samples)
-    offset = lone_offset(samples, config, policy)
     quiet = replace(config, mesh=replace(config.mesh, noise=()))
+    offset = path_offset(samples, quiet, per_rps, policy)  # the ratios are over the quiet sim's, so is this
     ratios: list[tuple[tuple[int, int], float]] = []
     for run, (requests, run_levels) in enumerate(zip(runs, levels, strict=True)):
         sim = sim_ttfts(quiet, trace_of(run, requests, config.cost.block_size), per_rps, policy, math.inf)
