@@ -20,14 +20,14 @@ term back.
 Until stop 46 the offset was the probe's lone requests' median TTFT (sent one at a time just before
 the runs, run LONE_RUN) less the sim's for them. On runs BU (2 workers) and BV (1 worker) that
 anchor read 6.3 and 7.0 ms, while the probe's lowest level (~10 req/s) met the sim's medians with
-no offset at all: a request alone on an idle host is slower than one among others (the loops wake
-from idle), which is not the host's speed. It took the whole rise with the rate out and fitted a
-term of 0; the free intercept fits 0.26 ms per req/s (BU, intercept -1.8 ms) and 0.35 (BV, -2.8
-ms). Re-simulated on those saved probes (`bench/simwhatif.py --set request_s_per_rps=...`), BU's
-TTFT p50 / p90 at 80% load went -31% / -42% → -6% / -22% of the real mesh's and at 50% -12% /
--11% → +7% / +11%, capacity +14% → +9%; BV's 50% went -18% / -6% → +6% / +21%, but its 80% -9% /
--6% → +21% / +40% (that run's real medians at 18.2 req/s sat below its 11.4 req/s ones), capacity
-+23% → +19%. The lone median is still printed by the calibration (meshcalcli.path_load_line).
+no offset at all: a request alone on an idle host is slower than one among others (likely the loops
+waking from idle), which is not the host's speed. It took the whole rise with the rate out and fitted a
+term of 0; the free intercept fits 0.20 ms per req/s on BU's saved probe and 0.34 on BV's.
+Re-simulated on those probes (`bench/simwhatif.py`, noise refitted around the same offset), BU's
+TTFT p50 / p90 at 50% load went -13% / -12% → +2% / -8% of the real mesh's, at 80% -32% / -42% →
+-12% / -35%, capacity +14% → +9%; BV's 50% went -16% / -5% → +6% / +2%, its 80% -14% / -6% → +21% /
++13% (that run's real medians at 18.2 req/s sat below its 11.4 req/s ones), capacity +23% (both).
+The lone median is still printed by the calibration (meshcalcli.path_load_line).
 
 Why a shared prefix: fresh 256-token prompts at 10-33 req/s kept a flat median TTFT on a 1-worker
 mesh (14-15 ms, the term fitted 0.06 ms per req/s), while 768 cached + 200 fresh tokens went
