@@ -17,7 +17,7 @@ term but for the sim's own knock-on effects (a later first token ends its turn l
 steps settle it, and timings the sim made with a known term, shifted by any constant, give that
 term back.
 
-Until stop 46 the offset was the probe's lone requests' median TTFT (sent one at a time just before
+Until stop 47 the offset was the probe's lone requests' median TTFT (sent one at a time just before
 the runs, run LONE_RUN) less the sim's for them. On runs BU (2 workers) and BV (1 worker) that
 anchor read 6.3 and 7.0 ms, while the probe's lowest level (~10 req/s) met the sim's medians with
 no offset at all: a request alone on an idle host is slower than one among others (likely the loops
