@@ -60,6 +60,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from .calibrate import fit_line
 from .cluster import Cluster, SimConfig
 from .meshcost import HOST_LOAD_WINDOW_S
 from .meshstats import around_median, noise_quantiles
@@ -215,12 +216,10 @@ def residual_line(rates: Sequence[float], real: Sequence[float], sim: Sequence[f
     """(slope, intercept) of real - sim over the rate in least squares; through the origin where the
     rates do not differ (one level: no intercept to tell from a slope)."""
     residuals = [y - s for y, s in zip(real, sim, strict=True)]
-    mean_x, mean_r = statistics.fmean(rates), statistics.fmean(residuals)
-    spread = sum((x - mean_x) ** 2 for x in rates)
-    if spread <= 1e-12 * sum(x * x for x in rates):
+    if statistics.pvariance(rates) <= 1e-12 * statistics.fmean(x * x for x in rates):
         return sum(x * r for x, r in zip(rates, residuals, strict=True)) / sum(x * x for x in rates), 0.0
-    slope = sum((x - mean_x) * (r - mean_r) for x, r in zip(rates, residuals, strict=True)) / spread
-    return slope, mean_r - slope * mean_x
+    intercept, slope = fit_line(list(zip(rates, residuals, strict=True)))
+    return slope, intercept
 
 
 def residual_noise(samples: Sequence[Sequence[float]], config: SimConfig, per_rps: float,
