@@ -34,6 +34,7 @@ import asyncio
 import dataclasses
 import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -58,12 +59,18 @@ from kvmesh.scheduler.sim.meshcalcli import probe_lines
 from kvmesh.scheduler.sim.meshprobe import ProbeConfig
 from kvmesh.scheduler.sim.meshspread import bootstrap, spread_lines, term_ranges
 from kvmesh.scheduler.sim.replay import ReplayConfig, replay
-from kvmesh.scheduler.sim.report import RunSummary, capacity, figures, simulate
+from kvmesh.scheduler.sim.report import RunSummary, busiest_share, capacity, figures, simulate
 from kvmesh.scheduler.sim.steps import StepFigures, difference, parse_metrics, step_slowdown
 from kvmesh.scheduler.sim.trace import SyntheticConfig, synthetic, without_output_blocks
 
 MAX_NUM_SEQS = 64       # the decode worker's default: admission allows 64 per worker
 STICKY_TTL_S = 300.0    # the scheduler's default (the sim's own default is off)
+# NOTE: the policy order is simulated at these host speeds (time x the calibration's), the spread the
+# replays' speed probes read (0.94-1.04x in run BZ): where a policy's placement turns on a few early
+# routing decisions (prefix_affinity's on 4 system prompts and 2 workers: the first request of each
+# lands on whichever worker is less loaded at that instant), 5% more or less time flips it (run BZ:
+# 62% of the requests on one worker at 1.0x, 75% at 0.95x, and p90 0.054 against 1.5 s)
+SIM_SPEEDS = (0.95, 1.0, 1.05)
 
 
 def trace_config(args: argparse.Namespace) -> SyntheticConfig:
@@ -118,6 +125,9 @@ class Bench:
             row["engine_prefill_ms"] = mean_ms(texts[1:], after[1:], "kvmesh_decode_engine_prefill_seconds")
             row["client_ttft_ms"] = 1e3 * statistics.fmean(o.ttft_s for o in outcomes if o.ok)
             row["client_lag_ms"] = lag_ms
+            row["busiest_share"] = busiest_share([metric_in(a, "kvmesh_decode_ttft_seconds_count")
+                                                  - metric_in(b, "kvmesh_decode_ttft_seconds_count")
+                                                  for a, b in zip(after[1:], texts[1:])])
             summary = dataclasses.replace(summary, steps=row)
         self.load[id(summary)] = os.getloadavg()[0]
         self.outcomes[id(summary)] = outcomes
@@ -145,8 +155,7 @@ class Bench:
         if not factors:
             return config, None
         factor = statistics.median(factors)
-        cost, mesh = scaled(config.cost, config.mesh, factor)
-        return dataclasses.replace(config, cost=cost, mesh=mesh), factor
+        return scaled_config(config, factor), factor
 
     def capacity_of(self, run_at, start: float, steps: int) -> float:
         return capacity(run_at, self.args.slo_ttft_s, start, steps)[0]
@@ -349,29 +358,48 @@ def policy_order(bench: Bench, workers: int, config: SimConfig, rate: float) -> 
     """
     config = dataclasses.replace(config, sticky_ttl_s=0.0)
     policies = bench.args.policies.split(",")
-    sims = {policy: bench.sim(policy, config, rate) for policy in policies}
+    draws = {policy: [bench.sim(policy, scaled_config(config, f), rate) for f in SIM_SPEEDS] for policy in policies}
+    sims = {policy: draws[policy][SIM_SPEEDS.index(1.0)] for policy in policies}
     reals: dict[str, list[RunSummary]] = {policy: [] for policy in policies}
     for _ in range(max(1, bench.args.runs)):
         for policy in policies:
             reals[policy].append(real_policy_run(bench, workers, config, policy, rate))
     print(f"\n## policy ordering, {workers} workers at {rate:.2f} req/s (TTFT p90, lower is better; "
           f"{len(reals[policies[0]])} real runs each, in turn)")
-    print(f"{'policy':<16}{'sim p50':>9}{'p90':>8}{'hit':>6} | {'real p50':>17}{'p90':>17}{'hit':>6} | matched sim p50, p90 (time)")
+    print(f"# sim p90 at the host's time {', '.join(f'{f:g}x' for f in SIM_SPEEDS)} the calibration's; busiest = the share of "
+          "requests the busiest worker took")
+    print(f"{'policy':<16}{'sim p50':>9}{'p90 draws':>20}{'hit':>6}{'busiest':>16} | {'real p50':>17}{'p90':>17}{'hit':>6}"
+          f"{'busiest':>12} | matched sim p50, p90 (time)")
     matched = {}
     for policy in policies:
         s, rs = sims[policy], reals[policy]
         at_speed, factor = bench.matched(config, rs)
         m = matched[policy] = bench.sim(policy, at_speed, rate) if factor is not None else None
-        print(f"{policy:<16}{s.ttft_p50_s:>9.3f}{s.ttft_p90_s:>8.3f}{s.hit_rate:>6.2f} | "
+        print(f"{policy:<16}{s.ttft_p50_s:>9.3f}{'/'.join(f'{d.ttft_p90_s:.3f}' for d in draws[policy]):>20}{s.hit_rate:>6.2f}"
+              f"{'/'.join(busiest(d) for d in draws[policy]):>16} | "
               f"{'/'.join(f'{r.ttft_p50_s:.3f}' for r in rs):>17}{'/'.join(f'{r.ttft_p90_s:.3f}' for r in rs):>17}"
-              f"{statistics.fmean(r.hit_rate for r in rs):>6.2f}"
+              f"{statistics.fmean(r.hit_rate for r in rs):>6.2f}{'/'.join(busiest(r) for r in rs):>12}"
               + (f" | {m.ttft_p50_s:.3f}, {m.ttft_p90_s:.3f} ({factor:.2f}x)" if m else ""))
     if all(matched.values()):
         print(f"# matched sim order: {' < '.join(sorted(policies, key=lambda p: matched[p].ttft_p90_s))}")
-    sim_p90 = {p: sims[p].ttft_p90_s for p in policies}
+    sim_p90 = {p: [d.ttft_p90_s for d in draws[p]] for p in policies}
     real_p90 = {p: [r.ttft_p90_s for r in reals[p]] for p in policies}
     for line in order_verdicts(sim_p90, real_p90):
         print(f"# {line}")
+
+
+def scaled_config(config: SimConfig, factor: float) -> SimConfig:
+    """`config` on a host whose time is `factor` x the calibration's (hostspeed.scaled)."""
+    if factor == 1.0:
+        return config
+    cost, mesh = scaled(config.cost, config.mesh, factor)
+    return dataclasses.replace(config, cost=cost, mesh=mesh)
+
+
+def busiest(s: RunSummary) -> str:
+    """The share of requests the busiest decode worker took ('-': not measured)."""
+    share = (s.steps or {}).get("busiest_share")
+    return "-" if share is None or math.isnan(share) else f"{share:.2f}"
 
 
 def every_run(run_at: Callable[[float], RunSummary], slo_s: float, runs: int) -> Callable[[float], RunSummary]:
@@ -394,28 +422,35 @@ def every_run(run_at: Callable[[float], RunSummary], slo_s: float, runs: int) ->
     return run
 
 
-def order_verdicts(sim_p90: dict[str, float], real_p90: dict[str, list[float]], tie: float = 0.1) -> list[str]:
-    """The policy-order check: the sim's order and the real one (by each policy's mean p90), then each
-    pair. A pair the sim calls (p90s more than `tie` apart) holds when every real run orders it as the
-    sim does, does NOT hold when none does, and is split when the real runs disagree with each other
-    (the host's noise is larger than the gap); the last line says whether every called pair held."""
+def order_verdicts(sim_p90: dict[str, list[float]], real_p90: dict[str, list[float]], tie: float = 0.1) -> list[str]:
+    """The policy-order check: the sim's order (by each policy's median p90 over its draws, one per host
+    speed of SIM_SPEEDS) and the real one (by each policy's mean p90), then each pair. The sim calls a
+    pair when its medians are more than `tie` apart and every draw orders the pair alike; a called pair
+    holds when every real run orders it as the sim does, does NOT hold when none does, and is split when
+    the real runs disagree with each other (the host's noise is larger than the gap); the last line
+    says whether every called pair held."""
     policies = list(sim_p90)
+    sim_mid = {p: statistics.median(sim_p90[p]) for p in policies}
     real_mean = {p: statistics.fmean(real_p90[p]) for p in policies}
-    sim_order, real_order = sorted(policies, key=sim_p90.get), sorted(policies, key=real_mean.get)
+    sim_order, real_order = sorted(policies, key=sim_mid.get), sorted(policies, key=real_mean.get)
     lines = [f"sim order: {' < '.join(sim_order)}; real order (mean of runs): {' < '.join(real_order)}; "
              f"{'same' if sim_order == real_order else 'DIFFERENT'}"]
     called = held = 0
     for a, b in itertools.combinations(policies, 2):
         runs = list(zip(real_p90[a], real_p90[b]))
         real = "real " + ", ".join(f"{ra:.3f} vs {rb:.3f}" for ra, rb in runs)
-        if abs(sim_p90[a] - sim_p90[b]) <= tie * min(sim_p90[a], sim_p90[b]):
+        draws = ", ".join(f"{sa:.3f} vs {sb:.3f}" for sa, sb in zip(sim_p90[a], sim_p90[b]))
+        if abs(sim_mid[a] - sim_mid[b]) <= tie * min(sim_mid[a], sim_mid[b]):
             lines.append(f"  {a} vs {b}: within {tie:.0%} in the sim (a tie); {real}")
             continue
+        if len({sa < sb for sa, sb in zip(sim_p90[a], sim_p90[b])}) > 1:
+            lines.append(f"  {a} vs {b}: the sim's draws disagree (sim {draws}), not called; {real}")
+            continue
         called += 1
-        agree = [(sim_p90[a] < sim_p90[b]) == (ra < rb) for ra, rb in runs]
+        agree = [(sim_mid[a] < sim_mid[b]) == (ra < rb) for ra, rb in runs]
         verdict = "holds" if all(agree) else "does NOT hold" if not any(agree) else "split: the real runs disagree"
         held += all(agree)
-        lines.append(f"  {a} vs {b}: sim {sim_p90[a]:.3f} vs {sim_p90[b]:.3f}, {real}: {verdict}")
+        lines.append(f"  {a} vs {b}: sim {draws}, {real}: {verdict}")
     lines.append(f"pairs the sim calls that hold in every real run: {held} of {called}"
                  + ("" if held < called else " (the order holds)" if called else " (the sim calls no pair)"))
     return lines
@@ -433,7 +468,7 @@ def real_policy_run(bench: Bench, workers: int, config: SimConfig, policy: str, 
             # NOTE: a fresh mesh's first replay runs slow (its first prompts of each length: ITL 18 ms against
             # 3.5 on the next, same rate); the calibrated mesh had its probes first. Its prompts are salted apart.
             asyncio.run(replay(bench.trace(rate / 2), ReplayConfig(Target(mesh.gateway_url, timeout_s=60.0))))
-            return bench.real(mesh.gateway_url, policy, workers, rate)
+            return bench.real(mesh.gateway_url, policy, workers, rate, mesh_metrics(mesh))
         finally:
             mesh.stop()
 

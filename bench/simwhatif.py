@@ -78,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {rate:7.2f} req/s{'' if len(policies) == 1 else ' ' + policy}: TTFT p50 {s.ttft_p50_s:.3f} "
                   f"p90 {s.ttft_p90_s:.3f} p99 {s.ttft_p99_s:.3f}, ITL p50 {s.itl_p50_s * 1e3:.2f} ms, hit {s.hit_rate:.2f}")
             print(f"           {simfidelity.step_line(s, [])}")
+            if len(policies) > 1:  # as simfidelity's policy order: the sim at each of its host speeds
+                draws = [bench.sim(policy, simfidelity.scaled_config(config, f), rate) for f in simfidelity.SIM_SPEEDS]
+                print(f"           p90 at the host's time {'/'.join(f'{f:g}' for f in simfidelity.SIM_SPEEDS)}x: "
+                      f"{'/'.join(f'{d.ttft_p90_s:.3f}' for d in draws)}, busiest worker's share "
+                      f"{'/'.join(simfidelity.busiest(d) for d in draws)}")
     return 0
 
 

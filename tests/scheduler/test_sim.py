@@ -7,7 +7,7 @@ import pytest
 from kvmesh.scheduler.policy import POLICY_NAMES
 from kvmesh.scheduler.sim import sim_main
 from kvmesh.scheduler.sim.cluster import SimConfig
-from kvmesh.scheduler.sim.report import capacity, simulate
+from kvmesh.scheduler.sim.report import busiest_share, capacity, simulate
 from kvmesh.scheduler.sim.trace import SyntheticConfig, read_jsonl, synthetic, write_jsonl
 
 TINY = SyntheticConfig(duration_s=4.0, num_system_prompts=2, system_prompt_tokens=(64, 128), user_tokens=(16, 48),
@@ -59,6 +59,19 @@ def test_prefix_aware_policies_hit_the_cache_more_than_round_robin():
     trace = synthetic(TINY, 8.0)
     config = SimConfig(num_workers=4)
     assert simulate("kv_aware", config, trace).hit_rate > simulate("round_robin", config, trace).hit_rate
+
+
+def test_the_busiest_workers_share_is_a_fair_share_under_round_robin_and_more_where_prefixes_herd():
+    trace = synthetic(SyntheticConfig(duration_s=6.0, num_system_prompts=2, turns_mean=2.0, seed=3), 8.0)
+    config = SimConfig(num_workers=2)
+    assert simulate("round_robin", config, trace).steps["busiest_share"] == pytest.approx(0.5, abs=1 / len(trace))
+    # prefix_affinity sends every request of a system prompt where its first one went
+    assert simulate("prefix_affinity", config, trace).steps["busiest_share"] > 0.55
+
+
+def test_busiest_share_is_the_largest_count_over_the_total():
+    assert busiest_share([881, 288]) == pytest.approx(881 / 1169)
+    assert busiest_share([0, 0]) != busiest_share([0, 0])  # nan: nothing counted
 
 
 def test_capacity_search_brackets_the_slo():

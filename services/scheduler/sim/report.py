@@ -6,6 +6,7 @@ replay (`replay.py`) both produce, so a sim row and a real row mean the same thi
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Callable
@@ -112,6 +113,12 @@ def _mean_ms(values: list[float]) -> float:
     return 1e3 * sum(values) / len(values) if values else math.nan
 
 
+def busiest_share(counts: list[float]) -> float:
+    """The share of requests the busiest worker took, from each worker's count (nan: none counted)."""
+    total = sum(counts)
+    return max(counts) / total if total > 0 else math.nan
+
+
 def summarize(policy: str, cluster: Cluster, results: list[RequestResult], window: tuple[float, float],
               slo_ttft_s: float = 0.5) -> RunSummary:
     """Figures over the requests that arrived in `window` (the steady part of the trace)."""
@@ -127,6 +134,7 @@ def summarize(policy: str, cluster: Cluster, results: list[RequestResult], windo
     # NOTE: the engine's times are known for local prefills that reached their first token only
     steps["engine_queue_ms"] = _mean_ms([r.queue_s for r in results if not math.isnan(r.queue_s)])
     steps["engine_prefill_ms"] = _mean_ms([r.prefill_s for r in results if not math.isnan(r.prefill_s)])
+    steps["busiest_share"] = busiest_share(list(collections.Counter(r.decode_id for r in served).values()))
     return dataclasses.replace(summary, steps=steps)
 
 
