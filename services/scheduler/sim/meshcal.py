@@ -114,7 +114,8 @@ class Samples:
     # per request of the path-load probe (pathload.py)
     load_cpu: list[tuple[float, float, float, float]] = field(default_factory=list)
     # (run, requests served, tokens streamed, host CPU s outside the engines) per path-load run, when the
-    # engines run on this host (hostcpu.py): what a trace-like request costs the host (printed; see fit_path_load)
+    # engines run on this host (hostcpu.py): what a trace-like request costs the host (with several workers
+    # the sim's host_cpu_s_per_request: pathcpu.py, fit_path_load)
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,18 +499,29 @@ def _fit_parallel(samples: Samples, host: dict[str, float], workers: int, interc
 def fit_path_load(samples: Samples, cal: MeshCalibration, workers: int) -> MeshCalibration:
     """`cal` with MeshCost.request_s_per_rps fitted on the path-load probe, and its TTFT noise the spread
     of that probe's requests around the sim's (pathload.residual_noise), every other term as in `cal`
-    (pathload.py says why the noise comes from there).
+    (pathload.py says why the noise comes from there); with several decode workers sharing this host,
+    host_cpu_s_per_request first raised to what that probe's requests cost it (pathcpu.py).
 
-    NOTE: its runs' host CPU (`samples.load_cpu`) is printed, not fitted. Charged as the trace's
-    requests' host_cpu_s_per_request (their CPU less what the sim's steps and tokens cost: 48 ms a
-    request against the host-load probe's 4-5), it slowed the sim's 1-worker steps ~1.9x the real ones
-    at 80% load (run BI: ITL p50 5.1 ms against 2.6 / 2.8); the host-sharing model takes every
-    CPU-second outside the engine from the engine's, while much of it runs between its steps."""
+    NOTE: one worker keeps the host-load probe's per-request term. Charged as the trace's requests'
+    host_cpu_s_per_request (their CPU less what the sim's steps and tokens cost: 48 ms a request
+    against the host-load probe's 4-5), it slowed the sim's 1-worker steps ~1.9x the real ones at 80%
+    load (run BI: ITL p50 5.1 ms against 2.6 / 2.8): one worker's host_parallelism is 1 (below), which
+    takes every CPU-second outside the engine from the engine's, while the host's other core runs
+    most of it."""
     from .cluster import SimConfig  # noqa: PLC0415 - the sim, which imports this module's neighbours
+    from .pathcpu import request_cpu_s  # noqa: PLC0415
     from .pathload import fit_request_s_per_rps, residual_noise  # noqa: PLC0415
 
-    cost, mesh = cal.costs(admission_limit=PATH_LOAD_SEQS_PER_WORKER * workers)
-    config = SimConfig(num_workers=workers, max_num_seqs=PATH_LOAD_SEQS_PER_WORKER, cost=cost, mesh=mesh)
+    def config_of(c: MeshCalibration) -> SimConfig:
+        cost, mesh = c.costs(admission_limit=PATH_LOAD_SEQS_PER_WORKER * workers)
+        return SimConfig(num_workers=workers, max_num_seqs=PATH_LOAD_SEQS_PER_WORKER, cost=cost, mesh=mesh)
+
+    config = config_of(cal)
+    if workers > 1 and cal.host_parallelism:
+        per_request = request_cpu_s(samples.load, samples.load_cpu, config)
+        if per_request is not None and per_request > cal.host_cpu_s_per_request:
+            cal = replace(cal, host_cpu_s_per_request=per_request)
+            config = config_of(cal)
     per_rps = fit_request_s_per_rps(samples.load, config)
     return replace(cal, request_s_per_rps=per_rps, noise=residual_noise(samples.load, config, per_rps) or cal.noise)
 

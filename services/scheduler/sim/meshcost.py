@@ -98,11 +98,13 @@
   9 req/s of the fidelity trace, with 2 decode workers, everything but the two engines took 0.53 of a
   core (the workers' RPC loops 0.18, the gateway 0.14, the replay client 0.13, the KV store 0.04, the
   scheduler 0.03), which the host-sharing probe (lone prefills, no other traffic) does not see.
-  NOTE: per_request is the host-load probe's (32-token prompts), well below what a trace's request
-  costs the host (the path-load probe's runs: 48 ms a request beyond the steps and tokens, run BI);
-  charged at that, the sim's 1-worker steps ran ~1.9x the real ones at 80% load, since the mesh's
-  work outside the engine runs partly while the engine waits, and this model takes it all from the
-  engine's cores (meshcal.fit_path_load; that run's fit still charged these terms twice, below);
+  NOTE: with one worker per_request is the host-load probe's (32-token prompts), well below what a
+  trace's request costs the host (the path-load probe's runs: 48 ms a request beyond the steps and
+  tokens, run BI); charged at that, the sim's 1-worker steps ran ~1.9x the real ones at 80% load,
+  since the mesh's work outside the engine runs partly while the engine waits, and one worker's
+  host_parallelism of 1 takes it all from the engine's core (meshcal.fit_path_load; that run's fit
+  still charged these terms twice, below). With several workers it is the path-load probe's (16-18 ms
+  a request in runs BZ and CA; pathcpu.py): they share every core;
   the probes' own timings hold this work, so `kvmesh sim calibrate` takes the slowdown it causes in
   each probe's state out of them (meshcal.py), and the sim puts it back: at the probes' loads it
   gives their timings back, and above them it grows with the requests, steps and tokens;

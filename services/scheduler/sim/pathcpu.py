@@ -1,0 +1,59 @@
+"""What a trace-like request costs the shared host outside the engines, from the path-load probe's
+runs (pathload.py): MeshCost.host_cpu_s_per_request for the sim, where the host-load probe's is too
+small.
+
+The host-load probe (meshprobe.py) fits the host's CPU outside the engines per request, per busy
+worker's engine step and per streamed token on short requests (32-token prompts, few at a time):
+2.5-3.4 ms a request in runs BZ and CA. The path-load probe's requests are a trace's (a long cached
+prefix, fresh tokens, 48 output tokens, 15-35 a second), and hostcpu.py reads the host's CPU outside
+the engines over each of its runs: 29-37 ms a request. The per-step and per-token terms charged for
+the engine steps the sim runs on those same requests explain 14-15 of it; the rest, 16-18 ms a
+request in every run of both (within 1 ms of the runs' median), is what a trace's request costs
+beyond them: its body and block hashes through the gateway, the scheduler and the KV events, its
+routing and its hand-back. Left out, the sim's 2-worker host ran those requests on spare cores it
+does not have: its capacity was 44 req/s in both runs against a real 38.5 (BZ) and 33 (CA), and its
+ITL at 80% load 3.2-3.7 ms against 4.2-4.6. With it (and the path-load term refitted on top) the
+sim's capacity is 38 in both and its ITL there 3.8-4.6 ms (docs/simfidelity-runs.md, run CA).
+
+NOTE: only the trace's requests are charged this: the steadier probes (the ITL probe's streams, a
+lone request) are unslowed with the host-load probe's per-request term (meshcal.fit), as their own
+requests' work is done before they are timed; charged there too, the fitted per-stream decode cost
+fell 10x (its slope read as the streams' arrivals' CPU) and run CA's capacity went back to 42.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import replace
+
+from .cluster import Cluster, SimConfig
+from .pathload import runs_of, trace_of
+
+
+def excess_per_request(cpu_s: float, requests: float, tokens: float, steps: float, per_step: float,
+                       per_token: float) -> float:
+    """A run's host CPU outside the engines per request, less its engine steps' and tokens' charges."""
+    return (cpu_s - per_step * steps - per_token * tokens) / requests
+
+
+def request_cpu_s(samples: Sequence[Sequence[float]], cpu_runs: Sequence[Sequence[float]], config: SimConfig,
+                  policy: str = "kv_aware") -> float | None:
+    """The median over the path-load runs with a CPU reading (`cpu_runs`: (run, requests served, tokens
+    streamed, CPU s), Samples.load_cpu) of excess_per_request, the steps those the sim runs on that run's
+    requests (no noise; decode and prefill steps of every decode worker); None without a reading."""
+    runs, _ = runs_of(samples)
+    keys = sorted({int(s[0]) for s in samples if s[0] >= 0})  # runs_of's order: its runs by index, the lone ones out
+    by_key = dict(zip(keys, runs, strict=True))
+    quiet = replace(config, mesh=replace(config.mesh, noise=()))
+    excess = []
+    for run, requests, tokens, cpu_s in cpu_runs:
+        if requests <= 0 or int(run) not in by_key:
+            continue
+        cluster = Cluster(policy, quiet)
+        cluster.run(trace_of(keys.index(int(run)), by_key[int(run)], config.cost.block_size))
+        figures = cluster.step_figures()
+        steps = figures.decode.steps + figures.prefill.steps
+        excess.append(excess_per_request(cpu_s, requests, tokens, steps, config.mesh.host_cpu_s_per_step,
+                                         config.mesh.host_cpu_s_per_token))
+    return statistics.median(excess) if excess else None
