@@ -7,13 +7,14 @@ worker's engine step and per streamed token on short requests (32-token prompts,
 2.5-3.4 ms a request in runs BZ and CA. The path-load probe's requests are a trace's (a long cached
 prefix, fresh tokens, 48 output tokens, 15-35 a second), and hostcpu.py reads the host's CPU outside
 the engines over each of its runs: 29-37 ms a request. The per-step and per-token terms charged for
-the engine steps the sim runs on those same requests explain 14-15 of it; the rest, 16-18 ms a
-request in every run of both (within 1 ms of the runs' median), is what a trace's request costs
+the engine steps the sim runs on those same requests explain 14-18 of it; the rest, 15-18 ms a
+request in every run of both (each within 1 ms of the runs' median), is what a trace's request costs
 beyond them: its body and block hashes through the gateway, the scheduler and the KV events, its
 routing and its hand-back. Left out, the sim's 2-worker host ran those requests on spare cores it
 does not have: its capacity was 44 req/s in both runs against a real 38.5 (BZ) and 33 (CA), and its
-ITL at 80% load 3.2-3.7 ms against 4.2-4.6. With it (and the path-load term refitted on top) the
-sim's capacity is 38 in both and its ITL there 3.8-4.6 ms (docs/simfidelity-runs.md, run CA).
+ITL at 80% load 3.2-3.6 ms against 4.2-4.6. With it (and the path-load term refitted on top) the
+sim's capacity is 36 and 38 and its ITL there 3.9 and 4.6 ms; run CC, calibrated so, met every
+2-worker goal (docs/simfidelity-runs.md, runs CA-CC).
 
 NOTE: only the trace's requests are charged this: the steadier probes (the ITL probe's streams, a
 lone request) are unslowed with the host-load probe's per-request term (meshcal.fit), as their own
