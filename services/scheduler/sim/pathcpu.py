@@ -14,7 +14,7 @@ routing and its hand-back. Left out, the sim's 2-worker host ran those requests 
 does not have: its capacity was 44 req/s in both runs against a real 38.5 (BZ) and 33 (CA), and its
 ITL at 80% load 3.2-3.6 ms against 4.2-4.6. With it (and the path-load term refitted on top) the
 sim's capacity is 36 and 38 and its ITL there 3.9 and 4.6 ms; run CC, calibrated so, met every
-2-worker goal (docs/simfidelity-runs.md, runs CA-CC).
+2-worker goal, run CD each but the policy order (docs/simfidelity-runs.md, runs CA-CD).
 
 NOTE: only the trace's requests are charged this: the steadier probes (the ITL probe's streams, a
 lone request) are unslowed with the host-load probe's per-request term (meshcal.fit), as their own
