@@ -3,16 +3,14 @@ fit_path_load charging it with several workers on the host."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from kvmesh.scheduler.policy import CostModel
-from kvmesh.scheduler.sim.cluster import Cluster, SimConfig
-from kvmesh.scheduler.sim.meshcal import PATH_LOAD_SEQS_PER_WORKER, MeshCalibration, Samples, fit_path_load
+from kvmesh.scheduler.sim.cluster import SimConfig
+from kvmesh.scheduler.sim.meshcal import MeshCalibration, Samples, fit_path_load, path_load_config
 from kvmesh.scheduler.sim.meshcost import MeshCost
-from kvmesh.scheduler.sim.pathcpu import excess_per_request, request_cpu_s
-from kvmesh.scheduler.sim.pathload import runs_of, trace_of
+from kvmesh.scheduler.sim.pathcpu import excess_per_request, request_cpu_s, run_steps
+from kvmesh.scheduler.sim.pathload import runs_of, without_noise
 
 from .test_sim_pathload import lone_by_the_sim, probe_runs, timed_by_the_sim
 
@@ -23,23 +21,11 @@ CONFIG = SimConfig(num_workers=2, cost=CostModel(1e-5, 1e-3, 1e-4),
                                  host_cpu_s_per_token=PER_TOKEN))
 
 
-def sim_steps(samples: list[tuple], config: SimConfig = CONFIG) -> list[float]:
-    """The engine steps (decode and prefill, every worker) the sim runs on each probe run's requests, without noise."""
-    quiet = dataclasses.replace(config, mesh=dataclasses.replace(config.mesh, noise=()))
-    out = []
-    for run, requests in enumerate(runs_of(samples)[0]):
-        cluster = Cluster("kv_aware", quiet)
-        cluster.run(trace_of(run, requests, config.cost.block_size))
-        figures = cluster.step_figures()
-        out.append(figures.decode.steps + figures.prefill.steps)
-    return out
-
-
 def cpu_runs(samples: list[tuple], per_request: float, config: SimConfig = CONFIG) -> list[tuple[float, float, float, float]]:
     """(run, requests, tokens, CPU s) as a host that spends `per_request` beyond the steps' and tokens' charges reads them."""
     out = []
-    for run, (requests, steps) in enumerate(zip(runs_of(samples)[0], sim_steps(samples, config), strict=True)):
-        tokens = float(sum(r[3] for r in requests))
+    for run, requests in enumerate(runs_of(samples)[0]):
+        steps, tokens = run_steps(without_noise(config), run, requests), float(sum(r[3] for r in requests))
         out.append((float(run), float(len(requests)), tokens, PER_STEP * steps + PER_TOKEN * tokens + per_request * len(requests)))
     return out
 
@@ -76,14 +62,9 @@ def calibration(parallel: float) -> MeshCalibration:
                            host_cpu_s_per_request=0.003, host_cpu_s_per_step=PER_STEP, host_cpu_s_per_token=PER_TOKEN)
 
 
-def path_config(cal: MeshCalibration, workers: int) -> SimConfig:
-    cost, mesh = cal.costs(admission_limit=PATH_LOAD_SEQS_PER_WORKER * workers)
-    return SimConfig(num_workers=workers, max_num_seqs=PATH_LOAD_SEQS_PER_WORKER, cost=cost, mesh=mesh)
-
-
 def test_fit_path_load_charges_the_probes_cost_a_request_with_several_workers_only() -> None:
     cal = calibration(2.0)
-    config = path_config(cal, 2)
+    config = path_load_config(cal, 2)
     samples = timed_by_the_sim(probe_runs((10.0, 20.0, 30.0)), 0.0004, config)
     fitted = fit_path_load(Samples(load=samples, load_cpu=cpu_runs(samples, 0.016, config)), cal, 2)
     assert fitted.host_cpu_s_per_request == pytest.approx(0.016, abs=1e-12)
@@ -91,6 +72,6 @@ def test_fit_path_load_charges_the_probes_cost_a_request_with_several_workers_on
     below = fit_path_load(Samples(load=samples, load_cpu=cpu_runs(samples, 0.001, config)), cal, 2)
     assert below.host_cpu_s_per_request == 0.003  # never below the host-load probe's
     one = calibration(1.0)
-    single = timed_by_the_sim(probe_runs((10.0, 20.0)), 0.0004, path_config(one, 1))
-    kept = fit_path_load(Samples(load=single, load_cpu=cpu_runs(single, 0.016, path_config(one, 1))), one, 1)
+    single = timed_by_the_sim(probe_runs((10.0, 20.0)), 0.0004, path_load_config(one, 1))
+    kept = fit_path_load(Samples(load=single, load_cpu=cpu_runs(single, 0.016, path_load_config(one, 1))), one, 1)
     assert kept.host_cpu_s_per_request == 0.003

@@ -66,6 +66,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -76,6 +77,9 @@ from .handback import fit_handback
 from .meshcost import HOST_LOAD_WINDOW_S, MeshCost
 from .meshstats import around_median, medians, noise_quantiles, nonnegative_fit
 from .workertime import measured_slowdown, shared_slowdown, step_host_s
+
+if TYPE_CHECKING:
+    from .cluster import SimConfig
 
 
 PATH_LOAD_SEQS_PER_WORKER = 64  # the decode worker's max_num_seqs default, as the path-load probe's mesh runs
@@ -508,22 +512,26 @@ def fit_path_load(samples: Samples, cal: MeshCalibration, workers: int) -> MeshC
     load (run BI: ITL p50 5.1 ms against 2.6 / 2.8): one worker's host_parallelism is 1 (below), which
     takes every CPU-second outside the engine from the engine's, while the host's other core runs
     most of it."""
-    from .cluster import SimConfig  # noqa: PLC0415 - the sim, which imports this module's neighbours
     from .pathcpu import request_cpu_s  # noqa: PLC0415
     from .pathload import fit_request_s_per_rps, residual_noise  # noqa: PLC0415
 
-    def config_of(c: MeshCalibration) -> SimConfig:
-        cost, mesh = c.costs(admission_limit=PATH_LOAD_SEQS_PER_WORKER * workers)
-        return SimConfig(num_workers=workers, max_num_seqs=PATH_LOAD_SEQS_PER_WORKER, cost=cost, mesh=mesh)
-
-    config = config_of(cal)
+    config = path_load_config(cal, workers)
     if workers > 1 and cal.host_parallelism:
         per_request = request_cpu_s(samples.load, samples.load_cpu, config)
         if per_request is not None and per_request > cal.host_cpu_s_per_request:
             cal = replace(cal, host_cpu_s_per_request=per_request)
-            config = config_of(cal)
+            config = path_load_config(cal, workers)
     per_rps = fit_request_s_per_rps(samples.load, config)
     return replace(cal, request_s_per_rps=per_rps, noise=residual_noise(samples.load, config, per_rps) or cal.noise)
+
+
+def path_load_config(cal: MeshCalibration, workers: int) -> SimConfig:
+    """The sim of the path-load probe's mesh: `workers` decode workers of PATH_LOAD_SEQS_PER_WORKER
+    sequences each, with `cal`'s terms."""
+    from .cluster import SimConfig  # noqa: PLC0415 - the sim, which imports this module's neighbours
+
+    cost, mesh = cal.costs(admission_limit=PATH_LOAD_SEQS_PER_WORKER * workers)
+    return SimConfig(num_workers=workers, max_num_seqs=PATH_LOAD_SEQS_PER_WORKER, cost=cost, mesh=mesh)
 
 
 def fit_host(points: list[tuple[float, ...]]) -> dict[str, float]:

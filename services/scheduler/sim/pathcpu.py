@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import replace
 
 from .cluster import Cluster, SimConfig
-from .pathload import runs_of, trace_of
+from .pathload import Request, runs_of, trace_of, without_noise
 
 
 def excess_per_request(cpu_s: float, requests: float, tokens: float, steps: float, per_step: float,
@@ -43,18 +42,19 @@ def request_cpu_s(samples: Sequence[Sequence[float]], cpu_runs: Sequence[Sequenc
     """The median over the path-load runs with a CPU reading (`cpu_runs`: (run, requests served, tokens
     streamed, CPU s), Samples.load_cpu) of excess_per_request, the steps those the sim runs on that run's
     requests (no noise; decode and prefill steps of every decode worker); None without a reading."""
-    runs, _ = runs_of(samples)
     keys = sorted({int(s[0]) for s in samples if s[0] >= 0})  # runs_of's order: its runs by index, the lone ones out
-    by_key = dict(zip(keys, runs, strict=True))
-    quiet = replace(config, mesh=replace(config.mesh, noise=()))
-    excess = []
-    for run, requests, tokens, cpu_s in cpu_runs:
-        if requests <= 0 or int(run) not in by_key:
-            continue
-        cluster = Cluster(policy, quiet)
-        cluster.run(trace_of(keys.index(int(run)), by_key[int(run)], config.cost.block_size))
-        figures = cluster.step_figures()
-        steps = figures.decode.steps + figures.prefill.steps
-        excess.append(excess_per_request(cpu_s, requests, tokens, steps, config.mesh.host_cpu_s_per_step,
-                                         config.mesh.host_cpu_s_per_token))
+    by_key = {key: (position, run) for position, (key, run) in enumerate(zip(keys, runs_of(samples)[0], strict=True))}
+    quiet = without_noise(config)
+    excess = [excess_per_request(cpu_s, requests, tokens, run_steps(quiet, *by_key[int(run)], policy),
+                                 config.mesh.host_cpu_s_per_step, config.mesh.host_cpu_s_per_token)
+              for run, requests, tokens, cpu_s in cpu_runs if requests > 0 and int(run) in by_key]
     return statistics.median(excess) if excess else None
+
+
+def run_steps(config: SimConfig, position: int, requests: Sequence[Request], policy: str = "kv_aware") -> float:
+    """The engine steps (decode and prefill, every decode worker) the sim runs on one path-load run's
+    requests, the run at `position` in runs_of's order."""
+    cluster = Cluster(policy, config)
+    cluster.run(trace_of(position, requests, config.cost.block_size))
+    figures = cluster.step_figures()
+    return figures.decode.steps + figures.prefill.steps

@@ -234,7 +234,7 @@ def residual_noise(samples: Sequence[Sequence[float]], config: SimConfig, per_rp
     mesh's was 17-32 ms) and tipped into it on a third (p90 0.34 s against 26 ms); their ratios, the
     sim's runaway and not the host's noise, made deciles of 0.09-9.7."""
     runs, levels = runs_of(samples)
-    quiet = replace(config, mesh=replace(config.mesh, noise=()))
+    quiet = without_noise(config)
     offset = path_offset(samples, quiet, per_rps, policy)  # the ratios are over the quiet sim's, so is this
     ratios: list[tuple[tuple[int, int], float]] = []
     for run, (requests, run_levels) in enumerate(zip(runs, levels, strict=True)):
@@ -244,6 +244,11 @@ def residual_noise(samples: Sequence[Sequence[float]], config: SimConfig, per_rp
         if followed(pairs):
             ratios += [(key, real / expected) for key, real, expected in pairs if 0 < expected < math.inf]
     return noise_quantiles(around_median(ratios))
+
+
+def without_noise(config: SimConfig) -> SimConfig:
+    """`config` with no TTFT noise: the sim's expected timings."""
+    return replace(config, mesh=replace(config.mesh, noise=()))
 
 
 def followed(pairs: Sequence[tuple[tuple[int, int], float, float]]) -> bool:
