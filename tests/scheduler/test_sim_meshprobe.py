@@ -125,12 +125,26 @@ def test_every_timed_prefill_of_the_hit_probe_has_a_length_not_sent_before():
     mesh = FakeMesh(ProbeConfig(lengths=(64, 1536), repeats=3), set())
     asyncio.run(mesh.ttft())
     asyncio.run(mesh.hits())
-    lone, hits = requests(mesh)[:6], requests(mesh)[6:]  # then (the prompt, its repeat, a fresh twin) per hit run
-    whole, prefixed = hits[0::6], hits[3::6]  # the shapes take turns: the whole prompt again; 1,024 tokens + new ones
-    twins = hits[2::3]
+    lone, hits = requests(mesh)[:6], requests(mesh)[6:]  # then (the prompt, a waker, its repeat, a fresh twin) per hit run
+    whole, prefixed = hits[0::8], hits[4::8]  # the shapes take turns: the whole prompt again; 1,024 tokens + new ones
+    twins = hits[3::4]
     assert len(set(twins)) == len(twins) and not set(twins) & set(lone)
-    assert [again - 1024 for again in hits[4::6]] == [512, 513, 514]  # the new tokens after the prefix: a new count each run
+    assert [again - 1024 for again in hits[6::8]] == [512, 513, 514]  # the new tokens after the prefix: a new count each run
     assert prefixed == [1024] * 3 and [n % 16 for n in whole] == [1, 2, 3]  # a whole prompt again: its last block varies
+    assert hits[1::4] == [8] * 6 and 8 not in twins  # the waker's count is never a timed one
+
+
+def test_a_hits_repeat_is_sent_right_after_an_untimed_waker_and_its_twin_right_after_it():
+    config = ProbeConfig(lengths=(64, 1536), repeats=1, extra_repeats=0, hit_new_tokens=(), settle_s=0.3, hit_pause_s=0.2)
+    mesh = FakeMesh(config, set())
+    asyncio.run(mesh.hits())
+    first, _, waker, again, twin = mesh.sent[1:]
+    assert mesh.sent[:3] == [("sleep", 0.3), first, ("sleep", 0.2)] and waker == 8 and again == first and twin != again
+    assert mesh.timed_first == [False, False, True, True]  # the waker is not timed (no logprobs asked)
+    assert len(mesh.samples.hit) == 1
+    asleep = FakeMesh(dataclasses.replace(config, wake_tokens=0), set())
+    asyncio.run(asleep.hits())
+    assert [x for x in asleep.sent if x == 8] == [] and len(requests(asleep)) == 3  # 0: the repeat right after the pause
 
 
 class CachingMesh(FakeMesh):
@@ -154,7 +168,7 @@ class CachingMesh(FakeMesh):
 def test_a_hits_fresh_twin_never_prefills_the_token_count_its_repeat_just_did():
     mesh = CachingMesh(ProbeConfig(lengths=(64, 1536), repeats=3))
     asyncio.run(mesh.hits())
-    timed = mesh.prefilled[1::3] + mesh.prefilled[2::3]  # each run's repeat and its fresh twin
+    timed = mesh.prefilled[2::4] + mesh.prefilled[3::4]  # each run's repeat and its fresh twin (after the prompt and a waker)
     assert len(set(timed)) == len(timed), mesh.prefilled
 
 

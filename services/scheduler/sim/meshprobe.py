@@ -21,7 +21,9 @@ stream's ITL read 2.82 ms right after 16 streams of 1,024-token prompts, 1.12 ms
 1. TTFT of lone requests against uncached prompt length;
 2. prefix hits: a long prompt, then 0.2 s later the same again, or its first part followed by
    `hit_new_tokens` new ones; the second TTFT, less that of a fresh prompt of its uncached tokens
-   sent right after it, against its cached tokens and its (new, cached) token pairs;
+   sent right after it, against its cached tokens and its (new, cached) token pairs; the second is
+   sent right after a short untimed request (`wake_tokens`), so that both find the mesh awake
+   (`_Prober.woken` says why);
 3. new shapes: a lone fresh prompt of a token count never sent (`shape_tokens`, a new count each
    run), then `settle_s` later another fresh prompt of that count; the first's TTFT less the
    second's is what building the kernels for a new count costs (`prefill_s_new_shape`);
@@ -112,6 +114,9 @@ class ProbeConfig:
     settle_s: float = 0.3             # before every probe run (see the module docstring)
     burst: int = 24
     hit_pause_s: float = 0.2          # between a prompt and its repeat (the prefix-hit probe)
+    # an untimed prompt of this many tokens (one output token) right before each hit's repeat, so that the
+    # repeat finds the mesh awake as its fresh twin (sent right after it) does; 0: none (runs before stop 50)
+    wake_tokens: int = 8
     hit_new_tokens: tuple[int, ...] = (512,)  # new tokens after a cached prefix (the hit probe's second shape)
     shape_tokens: tuple[int, ...] = (128, 384)  # uncached prompt lengths of the new-shape probe's pairs (empty: skip)
     # lone requests whose tokens before the first visible text are counted (the visibility probe)
@@ -189,6 +194,19 @@ class _Prober:
             n += 1
         self.lengths_sent.add(n + rows)
         return n
+
+    async def woken(self) -> None:
+        """An untimed request of `wake_tokens` fresh tokens and one output token, so that the timed one sent
+        right after it finds the mesh's processes awake.
+
+        NOTE: a request after the mesh idled 0.2-1 s took 2-4 ms longer than one right after another (tiny,
+        1 worker: a whole 1,520-token prompt again took 14.7-15.6 ms 0.2-1 s after its first turn, its fresh
+        twin 10.0-10.7 ms right after it; with both sent right after other traffic, 13.3 and 11.8 ms), and the
+        hit probe sent its repeats after a pause and its twins right after them: it read 6 ms for a 1,520-token
+        hit (3.3-5.2e-6 s a cached token in runs BZ-CD) where 1.5 ms was the hit's own. A loaded mesh is awake."""
+        if self.config.wake_tokens > 0:
+            self.lengths_sent.add(self.config.wake_tokens)  # NOTE: its kernels are built now: no timed prefill may take that count
+            await self.one(self.prompt(self.config.wake_tokens), 1)
 
     def unseen_tail(self) -> int:
         """A last-block length (1..BLOCK_TOKENS) no timed prefill has had yet, else a full block: what a
@@ -283,6 +301,7 @@ class _Prober:
             await self.one(first, 2)
             # NOTE: a trace's hits find prefixes cached long before, not while the first turn is handed back
             await self.sleep(self.config.hit_pause_s)
+            await self.woken()
             again = await self.one(first + self.prompt(new), 2, hidden=[])
             uncached = prefix + new - again.cached_tokens
             self.lengths_sent.add(uncached)  # the count the repeat's step prefilled (a whole prompt's: its last block)
