@@ -20,14 +20,16 @@ class FakeMesh(_Prober):
     def __init__(self, config: ProbeConfig, slow: set[int]) -> None:
         super().__init__(None, None, "fake", config, sleep=self.record_sleep)
         self.slow, self.sent = slow, []
-        self.timed_first: list[bool] = []  # per request: asked to be timed to its first token, visible or not
+        self.timed_first: list[bool] = []  # per request but the wakers: asked to be timed to its first token, visible or not
 
     async def record_sleep(self, seconds: float) -> None:
         self.sent.append(("sleep", seconds))
 
     async def one(self, tokens, max_tokens, times=None, hidden=None):  # noqa: ANN001, ARG002
-        self.sent.append(len(tokens))
-        self.timed_first.append(hidden is not None)
+        waker = max_tokens == 1 and len(tokens) == self.config.wake_tokens and hidden is None
+        self.sent.append(("wake", len(tokens)) if waker else len(tokens))
+        if not waker:
+            self.timed_first.append(hidden is not None)
         if hidden is not None:
             hidden.append(len(tokens) % 3)  # the fake's tokens before its first visible text
         ttft = 0.010 + 2e-5 * len(tokens) + (0.030 if len(requests(self)) in self.slow else 0.0)
@@ -39,8 +41,8 @@ class FakeMesh(_Prober):
 
 
 def requests(mesh: FakeMesh) -> list:
-    """What the mesh was sent, without the probe's sleeps."""
-    return [x for x in mesh.sent if not (isinstance(x, tuple) and x[0] == "sleep")]
+    """What the mesh was sent, without the probe's sleeps and wakers."""
+    return [x for x in mesh.sent if not (isinstance(x, tuple) and x[0] in ("sleep", "wake"))]
 
 
 def lone_ttft_fit(config: ProbeConfig, slow: set[int]) -> tuple[list[int], tuple[float, float, float]]:
@@ -104,10 +106,12 @@ def test_every_probe_run_starts_settle_s_after_the_one_before():
     config = ProbeConfig(lengths=(64, 1536), streams=(1, 4), repeats=2, context_points=((8, 1536),), settle_s=0.25)
     mesh = FakeMesh(config, set())
     asyncio.run(mesh.itl())
-    assert mesh.sent == [("sleep", 0.25), (1, 32), ("sleep", 0.25), (4, 32), ("sleep", 0.25), (8, 1536)] * 2
-    quiet = FakeMesh(dataclasses.replace(config, settle_s=0.0), set())
+    # each run after the pause and an untimed 8-token request (the waker: the mesh awake, as under load)
+    wake = ("wake", 8)
+    assert mesh.sent == [("sleep", 0.25), wake, (1, 32), ("sleep", 0.25), wake, (4, 32), ("sleep", 0.25), wake, (8, 1536)] * 2
+    quiet = FakeMesh(dataclasses.replace(config, settle_s=0.0, wake_tokens=0), set())
     asyncio.run(quiet.itl())
-    assert quiet.sent == [(1, 32), (4, 32), (8, 1536)] * 2  # 0: no waiting
+    assert quiet.sent == [(1, 32), (4, 32), (8, 1536)] * 2  # 0: no waiting, no waker
 
 
 def test_the_hand_back_probe_sends_the_turns_then_a_lone_stream_at_once_and_one_after_settling():
@@ -115,8 +119,9 @@ def test_the_hand_back_probe_sends_the_turns_then_a_lone_stream_at_once_and_one_
                          settle_s=0.3, workers=2)
     mesh = FakeMesh(config, set())
     asyncio.run(mesh.handback())
-    run = [("sleep", 0.3), *[64] * 8, 32, ("sleep", 0.3), 32]  # 4 turns per worker on 2 workers
-    assert mesh.sent == run + [("sleep", 0.3), *[1024] * 8, 32, ("sleep", 0.3), 32]
+    wake = ("wake", 8)  # after each pause
+    run = [("sleep", 0.3), wake, *[64] * 8, 32, ("sleep", 0.3), wake, 32]  # 4 turns per worker on 2 workers
+    assert mesh.sent == run + [("sleep", 0.3), wake, *[1024] * 8, 32, ("sleep", 0.3), wake, 32]
     # the fake mesh is as fast after the turns as after settling: no extra latency
     assert mesh.samples.handback == [(4.0, 64.0 + 8, 0.0), (4.0, 1024.0 + 8, 0.0)]
 
@@ -125,26 +130,27 @@ def test_every_timed_prefill_of_the_hit_probe_has_a_length_not_sent_before():
     mesh = FakeMesh(ProbeConfig(lengths=(64, 1536), repeats=3), set())
     asyncio.run(mesh.ttft())
     asyncio.run(mesh.hits())
-    lone, hits = requests(mesh)[:6], requests(mesh)[6:]  # then (the prompt, a waker, its repeat, a fresh twin) per hit run
-    whole, prefixed = hits[0::8], hits[4::8]  # the shapes take turns: the whole prompt again; 1,024 tokens + new ones
-    twins = hits[3::4]
+    lone, hits = requests(mesh)[:6], requests(mesh)[6:]  # then (the prompt, its repeat, a fresh twin) per hit run
+    whole, prefixed = hits[0::6], hits[3::6]  # the shapes take turns: the whole prompt again; 1,024 tokens + new ones
+    twins = hits[2::3]
     assert len(set(twins)) == len(twins) and not set(twins) & set(lone)
-    assert [again - 1024 for again in hits[6::8]] == [512, 513, 514]  # the new tokens after the prefix: a new count each run
+    assert [again - 1024 for again in hits[4::6]] == [512, 513, 514]  # the new tokens after the prefix: a new count each run
     assert prefixed == [1024] * 3 and [n % 16 for n in whole] == [1, 2, 3]  # a whole prompt again: its last block varies
-    assert hits[1::4] == [8] * 6 and 8 not in twins  # the waker's count is never a timed one
+    assert 8 not in twins + lone  # the wakers' count is never a timed one
 
 
 def test_a_hits_repeat_is_sent_right_after_an_untimed_waker_and_its_twin_right_after_it():
     config = ProbeConfig(lengths=(64, 1536), repeats=1, extra_repeats=0, hit_new_tokens=(), settle_s=0.3, hit_pause_s=0.2)
     mesh = FakeMesh(config, set())
     asyncio.run(mesh.hits())
-    first, _, waker, again, twin = mesh.sent[1:]
-    assert mesh.sent[:3] == [("sleep", 0.3), first, ("sleep", 0.2)] and waker == 8 and again == first and twin != again
-    assert mesh.timed_first == [False, False, True, True]  # the waker is not timed (no logprobs asked)
+    wake = ("wake", 8)
+    first, again, twin = requests(mesh)
+    assert mesh.sent == [("sleep", 0.3), wake, first, ("sleep", 0.2), wake, again, twin] and again == first != twin
+    assert mesh.timed_first == [False, True, True]  # the repeat and its twin only (the fake leaves wakers out)
     assert len(mesh.samples.hit) == 1
     asleep = FakeMesh(dataclasses.replace(config, wake_tokens=0), set())
     asyncio.run(asleep.hits())
-    assert [x for x in asleep.sent if x == 8] == [] and len(requests(asleep)) == 3  # 0: the repeat right after the pause
+    assert asleep.sent == [("sleep", 0.3), first, ("sleep", 0.2), again, twin]  # 0: no wakers
 
 
 class CachingMesh(FakeMesh):
@@ -168,7 +174,7 @@ class CachingMesh(FakeMesh):
 def test_a_hits_fresh_twin_never_prefills_the_token_count_its_repeat_just_did():
     mesh = CachingMesh(ProbeConfig(lengths=(64, 1536), repeats=3))
     asyncio.run(mesh.hits())
-    timed = mesh.prefilled[2::4] + mesh.prefilled[3::4]  # each run's repeat and its fresh twin (after the prompt and a waker)
+    timed = mesh.prefilled[3::5] + mesh.prefilled[4::5]  # each run's repeat and its fresh twin (a waker, the prompt, a waker, ...)
     assert len(set(timed)) == len(timed), mesh.prefilled
 
 

@@ -156,9 +156,9 @@ def test_the_probe_sends_a_new_count_then_the_same_count_after_settling():
     asyncio.run(mesh.ttft())
     before = len(mesh.sent)
     asyncio.run(mesh.shapes())
-    pause = ("sleep", 0.3)
-    # 128 and 129 went to the TTFT probe; the two lengths take turns
-    assert mesh.sent[before:] == [x for n in (130, 384, 131, 385) for x in (pause, n, pause, n)]
+    pause = ("sleep", 0.3), ("wake", 8)
+    # 128 and 129 went to the TTFT probe; the two lengths take turns, each request after a pause and a waker
+    assert mesh.sent[before:] == [x for n in (130, 384, 131, 385) for x in (*pause, n, *pause, n)]
     ttft = {n: 0.010 + 2e-5 * n for n in (130, 131, 384, 385)}
     assert mesh.samples.shape == [(128, ttft[130], ttft[130]), (128, ttft[131], ttft[131]),
                                   (384, ttft[384], ttft[384]), (384, ttft[385], ttft[385])]

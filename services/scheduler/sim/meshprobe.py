@@ -17,13 +17,13 @@ points of a probe taking turns, and up to `extra_repeats` more times while its r
 (`spread_limit`); the fit takes each point's median. Every run starts `settle_s` after the one
 before, so it finds the worker done handing the last run's turns back to the KV store (a lone
 stream's ITL read 2.82 ms right after 16 streams of 1,024-token prompts, 1.12 ms quiet and 1.15 ms
-0.3 s later):
+0.3 s later), and then, like every request timed after a pause, right after an untimed short one
+(`wake_tokens`), so that it finds the mesh's processes awake, as a loaded mesh has them (`_Prober.woken`
+says why):
 1. TTFT of lone requests against uncached prompt length;
-2. prefix hits: a long prompt, then 0.2 s later the same again, or its first part followed by
+2. prefix hits: a long prompt, then 0.2 s later (and a waker) the same again, or its first part followed by
    `hit_new_tokens` new ones; the second TTFT, less that of a fresh prompt of its uncached tokens
-   sent right after it, against its cached tokens and its (new, cached) token pairs; the second is
-   sent right after a short untimed request (`wake_tokens`), so that both find the mesh awake
-   (`_Prober.woken` says why);
+   sent right after it, against its cached tokens and its (new, cached) token pairs;
 3. new shapes: a lone fresh prompt of a token count never sent (`shape_tokens`, a new count each
    run), then `settle_s` later another fresh prompt of that count; the first's TTFT less the
    second's is what building the kernels for a new count costs (`prefill_s_new_shape`);
@@ -114,8 +114,7 @@ class ProbeConfig:
     settle_s: float = 0.3             # before every probe run (see the module docstring)
     burst: int = 24
     hit_pause_s: float = 0.2          # between a prompt and its repeat (the prefix-hit probe)
-    # an untimed prompt of this many tokens (one output token) right before each hit's repeat, so that the
-    # repeat finds the mesh awake as its fresh twin (sent right after it) does; 0: none (runs before stop 50)
+    # an untimed prompt of this many tokens (one output token) after every pause (`_Prober.woken`); 0: none
     wake_tokens: int = 8
     hit_new_tokens: tuple[int, ...] = (512,)  # new tokens after a cached prefix (the hit probe's second shape)
     shape_tokens: tuple[int, ...] = (128, 384)  # uncached prompt lengths of the new-shape probe's pairs (empty: skip)
@@ -199,11 +198,14 @@ class _Prober:
         """An untimed request of `wake_tokens` fresh tokens and one output token, so that the timed one sent
         right after it finds the mesh's processes awake.
 
-        NOTE: a request after the mesh idled 0.2-1 s took 2-4 ms longer than one right after another (tiny,
-        1 worker: a whole 1,520-token prompt again took 14.7-15.6 ms 0.2-1 s after its first turn, its fresh
-        twin 10.0-10.7 ms right after it; with both sent right after other traffic, 13.3 and 11.8 ms), and the
-        hit probe sent its repeats after a pause and its twins right after them: it read 6 ms for a 1,520-token
-        hit (3.3-5.2e-6 s a cached token in runs BZ-CD) where 1.5 ms was the hit's own. A loaded mesh is awake."""
+        NOTE: a request sent after the mesh idled 0.2-0.3 s takes ~4-5 ms longer than one sent right after
+        another (tiny, 1 worker, 12 pairs each, medians: a whole 1,520-token prompt again 21.1 ms after a
+        pause, 16.3 right after a fresh 16-token one; that fresh one 17.0 after a pause, 14.3 right after the
+        repeat). The hit probe sent each repeat after a pause and its fresh twin right after it, and read
+        the hit as 8.3 ms (runs BZ-CD: 3.3-5.2e-6 s a cached token); with both after a pause it is 3.2-3.7 ms,
+        with a waker before the repeat 3.7. The lone TTFTs came after a pause too, and the trace's requests,
+        among others, never pay it (stop 47 saw it as the path-load probe's lone requests reading 6-7 ms over
+        its lowest rate, pathload.py); the sim's TTFT p50 sat 8-18% over the real one's in runs BZ-CD."""
         if self.config.wake_tokens > 0:
             self.lengths_sent.add(self.config.wake_tokens)  # NOTE: its kernels are built now: no timed prefill may take that count
             await self.one(self.prompt(self.config.wake_tokens), 1)
@@ -255,6 +257,7 @@ class _Prober:
         """`run` once, `settle_s` after the run before it ended (the module docstring says why)."""
         if self.config.settle_s > 0:
             await self.sleep(self.config.settle_s)
+        await self.woken()
         return await run()
 
     async def ttft(self) -> None:
@@ -277,6 +280,7 @@ class _Prober:
             count = self.unseen(n)
             cold = await self.one(self.prompt(count), 2, hidden=[])
             await self.sleep(self.config.settle_s)  # NOTE: not right after the first: its turn's hand-back
+            await self.woken()
             warm = await self.one(self.prompt(count), 2, hidden=[])
             return float(n), cold.ttft_s, warm.ttft_s
 
@@ -339,6 +343,7 @@ class _Prober:
                                for _ in range(self.per_worker(k))))
         after = await self.one(self.prompt(32), self.config.handback_lone_tokens)
         await self.sleep(self.config.settle_s)
+        await self.woken()
         quiet = await self.one(self.prompt(32), self.config.handback_lone_tokens)
         extra = (after.finish_s - after.arrival_s) - (quiet.finish_s - quiet.arrival_s)
         return float(k), float(prompt_tokens + self.config.stream_tokens), extra
