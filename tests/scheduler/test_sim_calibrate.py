@@ -358,3 +358,16 @@ def test_the_hit_probes_lone_requests_are_points_of_the_prefill_fit_too():
     assert (got.prefill_s_per_token, got.attention_s_per_pair) == pytest.approx((TRUE.prefill_s_per_token,
                                                                                  TRUE.attention_s_per_pair), rel=1e-9)
     assert got.request_overhead_s == pytest.approx(TRUE.request_overhead_s, rel=1e-9)
+
+
+def test_a_hit_shapes_runs_pool_by_their_cached_count_so_one_burst_moves_no_median():
+    from kvmesh.scheduler.sim.meshcal import fit_hits  # noqa: PLC0415
+
+    hit, pair = 3e-6, 1.5e-8
+    runs = [(1520.0, float(n), 0.0) for n in (1, 3, 5, 7, 9)] + [(1024.0, float(n), 0.0) for n in (517, 519, 521, 523, 525)]
+    lone = [0.012] * len(runs)
+    # each run's uncached count differs, as the probe sends them; the repeat costs c · hit + pair · n · c more
+    samples = Samples(hit=[(c, n, 0.012 + c * hit + pair * n * c) for c, n, _ in runs], hit_lone=lone)
+    samples.hit[2] = (1520.0, 5.0, samples.hit[2][2] + 0.047)  # a burst on one run of the whole prompt again
+    # NOTE: the medians of n and of the extra may come from neighbouring runs: within 2 tokens × pair × c
+    assert fit_hits(samples, 0.0, lone) == pytest.approx((hit, pair), rel=0.02)
