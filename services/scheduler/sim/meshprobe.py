@@ -201,11 +201,13 @@ class _Prober:
         NOTE: a request sent after the mesh idled 0.2-0.3 s takes ~4-5 ms longer than one sent right after
         another (tiny, 1 worker, 12 pairs each, medians: a whole 1,520-token prompt again 21.1 ms after a
         pause, 16.3 right after a fresh 16-token one; that fresh one 17.0 after a pause, 14.3 right after the
-        repeat). The hit probe sent each repeat after a pause and its fresh twin right after it, and read
-        the hit as 8.3 ms (runs BZ-CD: 3.3-5.2e-6 s a cached token); with both after a pause it is 3.2-3.7 ms,
-        with a waker before the repeat 3.7. The lone TTFTs came after a pause too, and the trace's requests,
-        among others, never pay it (stop 47 saw it as the path-load probe's lone requests reading 6-7 ms over
-        its lowest rate, pathload.py); the sim's TTFT p50 sat 8-18% over the real one's in runs BZ-CD."""
+        repeat). Sent as the hit probe sent them (the repeat after a pause, its fresh twin right after it), the
+        hit read 8.3 ms; with both after a pause 3.2-3.7 ms, with a waker before the repeat 3.7. The lone
+        TTFTs came after a pause too, and the trace's requests, among others, never pay it (stop 47 saw it
+        as the path-load probe's lone requests reading 6-7 ms over its lowest rate, pathload.py).
+        NOTE: in the calibration itself (runs CE, CF, with wakers) the 1,520-token hit still read ~6-7 ms,
+        as in runs BZ-CD without them: there every repeat's and twin's token count is new (kernels built),
+        which the pairs above were not; what is left of the gap is not the pause."""
         if self.config.wake_tokens > 0:
             self.lengths_sent.add(self.config.wake_tokens)  # NOTE: its kernels are built now: no timed prefill may take that count
             await self.one(self.prompt(self.config.wake_tokens), 1)
