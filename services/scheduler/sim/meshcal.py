@@ -268,7 +268,7 @@ def fit_hits(samples: Samples, attention: float, fitted_lone: list[float]) -> tu
     # the host's noise comes in bursts, and three of five hits in one burst once made the hit cost 4x too high
     # NOTE: a shape's runs by its cached count: each run's uncached count differs (meshprobe: a count not
     # timed before), so per (cached, uncached) every group was one run, and the fit a mean that one
-    # burst moved (run CE: a 47 ms pair of 14 put 6.5e-6 s a cached token; by shape, 4.1e-6)
+    # burst moved (run CE: a 47 ms pair of 14 put 6.5e-6 s a cached token; by shape, 4.2e-6)
     groups: dict[float, list[tuple[float, float]]] = {}
     for (cached, uncached, ttft), lone in zip(samples.hit, samples.hit_lone or fitted_lone, strict=True):
         if cached > 0:

@@ -194,6 +194,12 @@ class _Prober:
         self.lengths_sent.add(n + rows)
         return n
 
+    async def paused(self, seconds: float) -> None:
+        """Waits `seconds` (none at 0), then wakes the mesh (woken): what every request timed after a pause follows."""
+        if seconds > 0:
+            await self.sleep(seconds)
+        await self.woken()
+
     async def woken(self) -> None:
         """An untimed request of `wake_tokens` fresh tokens and one output token, so that the timed one sent
         right after it finds the mesh's processes awake.
@@ -257,9 +263,7 @@ class _Prober:
 
     async def settled(self, run: Callable[[], Awaitable[Any]]) -> Any:
         """`run` once, `settle_s` after the run before it ended (the module docstring says why)."""
-        if self.config.settle_s > 0:
-            await self.sleep(self.config.settle_s)
-        await self.woken()
+        await self.paused(self.config.settle_s)
         return await run()
 
     async def ttft(self) -> None:
@@ -281,8 +285,7 @@ class _Prober:
         async def pair(n: int) -> tuple[float, float, float]:
             count = self.unseen(n)
             cold = await self.one(self.prompt(count), 2, hidden=[])
-            await self.sleep(self.config.settle_s)  # NOTE: not right after the first: its turn's hand-back
-            await self.woken()
+            await self.paused(self.config.settle_s)  # NOTE: not right after the first: its turn's hand-back
             warm = await self.one(self.prompt(count), 2, hidden=[])
             return float(n), cold.ttft_s, warm.ttft_s
 
@@ -306,8 +309,7 @@ class _Prober:
             self.lengths_sent.add(prefix)
             await self.one(first, 2)
             # NOTE: a trace's hits find prefixes cached long before, not while the first turn is handed back
-            await self.sleep(self.config.hit_pause_s)
-            await self.woken()
+            await self.paused(self.config.hit_pause_s)
             again = await self.one(first + self.prompt(new), 2, hidden=[])
             uncached = prefix + new - again.cached_tokens
             self.lengths_sent.add(uncached)  # the count the repeat's step prefilled (a whole prompt's: its last block)
@@ -344,8 +346,7 @@ class _Prober:
         await asyncio.gather(*(self.one(self.prompt(prompt_tokens), self.config.stream_tokens)
                                for _ in range(self.per_worker(k))))
         after = await self.one(self.prompt(32), self.config.handback_lone_tokens)
-        await self.sleep(self.config.settle_s)
-        await self.woken()
+        await self.paused(self.config.settle_s)
         quiet = await self.one(self.prompt(32), self.config.handback_lone_tokens)
         extra = (after.finish_s - after.arrival_s) - (quiet.finish_s - quiet.arrival_s)
         return float(k), float(prompt_tokens + self.config.stream_tokens), extra

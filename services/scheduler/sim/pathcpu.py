@@ -28,7 +28,7 @@ import statistics
 from collections.abc import Sequence
 
 from .cluster import Cluster, SimConfig
-from .pathload import Request, runs_of, trace_of, without_noise
+from .pathload import Request, run_keys, runs_of, trace_of, without_noise
 
 
 def excess_per_request(cpu_s: float, requests: float, tokens: float, steps: float, per_step: float,
@@ -42,8 +42,7 @@ def request_cpu_s(samples: Sequence[Sequence[float]], cpu_runs: Sequence[Sequenc
     """The median over the path-load runs with a CPU reading (`cpu_runs`: (run, requests served, tokens
     streamed, CPU s), Samples.load_cpu) of excess_per_request, the steps those the sim runs on that run's
     requests (no noise; decode and prefill steps of every decode worker); None without a reading."""
-    keys = sorted({int(s[0]) for s in samples if s[0] >= 0})  # runs_of's order: its runs by index, the lone ones out
-    by_key = {key: (position, run) for position, (key, run) in enumerate(zip(keys, runs_of(samples)[0], strict=True))}
+    by_key = {key: (position, run) for position, (key, run) in enumerate(zip(run_keys(samples), runs_of(samples)[0], strict=True))}
     quiet = without_noise(config)
     excess = [excess_per_request(cpu_s, requests, tokens, run_steps(quiet, *by_key[int(run)], policy),
                                  config.mesh.host_cpu_s_per_step, config.mesh.host_cpu_s_per_token)

@@ -86,8 +86,13 @@ def runs_of(samples: Sequence[Sequence[float]]) -> tuple[list[list[Request]], li
         if run != LONE_RUN:
             request = (float(arrival), int(prefix), int(fresh), int(output), int(index[0]) if index else 0, float(ttft))
             runs.setdefault(int(run), []).append((request, int(level)))
-    ordered = [sorted(runs[k]) for k in sorted(runs)]
+    ordered = [sorted(runs[k]) for k in sorted(runs)]  # NOTE: run_keys' order
     return [[r for r, _ in run] for run in ordered], [[lv for _, lv in run] for run in ordered]
+
+
+def run_keys(samples: Sequence[Sequence[float]]) -> list[int]:
+    """The runs' indices in runs_of's order (the lone requests left out)."""
+    return sorted({int(s[0]) for s in samples if s[0] != LONE_RUN})
 
 
 def trace_of(run: int, requests: Sequence[Request], block_tokens: int) -> list[TraceRequest]:
