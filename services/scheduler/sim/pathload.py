@@ -86,7 +86,7 @@ def runs_of(samples: Sequence[Sequence[float]]) -> tuple[list[list[Request]], li
         if run != LONE_RUN:
             request = (float(arrival), int(prefix), int(fresh), int(output), int(index[0]) if index else 0, float(ttft))
             runs.setdefault(int(run), []).append((request, int(level)))
-    ordered = [sorted(runs[k]) for k in sorted(runs)]  # NOTE: run_keys' order
+    ordered = [sorted(runs[k]) for k in run_keys(samples)]
     return [[r for r, _ in run] for run in ordered], [[lv for _, lv in run] for run in ordered]
 
 
