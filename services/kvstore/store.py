@@ -87,14 +87,13 @@ class BlockStore:
         if not found:
             return LookupResult(0)
         if lease_s < 0:
-            for entry in found:
-                self.index.touch(entry, now)
+            self.index.touch_chain(found, now)
             return LookupResult(len(found))
         duration = min(lease_s if lease_s > 0 else self.config.lease_s, self.config.max_lease_s)
         lease_id = self._leases.grant([e.key for e in found], now + duration)
         for entry in found:
-            entry.pins += 1
-            self.index.touch(entry, now)
+            self.index.pin(entry)
+        self.index.touch_chain(found, now)
         return LookupResult(len(found), lease_id, duration)
 
     def require(self, spec: ModelSpec, hashes: Iterable[bytes]) -> None:
@@ -107,8 +106,7 @@ class BlockStore:
         entries = self._entries(spec, hashes)
         now = self.clock()
         blocks = [self.tiers.payload(entry) for entry in entries]
-        for entry in entries:
-            self.index.touch(entry, now)
+        self.index.touch_chain(entries, now)
         self.counters.get_bytes += sum(b.nbytes for b in blocks)
         return blocks
 
@@ -184,29 +182,34 @@ class BlockStore:
         fresh_bytes = sum(b.nbytes for b in session.blocks if (namespace, b.header.block_hash) not in self.index)
         capacity = self.tiers.capacity
         if fresh_bytes > capacity - sum(self.index.bytes.values()):  # something must go: can it?
-            pinned = sum(e.nbytes for e in self.index.entries.values() if e.pins)
-            if fresh_bytes > capacity - pinned:
+            if fresh_bytes > capacity - self.index.pinned_bytes:
                 raise ResourceExhausted(f"put {put_id}: no room while leased blocks are pinned", self.config.lease_s)
         parent, run_parent, run = session.parent, session.parent, []
+        used = self.index.lineage(namespace, parent)  # each chain's held ancestors, then its blocks (touch_chain)
         stored = duplicates = 0
         for position, block in enumerate(session.blocks):
             if position in session.chains:  # another chain starts here
                 self._emit_stored(run, run_parent)
                 parent, run = session.chains[position], []
+                self.index.touch_chain(used, now)
+                used = self.index.lineage(namespace, parent)
             key = (namespace, block.header.block_hash)
             held = self.index.get(key)
             if held is not None:
                 duplicates += 1
-                self.index.touch(held, now)
+                used.append(held)
                 self._emit_stored(run, run_parent)
                 run = []
             else:
                 if not run:
                     run_parent = parent
-                self.index.insert(Entry(key, parent, block.header, block.nbytes, Tier.MEMORY, now, block=block))
+                entry = Entry(key, parent, block.header, block.nbytes, Tier.MEMORY, now, block=block)
+                self.index.insert(entry)
+                used.append(entry)
                 run.append(block.header.block_hash)
                 stored += 1
             parent = block.header.block_hash
+        self.index.touch_chain(used, now)
         self._emit_stored(run, run_parent)
         self.counters.puts += 1
         self.counters.put_bytes += fresh_bytes
@@ -229,7 +232,7 @@ class BlockStore:
         for key in self._leases.expire(now):
             entry = self.index.get(key)
             if entry is not None:
-                entry.pins -= 1
+                self.index.unpin(entry)
         self._puts.expire(now)
         return now
 

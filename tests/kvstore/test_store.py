@@ -71,7 +71,8 @@ def test_memory_only_evicts_suffixes_before_their_prefixes_then_lru(clock):
         clock.advance(1)
         put(store, chain(*names, start=1 if parent else 0), h(parent) if parent else None)
     assert removed(store) == ["a3", "a2", "a1", "b1"]
-    assert store.tier_hashes(Tier.MEMORY) == hashes("c1", "c2", "d1", "e1")
+    # c2's put used its parent c1 too: a parent is kept more recently used than its children
+    assert store.tier_hashes(Tier.MEMORY) == hashes("c2", "c1", "d1", "e1")
     assert store.stats()[0].evictions == {"lru": 4}
 
 
@@ -86,12 +87,49 @@ def test_a_lookup_makes_a_block_recently_used(clock):
     assert removed(store) == ["b1"]
 
 
+def memory_order_keeps_parents_after_children(store) -> bool:
+    """Every held parent comes after (more recently used than) each of its children in the memory LRU."""
+    order = {key: i for i, key in enumerate(store.index.tiers[Tier.MEMORY])}
+    return all(order[(k[0], e.parent)] > i for k, i in order.items()
+               if (e := store.index.get(k)).parent is not None and (k[0], e.parent) in order)
+
+
+def test_every_use_keeps_a_parent_more_recently_used_than_its_children(clock):
+    """A lookup, a read and a put use a chain root first; the LRU end must still be a leaf, so that
+    eviction (leaves first) takes it without walking past the chain's ancestors."""
+    store = make_store(clock, memory_blocks=20)
+    put(store, chain("a1", "a2", "a3"))
+    assert memory_order_keeps_parents_after_children(store)
+    clock.advance(1)
+    put(store, chain("b1", "b2"))
+    clock.advance(1)
+    put(store, chain("c1", "c2", start=3), h("a3"))  # continues a's chain: a1-a3 are used again
+    assert memory_order_keeps_parents_after_children(store)
+    assert store.tier_hashes(Tier.MEMORY)[0] == h("b2")
+    clock.advance(1)
+    store.lookup(SPEC, hashes("b1", "b2"))
+    assert memory_order_keeps_parents_after_children(store)
+    assert store.tier_hashes(Tier.MEMORY)[0] == h("c2")
+    clock.advance(1)
+    store.read(SPEC, hashes("a1", "a2", "a3", "c1", "c2"))
+    assert memory_order_keeps_parents_after_children(store)
+    assert store.tier_hashes(Tier.MEMORY)[-1] == h("a1")
+
+
+def test_a_cycle_of_made_up_parents_does_not_hang_a_put(clock):
+    store = make_store(clock, memory_blocks=20)
+    put(store, [block("a1")], h("a2"))  # a1's parent a2 is not held yet
+    put(store, [block("a2", 1)], h("a1"))  # a2 after a1: the parents now form a cycle
+    put(store, [block("b1", 2)], h("a2"))
+    assert store.lookup(SPEC, hashes("a1")).num_blocks == 1
+
+
 def test_memory_victims_are_demoted_to_disk_and_disk_victims_dropped(clock, tmp_path):
     from kvmesh.kvstore.disk import DiskDir
 
     store = make_store(clock, memory_blocks=2, disk_blocks=3, disk=DiskDir(tmp_path))
     put(store, chain("a1", "a2", "a3"))
-    assert store.tier_hashes(Tier.MEMORY) == hashes("a1", "a2")
+    assert store.tier_hashes(Tier.MEMORY) == hashes("a2", "a1")  # a parent more recently used than its child
     assert store.tier_hashes(Tier.DISK) == hashes("a3")
     for name in ("b1", "c1", "d1"):
         clock.advance(1)
@@ -194,6 +232,31 @@ def test_a_put_that_cannot_fit_beside_leased_blocks_is_refused(clock):
     with pytest.raises(ResourceExhausted):
         put(store, [block("c1")])
     assert store.tier_of(SPEC, h("c1")) is None
+
+
+def test_the_pinned_bytes_follow_leases_through_demotion_and_expiry(clock, tmp_path):
+    """The store keeps the pinned bytes as a running count (a full store asks on every put)."""
+    from kvmesh.kvstore.disk import DiskDir
+
+    store = make_store(clock, memory_blocks=2, disk_blocks=4, disk=DiskDir(tmp_path), lease_s=30)
+
+    def scanned() -> int:
+        return sum(e.nbytes for e in store.index.entries.values() if e.pins)
+
+    put(store, chain("a1", "a2"))
+    store.lookup(SPEC, hashes("a1", "a2"))
+    clock.advance(10)
+    store.lookup(SPEC, hashes("a1"))  # a1 pinned twice, its second lease 10 s longer
+    assert store.index.pinned_bytes == scanned() == 2 * BLOCK_BYTES
+    store.persist()  # the pinned blocks move to disk: their bytes are now their files'
+    assert store.tier_of(SPEC, h("a1")) is Tier.DISK
+    assert store.index.pinned_bytes == scanned() > 2 * BLOCK_BYTES
+    clock.advance(25)  # the first lease expired, a1's second one holds
+    put(store, [block("d1")])
+    assert store.index.pinned_bytes == scanned() == store.index.get((SPEC.namespace, h("a1"))).nbytes
+    clock.advance(10)
+    put(store, [block("e1")])
+    assert store.index.pinned_bytes == scanned() == 0
 
 
 def test_lease_length_is_capped(clock):
