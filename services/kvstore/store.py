@@ -5,6 +5,8 @@
   LRU within a tier; a memory victim is demoted to disk (re-encoded as `disk_encoding`), a disk
   victim is dropped. Victims are leaves first - a suffix block goes before the prefix it extends -
   then any unpinned block. A demoted block enters the disk tier as its most recently used entry.
+  A lookup, a read or a put uses a chain (a put: with the held ancestors of its parent) deepest
+  first, so a parent is always more recently used than its children (`index.py` says why).
 - Idle cap: a block untouched for `idle_cap_s` is dropped, whatever its tier.
 - Lookup pins the prefix it found under a lease that expires by itself; pinned blocks are never
   dropped for space or idleness (they may still be demoted, and stay readable).
