@@ -34,9 +34,21 @@ def messages(i: int) -> list[dict]:
 
 
 # -- the client (its own process) -------------------------------------------------------------
-def _bodies(model: str, requests: int, max_tokens: int) -> list[dict]:
-    return [{"model": model, "messages": messages(i), "max_tokens": max_tokens, "temperature": 0, "stream": True,
-             "stream_options": {"include_usage": True}, "ignore_eos": True} for i in range(requests)]
+def output_lengths(requests: int, max_tokens: int, vary: bool) -> list[int]:
+    """Each request's output length: `max_tokens` for all, or with `vary` spread evenly over
+    max_tokens/2 .. 3*max_tokens/2 (the same mean) in a fixed shuffled order, so a closed loop's
+    requests stop finishing in waves (see --vary-tokens)."""
+    if not vary or requests < 2:
+        return [max_tokens] * requests
+    lo, hi = max(1, max_tokens // 2), max(1, max_tokens * 3 // 2)
+    stride = next(s for s in (7919, 104729, 1) if requests % s)  # a prime not dividing `requests`: i -> i*stride is a permutation
+    return [lo + (i * stride % requests) * (hi - lo) // (requests - 1) for i in range(requests)]
+
+
+def _bodies(model: str, requests: int, max_tokens: int, vary: bool = False) -> list[dict]:
+    return [{"model": model, "messages": messages(i), "max_tokens": n, "temperature": 0, "stream": True,
+             "stream_options": {"include_usage": True}, "ignore_eos": True}
+            for i, n in enumerate(output_lengths(requests, max_tokens, vary))]
 
 
 async def _httpx_client(url: str, bodies: list[dict], concurrency: int) -> dict:
@@ -71,11 +83,12 @@ async def _httpx_client(url: str, bodies: list[dict], concurrency: int) -> dict:
             "client_cpu_s": cpu}
 
 
-def client_child(kind: str, url: str, model: str, requests: int, concurrency: int, max_tokens: int) -> dict:
+def client_child(kind: str, url: str, model: str, requests: int, concurrency: int, max_tokens: int,
+                 vary: bool = False) -> dict:
     from kvmesh.runtime.process import apply_cpus
 
     apply_cpus(os.environ.get("KVMESH_CPUS", ""))  # --pin-engines: off the engine's CPU, as the mesh's other processes
-    bodies = _bodies(model, requests, max_tokens)
+    bodies = _bodies(model, requests, max_tokens, vary)
     if kind == "httpx":
         return asyncio.run(_httpx_client(url, bodies, concurrency))
     import sseload
@@ -84,11 +97,12 @@ def client_child(kind: str, url: str, model: str, requests: int, concurrency: in
 
 
 def run_client(url: str, model: str, requests: int, concurrency: int, max_tokens: int, kind: str = "raw",
-               cpus: str = "") -> dict:
+               cpus: str = "", vary: bool = False) -> dict:
     """Runs the load in a child process; returns its result. `kind`: the load generator, "raw"
-    (bench/sseload.py) or "httpx"; `cpus`: the CPUs it runs on ("" = any)."""
+    (bench/sseload.py) or "httpx"; `cpus`: the CPUs it runs on ("" = any); `vary`: output_lengths."""
     argv = [sys.executable, __file__, "--client", url, "--served", model, "--requests", str(requests),
-            "--concurrency", str(concurrency), "--max-tokens", str(max_tokens), "--client-kind", kind]
+            "--concurrency", str(concurrency), "--max-tokens", str(max_tokens), "--client-kind", kind,
+            *(["--vary-tokens"] if vary else [])]
     env = {**os.environ, "KVMESH_CPUS": cpus}
     done = subprocess.run(argv, check=False, capture_output=True, text=True, env=env)
     if done.returncode != 0:
@@ -97,7 +111,7 @@ def run_client(url: str, model: str, requests: int, concurrency: int, max_tokens
 
 
 # -- the in-process engine (its own process) --------------------------------------------------
-def engine_child(model: str, requests: int, concurrency: int, max_tokens: int) -> dict:
+def engine_child(model: str, requests: int, concurrency: int, max_tokens: int, vary: bool = False) -> dict:
     import psutil
     import torch
 
@@ -112,7 +126,8 @@ def engine_child(model: str, requests: int, concurrency: int, max_tokens: int) -
     prompts = [_chat_ids(tok, messages(i)) for i in range(requests)]
     engine = LLMEngine(EngineConfig(model=model))
     engine.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=4))  # warm up
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+              for n in output_lengths(requests, max_tokens, vary)]
     me = psutil.Process()
     cpu0, t0 = process_cpu_s(me), time.perf_counter()
     tokens, steps = closed_loop(engine, prompts, params, concurrency)
@@ -121,12 +136,13 @@ def engine_child(model: str, requests: int, concurrency: int, max_tokens: int) -
 
 def closed_loop(engine, prompts: list[list[int]], params, concurrency: int, tag: str = "r") -> tuple[int, int]:
     """Runs every prompt on the in-process engine, `concurrency` at a time (a finished request's
-    successor joins the next step, as a client with zero turnaround would); (output tokens, steps)."""
+    successor joins the next step, as a client with zero turnaround would); (output tokens, steps).
+    `params`: one SamplingParams for all, or a list of one per prompt."""
     pending, inflight, tokens, steps = list(enumerate(prompts)), 0, 0, 0
     while pending or engine.has_unfinished_requests():
         while pending and inflight < concurrency:
             i, prompt = pending.pop(0)
-            engine.add_request(f"{tag}{i}", prompt, params)
+            engine.add_request(f"{tag}{i}", prompt, params[i] if isinstance(params, list) else params)
             inflight += 1
         steps += 1
         for out in engine.step():
@@ -148,9 +164,9 @@ def median_run(runs: list[dict]) -> dict:
     return {**ranked[len(ranked) // 2], "cpu_per_token_runs": [r["cpu_s"] / max(1, r["tokens"]) for r in runs]}
 
 
-def run_engine(model: str, requests: int, concurrency: int, max_tokens: int) -> dict:
+def run_engine(model: str, requests: int, concurrency: int, max_tokens: int, vary: bool = False) -> dict:
     argv = [sys.executable, __file__, "--engine-child", "--model", model, "--requests", str(requests),
-            "--concurrency", str(concurrency), "--max-tokens", str(max_tokens)]
+            "--concurrency", str(concurrency), "--max-tokens", str(max_tokens), *(["--vary-tokens"] if vary else [])]
     done = subprocess.run(argv, check=False, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the load client exited {done.returncode}:\n{done.stderr[-3000:]}")
@@ -217,8 +233,9 @@ def process_cpu_s(proc) -> float:
 
 # -- the mesh ---------------------------------------------------------------------------------
 def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens: int, settings: list[str],
-                 client_kind: str = "raw", split_lengths: list[int] = (), pin_engines: bool = False) -> dict:
-    """Each level's figures by concurrency; with `split_lengths`, also "split": one load per
+                 client_kind: str = "raw", split_lengths: list[int] = (), pin_engines: bool = False,
+                 vary: bool = False) -> dict:
+    """Each level's figures by concurrency (`vary`: output_lengths); with `split_lengths`, also "split": one load per
     output length at the first level (as many tokens in all as a level's), for
     `request_token_split`."""
     import psutil
@@ -244,7 +261,7 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
                 switches_before = {name: _switches(p) for name, p in procs.items()}
                 frames = _frame_counts(procs)
                 load, cpu, engine_cpu = _cpu_around(
-                    procs, lambda c=c: run_client(mesh.gateway_url, served, requests, c, max_tokens, client_kind, cpus))
+                    procs, lambda c=c: run_client(mesh.gateway_url, served, requests, c, max_tokens, client_kind, cpus, vary))
                 switches = {name: _switches(p) - switches_before[name] for name, p in procs.items()}
                 store_delta = {k: v - counts[k] for k, v in _store_counts(store).items()}
                 time.sleep(0.6)  # NOTE: the engine step counter is refreshed with the gauges (every heartbeat, 0.5 s)
@@ -442,7 +459,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="tiny", help="'tiny' or an HF model directory")
     p.add_argument("--requests", type=int, default=128)
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--concurrency", default="32,64", help="comma-separated concurrency levels")
+    p.add_argument("--concurrency", default="32,64", help="comma-separated concurrency levels, each once")
+    p.add_argument("--vary-tokens", action="store_true",
+                   help="spread the requests' output lengths over 1/2 .. 3/2 of --max-tokens (same mean) on both sides: "
+                        "with one length for all, a closed loop's requests finish and arrive in waves")
     p.add_argument("--set", action="append", default=[], metavar="SERVICE.FIELD=VALUE", help="mesh settings")
     p.add_argument("--client-kind", choices=["raw", "httpx"], default="raw",
                    help="the load generator: raw HTTP/1.1 on uvloop (bench/sseload.py, the lean one) or httpx")
@@ -460,22 +480,26 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.client:
         print(json.dumps(client_child(args.client_kind, args.client, args.served, args.requests, int(args.concurrency),
-                                      args.max_tokens)))
+                                      args.max_tokens, args.vary_tokens)))
         return 0
     if args.engine_child:
-        print(json.dumps(engine_child(args.model, args.requests, int(args.concurrency), args.max_tokens)))
+        print(json.dumps(engine_child(args.model, args.requests, int(args.concurrency), args.max_tokens, args.vary_tokens)))
         return 0
     levels = [int(c) for c in args.concurrency.split(",")]
+    if len(set(levels)) != len(levels):
+        p.error("--concurrency: each level once (the figures are kept by level)")
     load_before = os.getloadavg()[0]
     lengths = [int(x) for x in args.split.split(",") if x]
     mesh = measure_mesh(args.model, args.requests, levels, args.max_tokens, args.set, args.client_kind, lengths,
-                        args.pin_engines)
-    print(f"{args.requests} streamed chat requests x {args.max_tokens} tokens, model {args.model}, "
+                        args.pin_engines, args.vary_tokens)
+    length = f"{args.max_tokens // 2}-{args.max_tokens * 3 // 2} (mean ~{args.max_tokens})" if args.vary_tokens else args.max_tokens
+    print(f"{args.requests} streamed chat requests x {length} tokens, model {args.model}, "
           f"{os.cpu_count()} CPUs{' (engine pinned)' if args.pin_engines else ''}, niceness {os.nice(0)}, "
           f"{args.client_kind} load client, load average {load_before:.1f} before the mesh, "
           f"{os.getloadavg()[0]:.1f} after it")
     for c in levels:
-        runs = [run_engine(args.model, args.requests, c, args.max_tokens) for _ in range(max(1, args.engine_runs))]
+        runs = [run_engine(args.model, args.requests, c, args.max_tokens, args.vary_tokens)
+                for _ in range(max(1, args.engine_runs))]
         report(c, mesh[c], median_run(runs))
     if lengths:
         report_split(request_token_split(mesh["split"]), levels[0], lengths)
