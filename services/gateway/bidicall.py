@@ -24,6 +24,7 @@ class BidiCall:
         self.endpoint = endpoint
         self.closed = False
         self.packs: bool | None = None  # the peer reads packed frames (its initial metadata); None before its first frame
+        self._loop = asyncio.get_running_loop()  # NOTE: get_running_loop() per request costs a getpid() syscall on Python 3.11
         self._outbox: asyncio.Queue[Any] = asyncio.Queue()
         self._call = open_call(self._requests())
         self._reader = asyncio.create_task(self._read(), name=f"{name}-{endpoint}")

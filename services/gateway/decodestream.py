@@ -108,7 +108,6 @@ class DecodeStream(BidiCall):
 
     def __init__(self, endpoint: str, stub: decode_pb2_grpc.DecodeWorkerStub) -> None:
         self._feeds: dict[str, RequestFeed] = {}
-        self._loop = asyncio.get_running_loop()
         super().__init__(endpoint, stub.Stream, "decode-stream")
 
     def _batch(self, messages: list[decode_pb2.StreamRequest]) -> decode_pb2.StreamRequest:

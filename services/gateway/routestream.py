@@ -72,9 +72,8 @@ class RouteStream(BidiCall):
             raise route_error(grpc.StatusCode.UNAVAILABLE, "the route stream is closed")
         if request_id in self._waiting:
             raise route_error(grpc.StatusCode.INVALID_ARGUMENT, f"request {request_id} is already being routed")
-        loop = asyncio.get_running_loop()
-        future = self._waiting[request_id] = loop.create_future()
-        timer = loop.call_later(timeout, _fail, future, route_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+        future = self._waiting[request_id] = self._loop.create_future()
+        timer = self._loop.call_later(timeout, _deadline, future)  # NOTE: its error is built only if it fires
         streamed = scheduler_pb2.StreamedRoute(request=request, trace_context=trace_context, timeout_s=timeout)
         self.send(scheduler_pb2.RouteStreamRequest(route=streamed))
         try:
@@ -131,6 +130,10 @@ class RouteStream(BidiCall):
 def _fail(future: asyncio.Future, error: grpc.aio.AioRpcError) -> None:
     if not future.done():
         future.set_exception(error)
+
+
+def _deadline(future: asyncio.Future) -> None:
+    _fail(future, route_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
 
 
 class RouteStreams:
