@@ -1,6 +1,7 @@
 """CPU time per output token in every mesh process, beside the in-process engine, in one run.
 
     nice -n 5 .venv/bin/python bench/tokcost.py [--model tiny|DIR] [--requests 128] [--max-tokens 128] [--concurrency 32,64]
+        [--vary-tokens]
 
 Starts `kvmesh up --prefill 0 --decode 1` (gateway, scheduler, one decode worker, kvstore, NATS),
 drives it with streamed chat requests from a client in its own process, and reads each mesh
