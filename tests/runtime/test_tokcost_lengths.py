@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "tokcost.py"
+from tests.scheduler.benchmodule import bench_module
 
 
 def tokcost():
-    spec = importlib.util.spec_from_file_location("tokcost", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("tokcost")
 
 
 def test_one_length_for_all_unless_varied() -> None:
