@@ -7,15 +7,20 @@ worker thread - never on the engine's step loop - and put with a two-phase `KvSt
 (`runtime/kvshardclient.py`; one store is one shard). Turns that wait together are handed back
 together: one `LookupChains` per shard asks about all of them (a unary Lookup per turn cost the
 store ~0.5-0.9 ms of gRPC each) and their blocks share one pin, one copy and one Put per shard (a
-chain per turn), up to `MAX_BATCH_BYTES` of blocks; a turn waits `window_s` for others to join it
-(a Put costs the store about two Lookups: fewer Puts were most of what the window saved, 13 Puts
-for 110 turns instead of 23-54 on bench/tokcost.py). A full queue drops the turn before anything
-is hashed or copied; a failed put is logged. Neither ever delays or fails a response.
+chain per turn), up to `MAX_BATCH_BYTES` of blocks. A batch goes once `batch_turns` turns wait, or
+`window_s` after its first turn: every batch costs the worker, the store and the scheduler a
+lookup, a pin, a copy, a Put stream and the store's events whatever it carries. Turns that end
+apart (requests of many lengths, bench/tokcost.py --vary-tokens) went ~6 to a batch at the old
+50 ms window; at 250 ms or 32 turns ~23 go together, and the store's CPU halved (README, "The
+token path"). A full queue drops the turn
+before anything is hashed or copied; a failed put is logged. Neither ever delays or fails a
+response.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -54,7 +59,7 @@ class Handback:
 
     def __init__(
         self, store: ShardedStore, spec: common_pb2.ModelSpec, producer_id: str, loop: EngineLoop | EngineProcess, hasher: BlockHasher,
-        max_queue: int = 16, window_s: float = 0.05,
+        max_queue: int = 16, window_s: float = 0.25, batch_turns: int = 32,
     ) -> None:
         self.store = store
         self.spec = spec
@@ -67,6 +72,8 @@ class Handback:
         self._queue: asyncio.Queue[list[int]] = asyncio.Queue(maxsize=max_queue)
         self._task: asyncio.Task | None = None
         self._window_s = window_s
+        self._batch_turns = max(1, batch_turns)
+        self._full = asyncio.Event()  # set once batch_turns turns wait (the one taken included)
         block_bytes = kvwire.expected_lengths(spec, spec.block_size, kvwire.RAW)[0]
         self._max_batch_blocks = max(1, MAX_BATCH_BYTES // max(1, block_bytes))
 
@@ -82,6 +89,8 @@ class Handback:
         except asyncio.QueueFull:
             self.dropped += 1
             return False
+        if self._queue.qsize() + 1 >= self._batch_turns:
+            self._full.set()
         return True
 
     async def close(self) -> None:
@@ -92,8 +101,7 @@ class Handback:
         carry: list[int] | None = None  # a turn taken that did not fit the last batch
         while True:
             batch = [carry if carry is not None else await self._queue.get()]
-            if self._window_s > 0:
-                await asyncio.sleep(self._window_s)  # NOTE: turns that end meanwhile join this batch
+            await self._gather()
             carry, blocks = None, len(batch[0]) // self.spec.block_size
             while carry is None and not self._queue.empty():
                 tokens = self._queue.get_nowait()
@@ -106,6 +114,15 @@ class Handback:
                 await self._put(batch)
             except Exception as exc:  # noqa: BLE001 - best effort
                 log.warning("KV handback failed: %s", exc)
+
+    async def _gather(self) -> None:
+        """Waits while the batch is short of batch_turns, at most window_s: turns that end meanwhile join it."""
+        if self._window_s <= 0 or self._queue.qsize() + 1 >= self._batch_turns:
+            return
+        self._full.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._window_s):
+                await self._full.wait()
 
     async def _put(self, batch: list[list[int]]) -> None:
         turns = [Turn(tokens, self._hasher.hashes(tokens)) for tokens in batch]

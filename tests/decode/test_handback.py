@@ -41,10 +41,11 @@ async def worker():
     await app.stop()
 
 
-def handback_of(worker, store, pool: ChannelPool, window_s: float = 0.05) -> Handback:
+def handback_of(worker, store, pool: ChannelPool, window_s: float = 0.05, batch_turns: int = 32) -> Handback:
     spec = worker.worker.spec
     client = ShardedStore(ShardDirectory([Shard("kvstore-test", store.endpoint)]), pool, spec, 5.0)
-    return Handback(client, spec, "d-test", worker.loop, worker.loop.engine.hasher, window_s=window_s)
+    return Handback(client, spec, "d-test", worker.loop, worker.loop.engine.hasher, window_s=window_s,
+                    batch_turns=batch_turns)
 
 
 async def finished(handback: Handback, store) -> None:
@@ -111,6 +112,29 @@ async def test_turns_that_end_within_the_window_join_the_first_ones_put(worker, 
     assert (store.store.counters.lookups, store.store.counters.puts) == (3, 1)
     assert store.store.counters.lookup_calls == 1  # one LookupChains for the three turns
     assert store.store.active_leases == 0  # a hand-back's lookup pins nothing
+    assert handback.blocks_stored == len(store.store.held_hashes()) > 0
+
+
+async def test_a_batch_goes_once_batch_turns_turns_wait_not_at_the_end_of_its_window(worker, store):
+    turns = await run_turns(worker)
+    pool = ChannelPool()
+    try:
+        handback = handback_of(worker, store, pool, window_s=30.0, batch_turns=3)
+        handback.start()
+        assert handback.offer(turns[0])
+        await asyncio.sleep(0.05)  # the hand-back task has taken turn 0 and waits for company
+        assert handback.offer(turns[1])
+        await asyncio.sleep(0.3)
+        assert store.store.counters.puts == 0  # two of three: still waiting
+        assert handback.offer(turns[2])
+        for _ in range(250):  # NOTE: well before the 30 s window ends
+            if handback.blocks_stored and store.store.open_puts == 0:  # NOTE: the worker has the Put's answer too
+                break
+            await asyncio.sleep(0.02)
+        await handback.close()
+    finally:
+        await pool.close()
+    assert (store.store.counters.lookup_calls, store.store.counters.puts) == (1, 1)  # the three turns together
     assert handback.blocks_stored == len(store.store.held_hashes()) > 0
 
 
