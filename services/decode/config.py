@@ -18,11 +18,14 @@ class DecodeSettings(WorkerSettings):
     prefill_timeout_s: float = Field(30.0, description="deadline for a remote Prefill call (then prefill locally)")
     handback_queue: int = Field(64, description="finished turns waiting to be handed to the KV store (more are dropped; a queued turn is its token ids only)")
     handback_window_s: float = Field(
-        0.25, ge=0.0, description="a finished turn waits up to this long for others to share its hand-back Put (0 = none)"
+        0.05, ge=0.0, description="a hand-back Put waits for more finished turns to share it until none has ended for this "
+        "long (0 = none)"
+    )
+    handback_max_window_s: float = Field(
+        0.25, ge=0.0, description="... but no longer than this after its first turn ended"
     )
     handback_batch_turns: int = Field(
-        32, ge=1, description="a hand-back Put goes as soon as this many finished turns wait for it (or handback_window_s "
-        "after its first)"
+        32, ge=1, description="... and goes at once when this many finished turns wait for it"
     )
     kvstore_put_timeout_s: float = Field(10.0, description="deadline for one KvStore.Put")
     engine_process: bool = Field(

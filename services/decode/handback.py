@@ -7,12 +7,14 @@ worker thread - never on the engine's step loop - and put with a two-phase `KvSt
 (`runtime/kvshardclient.py`; one store is one shard). Turns that wait together are handed back
 together: one `LookupChains` per shard asks about all of them (a unary Lookup per turn cost the
 store ~0.5-0.9 ms of gRPC each) and their blocks share one pin, one copy and one Put per shard (a
-chain per turn), up to `MAX_BATCH_BYTES` of blocks. A batch goes once `batch_turns` turns wait, or
-`window_s` after its first turn: every batch costs the worker, the store and the scheduler a
-lookup, a pin, a copy, a Put stream and the store's events whatever it carries. Turns that end
-apart (requests of many lengths, bench/tokcost.py --vary-tokens) went ~6 to a batch at the old
-50 ms window; at 250 ms or 32 turns ~23 go together, and the store's CPU halved (README, "The
-token path"). A full queue drops the turn
+chain per turn), up to `MAX_BATCH_BYTES` of blocks. A batch goes once `batch_turns` turns wait,
+once no turn has ended for `window_s`, or `max_window_s` after its first turn: every batch costs
+the worker, the store and the scheduler a lookup, a pin, a copy, a Put stream and the store's
+events whatever it carries. Turns that end apart but steadily (requests of many lengths,
+bench/tokcost.py --vary-tokens) went ~6 to a batch when a batch waited a fixed 50 ms; now ~20 go
+together and the store's CPU halved (README, "The token path"). A lone turn, or a burst that ends
+together, still goes `window_s` after its last turn (the simulator's calibration probes rely on
+that: meshprobe.py's settle_s). A full queue drops the turn
 before anything is hashed or copied; a failed put is logged. Neither ever delays or fails a
 response.
 """
@@ -20,7 +22,6 @@ response.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -59,7 +60,7 @@ class Handback:
 
     def __init__(
         self, store: ShardedStore, spec: common_pb2.ModelSpec, producer_id: str, loop: EngineLoop | EngineProcess, hasher: BlockHasher,
-        max_queue: int = 16, window_s: float = 0.25, batch_turns: int = 32,
+        max_queue: int = 16, window_s: float = 0.05, batch_turns: int = 32, max_window_s: float = 0.25,
     ) -> None:
         self.store = store
         self.spec = spec
@@ -72,8 +73,9 @@ class Handback:
         self._queue: asyncio.Queue[list[int]] = asyncio.Queue(maxsize=max_queue)
         self._task: asyncio.Task | None = None
         self._window_s = window_s
+        self._max_window_s = max(window_s, max_window_s)
         self._batch_turns = max(1, batch_turns)
-        self._full = asyncio.Event()  # set once batch_turns turns wait (the one taken included)
+        self._arrived = asyncio.Event()  # set by every offer
         block_bytes = kvwire.expected_lengths(spec, spec.block_size, kvwire.RAW)[0]
         self._max_batch_blocks = max(1, MAX_BATCH_BYTES // max(1, block_bytes))
 
@@ -89,8 +91,7 @@ class Handback:
         except asyncio.QueueFull:
             self.dropped += 1
             return False
-        if self._queue.qsize() + 1 >= self._batch_turns:
-            self._full.set()
+        self._arrived.set()
         return True
 
     async def close(self) -> None:
@@ -116,13 +117,22 @@ class Handback:
                 log.warning("KV handback failed: %s", exc)
 
     async def _gather(self) -> None:
-        """Waits while the batch is short of batch_turns, at most window_s: turns that end meanwhile join it."""
-        if self._window_s <= 0 or self._queue.qsize() + 1 >= self._batch_turns:
+        """Waits for turns to join the batch (the one taken and those queued): until batch_turns
+        wait, no turn has ended for window_s, or max_window_s after the batch's first."""
+        if self._window_s <= 0:
             return
-        self._full.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._window_s):
-                await self._full.wait()
+        clock = asyncio.get_running_loop()
+        deadline = clock.time() + self._max_window_s
+        while self._queue.qsize() + 1 < self._batch_turns:
+            wait = min(self._window_s, deadline - clock.time())
+            if wait <= 0:
+                return
+            self._arrived.clear()
+            try:
+                async with asyncio.timeout(wait):
+                    await self._arrived.wait()
+            except TimeoutError:
+                return
 
     async def _put(self, batch: list[list[int]]) -> None:
         turns = [Turn(tokens, self._hasher.hashes(tokens)) for tokens in batch]

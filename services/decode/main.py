@@ -42,7 +42,7 @@ async def start(settings: DecodeSettings, bus: Bus | None = None) -> WorkerApp:
         await shards.start(bus)
         store = ShardedStore(shards, channels, spec, settings.kvstore_timeout_s, settings.kvstore_put_timeout_s)
         handback = Handback(store, spec, worker_id, loop, parts.engine.hasher, settings.handback_queue,
-                            settings.handback_window_s, settings.handback_batch_turns)
+                            settings.handback_window_s, settings.handback_batch_turns, settings.handback_max_window_s)
         handback.start()
     worker = DecodeWorker(
         loop, spec, worker_id, "", channels, settings.prefill_timeout_s, handback,

@@ -41,11 +41,12 @@ async def worker():
     await app.stop()
 
 
-def handback_of(worker, store, pool: ChannelPool, window_s: float = 0.05, batch_turns: int = 32) -> Handback:
+def handback_of(worker, store, pool: ChannelPool, window_s: float = 0.05, batch_turns: int = 32,
+                max_window_s: float = 0.25) -> Handback:
     spec = worker.worker.spec
     client = ShardedStore(ShardDirectory([Shard("kvstore-test", store.endpoint)]), pool, spec, 5.0)
     return Handback(client, spec, "d-test", worker.loop, worker.loop.engine.hasher, window_s=window_s,
-                    batch_turns=batch_turns)
+                    batch_turns=batch_turns, max_window_s=max_window_s)
 
 
 async def finished(handback: Handback, store) -> None:
@@ -115,11 +116,52 @@ async def test_turns_that_end_within_the_window_join_the_first_ones_put(worker, 
     assert handback.blocks_stored == len(store.store.held_hashes()) > 0
 
 
+async def offered_over_time(store, handback: Handback, turns, gaps_s: list[float], puts: int) -> None:
+    """`turns` offered to a running `handback`, the i-th `gaps_s[i - 1]` after the one before;
+    returns once the store has had `puts` Puts (at most ~8 s)."""
+    handback.start()
+    for i, tokens in enumerate(turns):
+        if i:
+            await asyncio.sleep(gaps_s[i - 1])
+        assert handback.offer(tokens)
+    for _ in range(400):
+        if store.store.counters.puts >= puts and store.store.open_puts == 0 and handback.blocks_stored:
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.1)
+    await handback.close()
+
+
+async def test_turns_that_keep_ending_join_the_batch_past_its_window(worker, store):
+    turns = await run_turns(worker)
+    pool = ChannelPool()
+    try:
+        # each within the 1 s window of the one before, the last 1.2 s after the first: one Put
+        handback = handback_of(worker, store, pool, window_s=1.0, max_window_s=30.0)
+        await offered_over_time(store, handback, turns, [0.6, 0.6], puts=1)
+    finally:
+        await pool.close()
+    assert (store.store.counters.lookup_calls, store.store.counters.puts) == (1, 1)
+    assert handback.blocks_stored == len(store.store.held_hashes()) > 0
+
+
+async def test_a_batch_goes_at_its_max_window_while_turns_keep_ending(worker, store):
+    turns = await run_turns(worker)
+    pool = ChannelPool()
+    try:
+        # each within the 1 s window of the one before, but the batch goes 1.2 s after the first: the third later
+        handback = handback_of(worker, store, pool, window_s=1.0, max_window_s=1.2)
+        await offered_over_time(store, handback, turns, [0.8, 0.8], puts=2)
+    finally:
+        await pool.close()
+    assert (store.store.counters.lookup_calls, store.store.counters.puts) == (2, 2)
+
+
 async def test_a_batch_goes_once_batch_turns_turns_wait_not_at_the_end_of_its_window(worker, store):
     turns = await run_turns(worker)
     pool = ChannelPool()
     try:
-        handback = handback_of(worker, store, pool, window_s=30.0, batch_turns=3)
+        handback = handback_of(worker, store, pool, window_s=30.0, batch_turns=3, max_window_s=30.0)
         handback.start()
         assert handback.offer(turns[0])
         await asyncio.sleep(0.05)  # the hand-back task has taken turn 0 and waits for company
