@@ -132,29 +132,21 @@ async def offered_over_time(store, handback: Handback, turns, gaps_s: list[float
     await handback.close()
 
 
-async def test_turns_that_keep_ending_join_the_batch_past_its_window(worker, store):
+@pytest.mark.parametrize(("max_window_s", "gaps_s", "puts"), [
+    (30.0, [0.6, 0.6], 1),  # each within the 1 s window of the one before, the last 1.2 s after the first: one Put
+    (1.2, [0.8, 0.8], 2),  # the same, but the batch goes 1.2 s after its first: the third turn in a Put of its own
+])
+async def test_turns_that_keep_ending_join_the_batch_past_its_window_up_to_its_max(worker, store, max_window_s, gaps_s,
+                                                                                   puts):
     turns = await run_turns(worker)
     pool = ChannelPool()
     try:
-        # each within the 1 s window of the one before, the last 1.2 s after the first: one Put
-        handback = handback_of(worker, store, pool, window_s=1.0, max_window_s=30.0)
-        await offered_over_time(store, handback, turns, [0.6, 0.6], puts=1)
+        handback = handback_of(worker, store, pool, window_s=1.0, max_window_s=max_window_s)
+        await offered_over_time(store, handback, turns, gaps_s, puts)
     finally:
         await pool.close()
-    assert (store.store.counters.lookup_calls, store.store.counters.puts) == (1, 1)
+    assert (store.store.counters.lookup_calls, store.store.counters.puts) == (puts, puts)
     assert handback.blocks_stored == len(store.store.held_hashes()) > 0
-
-
-async def test_a_batch_goes_at_its_max_window_while_turns_keep_ending(worker, store):
-    turns = await run_turns(worker)
-    pool = ChannelPool()
-    try:
-        # each within the 1 s window of the one before, but the batch goes 1.2 s after the first: the third later
-        handback = handback_of(worker, store, pool, window_s=1.0, max_window_s=1.2)
-        await offered_over_time(store, handback, turns, [0.8, 0.8], puts=2)
-    finally:
-        await pool.close()
-    assert (store.store.counters.lookup_calls, store.store.counters.puts) == (2, 2)
 
 
 async def test_a_batch_goes_once_batch_turns_turns_wait_not_at_the_end_of_its_window(worker, store):
