@@ -269,9 +269,10 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
                 frame_delta = {k: v - frames.get(k, 0.0) for k, v in _frame_counts(procs).items()}
                 steps = sum(frame_delta.pop(k) for k in list(frame_delta) if k.endswith(_STEPS))
                 timed = {kind: sum(frame_delta.pop(k) for k in list(frame_delta) if k.endswith(kind))
-                         for kind in _ENGINE_TIME.values()}
+                         for kind in _SUMMED.values()}
+                messages = timed.pop("stream messages")
                 results[c] = {**load, "cpu_s": cpu, "switches": switches, "engine_thread_cpu_s": engine_cpu, "store": store_delta,
-                              "frames": frame_delta, "engine_steps": steps, "engine_time_s": timed}
+                              "frames": frame_delta, "engine_steps": steps, "engine_time_s": timed, "stream_messages": messages}
             for length in split_lengths:
                 time.sleep(0.6)
                 load, cpu, engine_cpu = _cpu_around(procs, lambda length=length: run_client(
@@ -303,6 +304,7 @@ _FRAME_METRICS = ("kvmesh_scheduler_route_stream_frames_total", "kvmesh_decode_s
 _STEPS = "engine steps"  # the kind `_frame_counts` gives the step counter (it has no kind label)
 _ENGINE_TIME = {"kvmesh_decode_engine_busy_seconds_total": "engine busy s",  # steps' wall time, both kinds
                 "kvmesh_decode_engine_between_steps_seconds_total": "engine between s"}  # work left, not stepping
+_SUMMED = {**_ENGINE_TIME, "kvmesh_decode_stream_messages_total": "stream messages"}  # StepOutputs sent
 
 
 def _frame_counts(procs: dict) -> dict[str, float]:
@@ -318,7 +320,7 @@ def _frame_counts(procs: dict) -> dict[str, float]:
         url = f"http://127.0.0.1:{argv[argv.index('--metrics-port') + 1]}/metrics"
         with urllib.request.urlopen(url, timeout=10) as reply:
             for line in reply.read().decode().splitlines():
-                timed = _ENGINE_TIME.get(line.split("{")[0].split(" ")[0])
+                timed = _SUMMED.get(line.split("{")[0].split(" ")[0])
                 if timed:
                     key = f"{name} {timed}"
                     out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
@@ -431,6 +433,8 @@ def report(c: int, mesh: dict, engine: dict) -> None:
     if steps and engine.get("steps"):
         print(f"tokens per engine step (the mean batch): mesh {tokens / steps:.1f}, in-process engine "
               f"{engine['tokens'] / engine['steps']:.1f}")
+        if mesh.get("stream_messages"):
+            print(f"token-stream messages (StepOutput) per engine step: {mesh['stream_messages'] / steps:.2f}")
         timed = mesh.get("engine_time_s") or {}
         busy, between = timed.get("engine busy s", 0.0), timed.get("engine between s", 0.0)
         if busy:

@@ -21,6 +21,7 @@ REMOTE_PREFILLS = Counter("kvmesh_decode_remote_prefill_requests", "requests who
 LOCAL_PREFILLS = Counter("kvmesh_decode_local_prefill_requests", "requests prefilled on this worker")
 STREAM_FRAMES = Counter("kvmesh_decode_stream_frames", "frames read on token streams by kind: generate, abort, or batch (several in one)", ["kind"])
 GENERATED_TOKENS = Counter("kvmesh_decode_generated_tokens", "tokens generated")
+STREAM_MESSAGES = Counter("kvmesh_decode_stream_messages", "StepOutput messages sent on token streams")
 ENGINE_STEPS = Counter("kvmesh_decode_engine_steps", "engine steps run (generated tokens / steps = the mean batch)")
 # By step kind (engine/batchstats.py): "decode" steps only decode, "prefill" steps prefill too.
 MODEL_STEPS = Counter("kvmesh_decode_model_steps", "engine steps that ran the model, by kind", ["kind"])

@@ -112,6 +112,7 @@ class StreamSession:
                     if self._generated:
                         metrics.GENERATED_TOKENS.inc(self._generated)
                         self._generated = 0
+                    metrics.STREAM_MESSAGES.inc()
                     yield out
                 if reader.done() and reader.exception() is not None:
                     raise reader.exception()
