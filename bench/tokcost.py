@@ -42,7 +42,7 @@ def output_lengths(requests: int, max_tokens: int, vary: bool) -> list[int]:
     if not vary or requests < 2:
         return [max_tokens] * requests
     lo, hi = max(1, max_tokens // 2), max(1, max_tokens * 3 // 2)
-    stride = next(s for s in (7919, 104729, 1) if requests % s)  # a prime not dividing `requests`: i -> i*stride is a permutation
+    stride = next((s for s in (7919, 104729) if requests % s), 1)  # a prime not dividing `requests`: i -> i*stride is a permutation
     return [lo + (i * stride % requests) * (hi - lo) // (requests - 1) for i in range(requests)]
 
 
