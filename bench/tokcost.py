@@ -1,13 +1,15 @@
 """CPU time per output token in every mesh process, beside the in-process engine, in one run.
 
     nice -n 5 .venv/bin/python bench/tokcost.py [--model tiny|DIR] [--requests 128] [--max-tokens 128] [--concurrency 32,64]
-        [--vary-tokens]
+        [--vary-tokens] [--rounds N]
 
 Starts `kvmesh up --prefill 0 --decode 1` (gateway, scheduler, one decode worker, kvstore, NATS),
 drives it with streamed chat requests from a client in its own process, and reads each mesh
-process's CPU time (user + system, all threads, via psutil) before and after the load. Then runs
-the in-process engine (its own process too) on the same prompt token ids and reads its CPU time
-the same way. Prints CPU µs per output token per process (a worker's row includes its engine
+process's CPU time (user + system, all threads, via psutil) before and after the load. Right after
+each load (the mesh idles meanwhile) it runs the in-process engine (its own process too) on the
+same prompt token ids and reads its CPU time the same way. Every load has prompts of its own, so
+none finds its turns in the KV store already; `--rounds N` repeats each level's load and
+reference N times and shows the median round. Prints CPU µs per output token per process (a worker's row includes its engine
 process's CPU, setting `engine_process`) and the decode worker's engine thread's (or engine process's)
 share, the mesh total over the engine's, and the throughput ratio. CPU time per token is much less sensitive to a loaded machine than wall
 time; the throughput ratio is not, so compare it only within one run.
@@ -46,8 +48,9 @@ def output_lengths(requests: int, max_tokens: int, vary: bool) -> list[int]:
     return [lo + (i * stride % requests) * (hi - lo) // (requests - 1) for i in range(requests)]
 
 
-def _bodies(model: str, requests: int, max_tokens: int, vary: bool = False) -> list[dict]:
-    return [{"model": model, "messages": messages(i), "max_tokens": n, "temperature": 0, "stream": True,
+def _bodies(model: str, requests: int, max_tokens: int, vary: bool = False, first: int = 0) -> list[dict]:
+    """The load's request bodies; prompts `messages(first + i)` (a round's or level's own: see `prompt_offset`)."""
+    return [{"model": model, "messages": messages(first + i), "max_tokens": n, "temperature": 0, "stream": True,
              "stream_options": {"include_usage": True}, "ignore_eos": True}
             for i, n in enumerate(output_lengths(requests, max_tokens, vary))]
 
@@ -85,11 +88,11 @@ async def _httpx_client(url: str, bodies: list[dict], concurrency: int) -> dict:
 
 
 def client_child(kind: str, url: str, model: str, requests: int, concurrency: int, max_tokens: int,
-                 vary: bool = False) -> dict:
+                 vary: bool = False, first: int = 0) -> dict:
     from kvmesh.runtime.process import apply_cpus
 
     apply_cpus(os.environ.get("KVMESH_CPUS", ""))  # --pin-engines: off the engine's CPU, as the mesh's other processes
-    bodies = _bodies(model, requests, max_tokens, vary)
+    bodies = _bodies(model, requests, max_tokens, vary, first)
     if kind == "httpx":
         return asyncio.run(_httpx_client(url, bodies, concurrency))
     import sseload
@@ -98,12 +101,13 @@ def client_child(kind: str, url: str, model: str, requests: int, concurrency: in
 
 
 def run_client(url: str, model: str, requests: int, concurrency: int, max_tokens: int, kind: str = "raw",
-               cpus: str = "", vary: bool = False) -> dict:
+               cpus: str = "", vary: bool = False, first: int = 0) -> dict:
     """Runs the load in a child process; returns its result. `kind`: the load generator, "raw"
-    (bench/sseload.py) or "httpx"; `cpus`: the CPUs it runs on ("" = any); `vary`: output_lengths."""
+    (bench/sseload.py) or "httpx"; `cpus`: the CPUs it runs on ("" = any); `vary`: output_lengths;
+    `first`: the first prompt's number."""
     argv = [sys.executable, __file__, "--client", url, "--served", model, "--requests", str(requests),
             "--concurrency", str(concurrency), "--max-tokens", str(max_tokens), "--client-kind", kind,
-            *(["--vary-tokens"] if vary else [])]
+            "--first", str(first), *(["--vary-tokens"] if vary else [])]
     env = {**os.environ, "KVMESH_CPUS": cpus}
     done = subprocess.run(argv, check=False, capture_output=True, text=True, env=env)
     if done.returncode != 0:
@@ -112,7 +116,8 @@ def run_client(url: str, model: str, requests: int, concurrency: int, max_tokens
 
 
 # -- the in-process engine (its own process) --------------------------------------------------
-def engine_child(model: str, requests: int, concurrency: int, max_tokens: int, vary: bool = False) -> dict:
+def engine_child(model: str, requests: int, concurrency: int, max_tokens: int, vary: bool = False,
+                 first: int = 0) -> dict:
     import psutil
     import torch
 
@@ -124,7 +129,7 @@ def engine_child(model: str, requests: int, concurrency: int, max_tokens: int, v
 
     torch.set_num_threads(worker_threads(os.cpu_count() or 1, 1))  # what a lone mesh worker gets
     tok = Tokenizer.from_dir(resolve_model(model))
-    prompts = [_chat_ids(tok, messages(i)) for i in range(requests)]
+    prompts = [_chat_ids(tok, messages(first + i)) for i in range(requests)]
     engine = LLMEngine(EngineConfig(model=model))
     engine.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=4))  # warm up
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
@@ -165,9 +170,10 @@ def median_run(runs: list[dict]) -> dict:
     return {**ranked[len(ranked) // 2], "cpu_per_token_runs": [r["cpu_s"] / max(1, r["tokens"]) for r in runs]}
 
 
-def run_engine(model: str, requests: int, concurrency: int, max_tokens: int, vary: bool = False) -> dict:
+def run_engine(model: str, requests: int, concurrency: int, max_tokens: int, vary: bool = False, first: int = 0) -> dict:
     argv = [sys.executable, __file__, "--engine-child", "--model", model, "--requests", str(requests),
-            "--concurrency", str(concurrency), "--max-tokens", str(max_tokens), *(["--vary-tokens"] if vary else [])]
+            "--concurrency", str(concurrency), "--max-tokens", str(max_tokens), "--first", str(first),
+            *(["--vary-tokens"] if vary else [])]
     done = subprocess.run(argv, check=False, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the load client exited {done.returncode}:\n{done.stderr[-3000:]}")
@@ -233,11 +239,22 @@ def process_cpu_s(proc) -> float:
 
 
 # -- the mesh ---------------------------------------------------------------------------------
+def prompt_offset(round_: int, level: int, levels: int, requests: int) -> int:
+    """The first prompt number of a round's load at one level: every load gets prompts of its own,
+    so none finds its turns in the KV store already (a level run on prompts an earlier one handed
+    back skipped the hand-back, ~5-8 µs a token) and the in-process engine gets the same ones."""
+    return (round_ * levels + level) * requests
+
+
 def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens: int, settings: list[str],
                  client_kind: str = "raw", split_lengths: list[int] = (), pin_engines: bool = False,
-                 vary: bool = False) -> dict:
-    """Each level's figures by concurrency (`vary`: output_lengths); with `split_lengths`, also "split": one load per
-    output length at the first level (as many tokens in all as a level's), for
+                 vary: bool = False, rounds: int = 1,
+                 engine: Callable[[int, int], dict] | None = None) -> dict:
+    """Each level's figures by concurrency, a list of one per round (`vary`: output_lengths). With
+    `engine(concurrency, first prompt)`, each load's in-process reference runs right after it
+    (while the mesh idles) and is kept under "engine": the two sides of a ratio minutes apart on a
+    host whose speed drifts read as much the host as the mesh. With `split_lengths`, also "split":
+    one load per output length at the first level (as many tokens in all as a level's), for
     `request_token_split`."""
     import psutil
 
@@ -255,14 +272,15 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
         try:
             procs = {r.spec.name: psutil.Process(r.proc.pid) for r in mesh.procs}
             store = _store_endpoint(procs)
-            run_client(mesh.gateway_url, served, 8, 8, 8, client_kind, cpus)  # warm up
-            for c in concurrencies:
+            run_client(mesh.gateway_url, served, 8, 8, 8, client_kind, cpus, first=-8)  # warm up
+            for round_, (level, c) in ((r, lc) for r in range(rounds) for lc in enumerate(concurrencies)):
+                first = prompt_offset(round_, level, len(concurrencies), requests)
                 time.sleep(0.6)  # the warm-up's (or the last level's) hand-backs finish, its steps are counted
                 counts = _store_counts(store)
                 switches_before = {name: _switches(p) for name, p in procs.items()}
                 frames = _frame_counts(procs)
                 load, cpu, engine_cpu = _cpu_around(
-                    procs, lambda c=c: run_client(mesh.gateway_url, served, requests, c, max_tokens, client_kind, cpus, vary))
+                    procs, lambda: run_client(mesh.gateway_url, served, requests, c, max_tokens, client_kind, cpus, vary, first))
                 switches = {name: _switches(p) - switches_before[name] for name, p in procs.items()}
                 store_delta = {k: v - counts[k] for k, v in _store_counts(store).items()}
                 time.sleep(0.6)  # NOTE: the engine step counter is refreshed with the gauges (every heartbeat, 0.5 s)
@@ -271,13 +289,17 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
                 timed = {kind: sum(frame_delta.pop(k) for k in list(frame_delta) if k.endswith(kind))
                          for kind in _SUMMED.values()}
                 messages = timed.pop("stream messages")
-                results[c] = {**load, "cpu_s": cpu, "switches": switches, "engine_thread_cpu_s": engine_cpu, "store": store_delta,
-                              "frames": frame_delta, "engine_steps": steps, "engine_time_s": timed, "stream_messages": messages}
+                results.setdefault(c, []).append({
+                    **load, "cpu_s": cpu, "switches": switches, "engine_thread_cpu_s": engine_cpu, "store": store_delta,
+                    "frames": frame_delta, "engine_steps": steps, "engine_time_s": timed, "stream_messages": messages,
+                    **({"engine": engine(c, first)} if engine is not None else {})})
+            first = prompt_offset(rounds, 0, len(concurrencies), requests)
             for length in split_lengths:
                 time.sleep(0.6)
-                load, cpu, engine_cpu = _cpu_around(procs, lambda length=length: run_client(
-                    mesh.gateway_url, served, max(8, requests * max_tokens // length), concurrencies[0], length, client_kind,
-                    cpus))
+                n = max(8, requests * max_tokens // length)
+                load, cpu, engine_cpu = _cpu_around(procs, lambda length=length, n=n, first=first: run_client(
+                    mesh.gateway_url, served, n, concurrencies[0], length, client_kind, cpus, first=first))
+                first += n
                 results.setdefault("split", []).append(
                     {"requests": load["requests"], "tokens": load["tokens"], "cpu_s": {**cpu, **engine_cpu}})
         finally:
@@ -403,6 +425,33 @@ def report_split(split: dict[str, tuple[float, float]], concurrency: int, length
         print(f"| {name} (in its row above) | {per_request:.0f} | {per_token:.1f} | {per_request / 128 + per_token:.1f} |")
 
 
+def ratios(mesh: dict) -> dict[str, float]:
+    """One load's headline figures against its own in-process reference (`mesh["engine"]`)."""
+    engine, tokens = mesh["engine"], max(1, mesh["tokens"])
+    eng = engine["cpu_s"] / max(1, engine["tokens"]) * 1e6
+    decode = sum(cpu for name, cpu in mesh["cpu_s"].items() if name.startswith("decode")) / tokens * 1e6
+    return {"cpu": sum(mesh["cpu_s"].values()) / tokens * 1e6 / eng,
+            "throughput": (mesh["tokens"] / mesh["wall_s"]) / (engine["tokens"] / engine["wall_s"]),
+            "gateway": mesh["cpu_s"].get("gateway", 0.0) / tokens * 1e6, "decode above": decode - eng, "engine": eng}
+
+
+def median_round(rounds: list[dict]) -> dict:
+    """The round whose mesh total / engine ratio is the median (the lower middle of an even count)."""
+    return sorted(rounds, key=lambda m: ratios(m)["cpu"])[(len(rounds) - 1) // 2]
+
+
+def report_rounds(c: int, rounds: list[dict]) -> None:
+    figures = [ratios(m) for m in rounds]
+
+    def row(key: str, fmt: str) -> str:
+        values = sorted(f[key] for f in figures)
+        return ", ".join(format(f[key], fmt) for f in figures) + f" (median {format(values[(len(values) - 1) // 2], fmt)})"
+
+    print(f"rounds at concurrency {c}, in order: mesh total / engine {row('cpu', '.2f')}; throughput {row('throughput', '.2f')}; "
+          f"in-process engine µs per token {row('engine', '.0f')}; gateway µs per token {row('gateway', '.0f')}; "
+          f"decode worker above engine {row('decode above', '+.0f')}")
+
+
 def report(c: int, mesh: dict, engine: dict) -> None:
     tokens = max(1, mesh["tokens"])
     per = {name: cpu / tokens * 1e6 for name, cpu in sorted(mesh["cpu_s"].items(), key=lambda kv: -kv[1])}
@@ -472,7 +521,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--client-kind", choices=["raw", "httpx"], default="raw",
                    help="the load generator: raw HTTP/1.1 on uvloop (bench/sseload.py, the lean one) or httpx")
     p.add_argument("--engine-runs", type=int, default=3,
-                   help="runs of the in-process engine per level; the one with the median CPU per token is the reference")
+                   help="runs of the in-process engine after each load; the one with the median CPU per token is the reference")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="loads per level, each on prompts of its own and each with its own in-process reference right "
+                        "after it; the round with the median ratio is shown, the others summed up")
     p.add_argument("--split", default="", metavar="N,M",
                    help="also split each process's CPU into per request and per token, from loads of these output "
                         "lengths at the first concurrency level (e.g. 16,256)")
@@ -482,30 +534,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--client", help=argparse.SUPPRESS)
     p.add_argument("--served", help=argparse.SUPPRESS)
     p.add_argument("--engine-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.client:
         print(json.dumps(client_child(args.client_kind, args.client, args.served, args.requests, int(args.concurrency),
-                                      args.max_tokens, args.vary_tokens)))
+                                      args.max_tokens, args.vary_tokens, args.first)))
         return 0
     if args.engine_child:
-        print(json.dumps(engine_child(args.model, args.requests, int(args.concurrency), args.max_tokens, args.vary_tokens)))
+        print(json.dumps(engine_child(args.model, args.requests, int(args.concurrency), args.max_tokens, args.vary_tokens,
+                                      args.first)))
         return 0
     levels = [int(c) for c in args.concurrency.split(",")]
     if len(set(levels)) != len(levels):
         p.error("--concurrency: each level once (the figures are kept by level)")
+    if args.rounds < 1:
+        p.error("--rounds: at least 1")
     load_before = os.getloadavg()[0]
     lengths = [int(x) for x in args.split.split(",") if x]
+    def engine(c: int, first: int) -> dict:
+        return median_run([run_engine(args.model, args.requests, c, args.max_tokens, args.vary_tokens, first)
+                           for _ in range(max(1, args.engine_runs))])
+
     mesh = measure_mesh(args.model, args.requests, levels, args.max_tokens, args.set, args.client_kind, lengths,
-                        args.pin_engines, args.vary_tokens)
+                        args.pin_engines, args.vary_tokens, args.rounds, engine)
     length = f"{args.max_tokens // 2}-{args.max_tokens * 3 // 2} (mean ~{args.max_tokens})" if args.vary_tokens else args.max_tokens
     print(f"{args.requests} streamed chat requests x {length} tokens, model {args.model}, "
           f"{os.cpu_count()} CPUs{' (engine pinned)' if args.pin_engines else ''}, niceness {os.nice(0)}, "
           f"{args.client_kind} load client, load average {load_before:.1f} before the mesh, "
           f"{os.getloadavg()[0]:.1f} after it")
     for c in levels:
-        runs = [run_engine(args.model, args.requests, c, args.max_tokens, args.vary_tokens)
-                for _ in range(max(1, args.engine_runs))]
-        report(c, mesh[c], median_run(runs))
+        shown = median_round(mesh[c])
+        report(c, shown, shown["engine"])
+        if len(mesh[c]) > 1:
+            report_rounds(c, mesh[c])
     if lengths:
         report_split(request_token_split(mesh["split"]), levels[0], lengths)
     return 0
