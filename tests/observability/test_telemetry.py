@@ -70,6 +70,30 @@ def test_context_round_trips_through_metadata_and_headers(tmp_path: Path) -> Non
         assert (got.trace_id, got.span_id) == (want.trace_id, want.span_id)
 
 
+def test_the_standard_sampler_variables_sample_whole_traces(tmp_path: Path, monkeypatch) -> None:
+    """OTEL_TRACES_SAMPLER / _ARG (README, "What tracing costs"): the root decides, every hop follows it."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
+    gateway = Telemetry("gateway", trace_dir=str(tmp_path / "gateway"))
+    with tracer.start_as_current_span("gateway.request") as root:
+        dropped = inject_metadata()
+        assert not root.is_recording()
+    with tracer.start_as_current_span("client.sampled", context=extract_context(
+            {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})):
+        kept = inject_metadata()  # NOTE: a caller's sampled trace is kept whatever the ratio
+    gateway.shutdown()
+    sampled = [int(dict(m)["traceparent"].rsplit("-", 1)[1], 16) & 1 for m in (dropped, kept)]  # W3C trace-flags bit 0
+    assert sampled == [0, 1]
+
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "1")  # NOTE: a downstream ratio never overrides its parent's choice
+    decode = Telemetry("decode", trace_dir=str(tmp_path / "decode"))
+    for carrier in (dropped, kept):
+        tracer.start_span("decode.generate", context=extract_context(carrier)).end()
+    decode.shutdown()
+    assert [s["name"] for s in read_spans(gateway.trace_file)] == ["client.sampled"]
+    assert [s["trace_id"] for s in read_spans(decode.trace_file)] == ["0af7651916cd43dd8448eb211c80319c"]
+
+
 def _register_echo(behavior):
     def add(_servicer, server: grpc.aio.Server) -> None:
         handler = grpc.unary_unary_rpc_method_handler(behavior)
