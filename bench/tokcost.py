@@ -452,12 +452,12 @@ def report_rounds(c: int, rounds: list[dict]) -> None:
           f"decode worker above engine {row('decode above', '+.0f')}")
 
 
-def report(c: int, mesh: dict, engine: dict) -> None:
-    tokens = max(1, mesh["tokens"])
+def report(c: int, mesh: dict) -> None:
+    """One load's figures against its own in-process reference (`mesh["engine"]`)."""
+    engine, figures = mesh["engine"], ratios(mesh)
+    tokens, eng = max(1, mesh["tokens"]), figures["engine"]
     per = {name: cpu / tokens * 1e6 for name, cpu in sorted(mesh["cpu_s"].items(), key=lambda kv: -kv[1])}
-    eng = engine["cpu_s"] / max(1, engine["tokens"]) * 1e6
     total = sum(per.values())
-    thr_mesh, thr_eng = mesh["tokens"] / mesh["wall_s"], engine["tokens"] / engine["wall_s"]
     print(f"\nconcurrency {c}: mesh {mesh['tokens']} tokens ({mesh['failures']} failed requests), "
           f"engine {engine['tokens']} tokens")
     print(f"| process | CPU µs per token |\n|---|---|")
@@ -474,7 +474,6 @@ def report(c: int, mesh: dict, engine: dict) -> None:
         st = mesh["store"]
         calls = f" in {st['lookup_calls']} calls" if "lookup_calls" in st else ""
         print(f"KV store: {st['lookups']} Lookups (turns handed back){calls}, {st['puts']} Puts, {st['blocks']:+d} blocks held")
-    decode = sum(us for name, us in per.items() if name.startswith("decode"))
     if mesh.get("frames"):
         requests = max(1, mesh.get("requests", 0))
         print("frames read per request: " + ", ".join(f"{k} {v / requests:.2f}" for k, v in sorted(mesh["frames"].items()) if v))
@@ -504,8 +503,9 @@ def report(c: int, mesh: dict, engine: dict) -> None:
     if mesh.get("chunks"):
         print(f"SSE content chunks per token: {mesh['chunks'] / tokens:.2f} (below 1: a reader fell behind and its tokens "
               f"coalesced); gateway CPU per chunk: {mesh['cpu_s']['gateway'] / mesh['chunks'] * 1e6:.0f} µs")
-    print(f"mesh total / engine: {total / eng:.2f}x; decode worker above engine: {decode - eng:+.0f} µs; "
-          f"throughput mesh {thr_mesh:.0f} tok/s / engine {thr_eng:.0f} tok/s = {thr_mesh / thr_eng:.2f}x")
+    print(f"mesh total / engine: {figures['cpu']:.2f}x; decode worker above engine: {figures['decode above']:+.0f} µs; "
+          f"throughput mesh {mesh['tokens'] / mesh['wall_s']:.0f} tok/s / engine {engine['tokens'] / engine['wall_s']:.0f} "
+          f"tok/s = {figures['throughput']:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -551,6 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--rounds: at least 1")
     load_before = os.getloadavg()[0]
     lengths = [int(x) for x in args.split.split(",") if x]
+
     def engine(c: int, first: int) -> dict:
         return median_run([run_engine(args.model, args.requests, c, args.max_tokens, args.vary_tokens, first)
                            for _ in range(max(1, args.engine_runs))])
@@ -564,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.getloadavg()[0]:.1f} after it")
     for c in levels:
         shown = median_round(mesh[c])
-        report(c, shown, shown["engine"])
+        report(c, shown)
         if len(mesh[c]) > 1:
             report_rounds(c, mesh[c])
     if lengths:
