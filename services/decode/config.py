@@ -34,10 +34,11 @@ class DecodeSettings(WorkerSettings):
         "decode steps ran 1.5-2x their cost alone, the process's 0.94-1.15x; docs/engine-process.md)"
     )
     stream_interval: int = Field(
-        4, ge=1, description="token stream under load: send a request's tokens once this many are pending (its first "
-        "token and its end at once; 1 = every token at once, always): docs/token-stream.md"
+        4, ge=1, description="token stream under load: the engine lets its requests' tokens go every this many steps, "
+        "all on the same step (a request's first token and its end at once; 1 = every token at once, always): "
+        "docs/token-stream.md"
     )
     stream_interval_from: int = Field(
-        16, ge=1, description="stream_interval holds tokens only while at least this many requests run on the worker; "
+        16, ge=1, description="stream_interval holds tokens only while at least this many requests are in the engine; "
         "below it every token goes out at once (low-load latency as with 1)"
     )

@@ -51,7 +51,7 @@ async def start(settings: DecodeSettings, bus: Bus | None = None) -> WorkerApp:
     server = await start_server(
         settings.host,
         settings.port,
-        [(decode_pb2_grpc.add_DecodeWorkerServicer_to_server, DecodeServicer(worker, settings.stream_interval, settings.stream_interval_from), "kvmesh.v1.DecodeWorker")],
+        [(decode_pb2_grpc.add_DecodeWorkerServicer_to_server, DecodeServicer(worker), "kvmesh.v1.DecodeWorker")],
         [TracingServerInterceptor()],
         tls=tls,
     )

@@ -68,17 +68,15 @@ def delta_to_pb(delta: Delta) -> decode_pb2.GenerateResponse:
 
 
 class DecodeServicer(decode_pb2_grpc.DecodeWorkerServicer):
-    def __init__(self, worker: DecodeWorker, stream_interval: int = 1, stream_interval_from: int = 1) -> None:
+    def __init__(self, worker: DecodeWorker) -> None:
         self.worker = worker
-        self.stream_interval = stream_interval
-        self.stream_interval_from = stream_interval_from
 
     async def Stream(
         self, request_iterator: AsyncIterator[decode_pb2.StreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[decode_pb2.StepOutput]:
         """The multiplexed token stream (docs/token-stream.md)."""
         await context.send_initial_metadata((BATCH_METADATA,))  # NOTE: we read packed frames
-        async for out in StreamSession(self.worker, self.stream_interval, self.stream_interval_from).serve(request_iterator):
+        async for out in StreamSession(self.worker).serve(request_iterator):
             yield out
 
     async def Generate(

@@ -3,11 +3,9 @@
 One `StreamSession` serves one gateway's stream: `generate` messages start requests, `abort`
 messages stop them, and every engine step's outputs for this stream's requests leave as ONE
 `StepOutput`. A request's new tokens wait in its own `RequestDelta` until the writer takes them,
-so a stream whose reader is slow gets fewer, larger messages instead of a backlog;
-`stream_interval` > 1 also holds a request's tokens until that many are pending (its first token
-and its end are never held), while at least `stream_interval_from` requests run on the worker:
-under load every message and SSE chunk costs the worker and gateway CPU the engine then lacks; at
-low load a token goes out the step it is made.
+so a stream whose reader is slow gets fewer, larger messages instead of a backlog. What reaches
+this session is already due: under load the engine loop holds a request's tokens and lets them go
+every `stream_interval` steps (`kvmesh.worker.outputhold`).
 """
 
 from __future__ import annotations
@@ -84,10 +82,8 @@ class _Run:
 class StreamSession:
     """Serves one `Stream` call; see the module docstring."""
 
-    def __init__(self, worker: DecodeWorker, stream_interval: int = 1, stream_interval_from: int = 1) -> None:
+    def __init__(self, worker: DecodeWorker) -> None:
         self.worker = worker
-        self.stream_interval = max(1, stream_interval)
-        self.stream_interval_from = max(1, stream_interval_from)
         self._runs: dict[str, _Run] = {}
         # NOTE: keyed by the run itself, not its request id: a duplicate id's error run and the
         # running request of that id can both be ready for one message, and each needs its delta.
@@ -191,14 +187,8 @@ class StreamSession:
             run.prompt_logprobs = list(out.prompt_logprobs)
         if out.finished:
             self._finish(run, out, out.finish_reason or "stop")
-        elif run.tokens and (not run.sent_any or len(run.tokens) >= self._interval()):
+        elif run.tokens:
             self._mark_ready(run)
-
-    def _interval(self) -> int:
-        """Tokens a request holds before they go: stream_interval under load, else 1."""
-        if self.stream_interval > 1 and self.worker.num_inflight >= self.stream_interval_from:
-            return self.stream_interval
-        return 1
 
     def _finish(self, run: _Run, out: RequestOutput | None, reason: str) -> None:
         run.finish_reason = reason

@@ -22,6 +22,7 @@ from kvmesh.runtime.telemetry import Telemetry
 from .commands import BASE_COMMANDS, Command
 from .engineproc import EngineProcess
 from .heartbeat import HeartbeatInfo, Heartbeater
+from .outputhold import OutputHold
 from .watchdog import watch_engine
 from .settings import WorkerSettings, bound_cpu_kernel_caches, engine_config
 from .worker import EngineLoop
@@ -146,7 +147,7 @@ async def start_engine(
         engine = await asyncio.to_thread(LLMEngine, engine_config(settings))
         loop = EngineLoop(engine, name=f"{role}-engine", step_delay_s=settings.step_delay_s,
                           step_slowdown=settings.step_slowdown, call_timeout_s=settings.engine_call_timeout_s,
-                          commands=commands)
+                          commands=commands, hold=OutputHold.from_settings(settings))
     loop.start()
     spec = kvwire.model_spec(engine.hasher.model_id, engine.model_args, engine.hasher.dtype, engine.block_size)
     tls = TlsConfig.from_settings(settings)

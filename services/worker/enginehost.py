@@ -33,6 +33,7 @@ from kvmesh.runtime.process import apply_cpus, name_os_thread
 
 from . import enginewire as wire
 from .commands import Command
+from .outputhold import OutputHold
 from .settings import WorkerSettings, bound_cpu_kernel_caches, engine_config, step_pause_s
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,8 @@ class EngineHost:
     """The step loop of the engine process; see the module docstring."""
 
     def __init__(self, engine: Any, conn: FrameSocket, commands: Mapping[str, Command], step_delay_s: float = 0.0,
-                 step_slowdown: float = 1.0, idle_wait_s: float = 0.05) -> None:
+                 step_slowdown: float = 1.0, idle_wait_s: float = 0.05, hold: OutputHold | None = None,
+                 quiet_s: float = 0.02) -> None:
         self.engine = engine
         self.conn = conn
         self.commands = commands
@@ -89,6 +91,11 @@ class EngineHost:
         self.step_slowdown = step_slowdown
         self.idle_wait_s = idle_wait_s
         self.progress = 0
+        self.steps = 0
+        self.hold = hold if hold is not None else OutputHold()  # NOTE: not `or`: an empty hold has len 0
+        self.quiet_s = quiet_s  # the longest a busy engine goes without a step frame (stats, progress)
+        self._last_frame = 0.0
+        self._last_w = False
         self._events = hasattr(engine, "take_kv_events")
         self._side = ThreadPoolExecutor(2, thread_name_prefix="engine-side")
         self._stalled = False
@@ -102,7 +109,9 @@ class EngineHost:
                 frames = self.conn.poll(timeout)
                 replies, stop = self._run_commands(frames)
                 if busy or frames:
-                    replies.append(self._step())
+                    step = self._step()
+                    if step is not None:
+                        replies.append(step)
                 if replies:
                     self.conn.send(replies)
                 if stop:
@@ -137,27 +146,40 @@ class EngineHost:
         except OSError:
             pass  # the worker is gone; the step loop sees it too
 
-    def _step(self) -> bytes:
+    def _step(self) -> bytes | None:
+        """One engine step; its frame, or None when it has nothing due: its outputs all held (see
+        `OutputHold`), no KV events, no error, the same `w`, and a frame went out within `quiet_s`."""
         started = time.perf_counter()
         header: dict[str, Any] = {"k": "step"}
+        self.steps += 1
         try:
             outputs = self.engine.step()
         except Exception as exc:  # noqa: BLE001 - the worker fails the requests; this process lives on
             log.exception("engine step failed")
             header["x"] = wire.error_to_wire(exc)
             outputs = []
+            self.hold.drop_all()
         self._stalled = not outputs and "x" not in header
         if outputs:
             self.progress += 1
-        header["o"] = [wire.output_to_wire(o) for o in outputs]
-        header["s"] = wire.stats_to_wire(self.engine.stats())
-        header["p"] = self.progress
-        header["w"] = self.engine.has_unfinished_requests()
-        if self._events and (events := self.engine.take_kv_events()):
-            header["e"] = wire.events_to_wire(events)
+        stats = self.engine.stats()
+        outputs = self.hold.take(outputs, stats.num_running + stats.num_waiting, self.steps)
+        working = self.engine.has_unfinished_requests() or len(self.hold) > 0
+        events = self.engine.take_kv_events() if self._events else None
         delay = step_pause_s(self.step_delay_s, self.step_slowdown, time.perf_counter() - started)
         if delay > 0:
             time.sleep(delay)
+        now = time.monotonic()
+        if not (outputs or events or "x" in header or working != self._last_w or now - self._last_frame >= self.quiet_s):
+            return None
+        self._last_frame, self._last_w = now, working
+        header["o"] = [wire.output_to_wire(o) for o in outputs]
+        header["s"] = wire.stats_to_wire(stats)
+        header["p"] = self.progress
+        header["n"] = self.steps
+        header["w"] = working
+        if events:
+            header["e"] = wire.events_to_wire(events)
         return wire.frame(header)
 
 
@@ -201,5 +223,6 @@ def main(settings_cls: type[WorkerSettings], commands: Mapping[str, Command], ar
         "model_id": engine.hasher.model_id, "dtype": engine.hasher.dtype, "pid": os.getpid(),
         "s": wire.stats_to_wire(engine.stats()),
     })])
-    EngineHost(engine, conn, commands, settings.step_delay_s, settings.step_slowdown).run()
+    EngineHost(engine, conn, commands, settings.step_delay_s, settings.step_slowdown,
+               hold=OutputHold.from_settings(settings)).run()
     return 0

@@ -49,6 +49,8 @@ def pack(value: Any, blobs: list[bytes]) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
+        if all(type(v) is int for v in value):  # NOTE: token ids (a hand-back's turns): no call per element
+            return list(value)
         return [pack(v, blobs) for v in value]
     if isinstance(value, bytes):
         return {"$b": _append(blobs, value), "n": len(value)}
@@ -70,6 +72,8 @@ def _append(blobs: list[bytes], data: bytes) -> int:
 def unpack(value: Any, blobs: bytearray) -> Any:
     """The inverse of `pack`; tensors are views of `blobs` (no copy)."""
     if isinstance(value, list):
+        if all(type(v) is int for v in value):  # NOTE: token ids, as `pack` sent them
+            return value
         return [unpack(v, blobs) for v in value]
     if not isinstance(value, dict):
         return value

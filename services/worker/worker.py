@@ -30,6 +30,7 @@ from kvmesh.runtime.process import name_os_thread
 from .commands import BASE_COMMANDS, Command
 from .settings import step_pause_s
 from .delivery import OutputStream, call_each, claim
+from .outputhold import OutputHold
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -60,8 +61,10 @@ class EngineLoop:
         call_timeout_s: float = 60.0,
         idle_wait_s: float = 0.05,
         commands: Mapping[str, Command] = BASE_COMMANDS,
+        hold: OutputHold | None = None,
     ) -> None:
         self.engine = engine
+        self.hold = hold if hold is not None else OutputHold()  # NOTE: not `or`: an empty hold has len 0
         self.commands = commands
         self.call_timeout_s = call_timeout_s
         self.idle_wait_s = idle_wait_s
@@ -261,6 +264,7 @@ class EngineLoop:
             for request_id in list(self._subs):
                 self.engine.abort_request(request_id)
             self._subs.clear()
+            self.hold.drop_all()
             self._deliver(lambda: call_each(((d, (exc,)) for d, exc in failed), "delivering an engine failure"))
             self._stalled_step = False
             return
@@ -268,6 +272,9 @@ class EngineLoop:
         if outputs:
             self.progress += 1
             self.progress_at = time.monotonic()
+        if self.hold.interval > 1:
+            s = self.engine.stats()
+            outputs = self.hold.take(outputs, s.num_running + s.num_waiting, self.num_steps)
         items: list[tuple[Callable[[Any], None], Any]] = []
         for out in outputs:
             sub = claim(self._subs, out)

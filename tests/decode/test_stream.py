@@ -122,8 +122,9 @@ async def test_stream_interval_holds_tokens_but_never_the_first_or_the_end(refer
         await app.stop()
     sizes = [len(d.token_ids) for d in deltas["r"]]
     # NOTE: the first delta is never held for 4; it has 2 when the engine's next step reached the
-    # worker before its writer ran (a loaded host)
-    assert sizes[0] < 4 and all(s >= 4 for s in sizes[1:-1]) and sum(sizes) == 10
+    # worker before its writer ran (a loaded host). After it the tokens go every 4th engine step
+    # (outputhold.py), and the end with what is left: 1 + at most 3 + 1 deltas for 10 tokens
+    assert sizes[0] < 4 and len(sizes) <= 5 and sum(sizes) == 10, sizes
     assert deltas["r"][-1].finish_reason == "length"
     assert [t for d in deltas["r"] for t in d.token_ids] == greedy(reference, PROMPT, 10)
 

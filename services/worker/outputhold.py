@@ -1,0 +1,90 @@
+"""Holds requests' new tokens where the engine steps, so that under load they leave together.
+
+Under load (at least `hold_from` requests in the engine) a decode worker sends its requests'
+tokens every `interval` engine steps, all of them on the same step (`stream_interval`,
+docs/token-stream.md). A request's first output (it may carry prompt logprobs and the time to its
+first token) and its end go at once, the step they are made. Below that load every output goes
+the step it is made.
+
+Why here and not in the worker's stream (where it was): there, every engine step still carried
+every running request's token to the worker's event loop, which woke, decoded and filed each one
+to hold it. Held where they are made, an engine process sends no step frame at all on the steps
+that have nothing due (`EngineHost`), so its worker's RPC process wakes once per `interval` steps
+(plus the steps with a first token or an end), and one `StepOutput` to the gateway carries every
+request's tokens. Both engine loops (`EngineHost`, `EngineLoop`) hold the same way.
+
+Held outputs of one request merge into one (token ids, text and logprobs appended, the counts the
+latest). Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from kvmesh.engine.outputs import RequestOutput
+
+
+class OutputHold:
+    """Per-request held output between engine steps; see the module docstring."""
+
+    __slots__ = ("interval", "hold_from", "_held")
+
+    def __init__(self, interval: int = 1, hold_from: int = 1) -> None:
+        self.interval = max(1, interval)
+        self.hold_from = max(1, hold_from)
+        self._held: dict[str, RequestOutput] = {}
+
+    @classmethod
+    def from_settings(cls, settings: object) -> OutputHold:
+        """A role's hold: its `stream_interval` and `stream_interval_from` (a decode worker's), else none."""
+        return cls(getattr(settings, "stream_interval", 1), getattr(settings, "stream_interval_from", 1))
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def take(self, outputs: list[RequestOutput], in_engine: int, step: int) -> list[RequestOutput]:
+        """What of this step's `outputs` (and what was held) goes out now; `in_engine`: the
+        requests the engine has (running and waiting); `step`: the step's number."""
+        if self.interval == 1 or in_engine < self.hold_from:
+            if not self._held:
+                return outputs
+            return self._merged_all(outputs)
+        held, due = self._held, []
+        for out in outputs:
+            prev = held.pop(out.request_id, None)
+            if prev is not None:
+                out = _merge(prev, out)
+            if out.finished or out.num_output_tokens <= len(out.new_token_ids):  # its end, or its first token(s)
+                due.append(out)
+            else:
+                held[out.request_id] = out
+        if step % self.interval == 0 and held:
+            due.extend(held.values())
+            held.clear()
+        return due
+
+    def drop_all(self) -> None:
+        """Forget every held output (the engine failed a step: the worker fails its requests)."""
+        self._held.clear()
+
+    def _merged_all(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Below the load that holds: this step's outputs merged with the held ones, and the held
+        ones whose request made nothing this step (a preempted one), all due now."""
+        held, self._held = self._held, {}
+        due = [_merge(held.pop(out.request_id), out) if out.request_id in held else out for out in outputs]
+        due.extend(held.values())
+        return due
+
+
+def _merge(prev: RequestOutput, out: RequestOutput) -> RequestOutput:
+    """`prev` (held) followed by `out` (this step's), as one output; reuses `prev`."""
+    prev.new_token_ids += out.new_token_ids
+    prev.new_text += out.new_text
+    if out.logprobs is not None:
+        prev.logprobs = (prev.logprobs or []) + out.logprobs
+    prev.finished, prev.finish_reason = out.finished, out.finish_reason
+    prev.num_prompt_tokens, prev.num_output_tokens = out.num_prompt_tokens, out.num_output_tokens
+    prev.num_cached_tokens, prev.num_computed_tokens = out.num_cached_tokens, out.num_computed_tokens
+    if out.prompt_logprobs is not None:
+        prev.prompt_logprobs = out.prompt_logprobs
+    if prev.queue_s is None:
+        prev.queue_s, prev.prefill_s = out.queue_s, out.prefill_s
+    return prev
