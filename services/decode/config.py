@@ -29,7 +29,7 @@ class DecodeSettings(WorkerSettings):
     )
     kvstore_put_timeout_s: float = Field(10.0, description="deadline for one KvStore.Put")
     engine_process: bool = Field(
-        True, description="run the engine in a child process, one message per step, as vLLM V1 runs its EngineCore "
+        True, description="run the engine in a child process, at most one message per step, as vLLM V1 runs its EngineCore "
         "(false = on a thread of this one, which shares the GIL with gRPC and asyncio: under a trace's arrivals its "
         "decode steps ran 1.5-2x their cost alone, the process's 0.94-1.15x; docs/engine-process.md)"
     )

@@ -3,8 +3,10 @@
 Started by `engineproc.EngineProcess.spawn` as `python -m <role's host module> --fd N` (e.g.
 `kvmesh.decode.enginehost`), never by forking the worker. It talks to the worker over the
 socket `N` only (frames: `enginewire`), on its main thread: it runs the commands that arrived,
-steps the engine while it has work, and sends ONE `step` frame per step with every request's
-output, the stats, the progress count and the KV cache events. Commands marked off-loop (a
+steps the engine while it has work, and sends at most ONE `step` frame per step with every due
+output (under load the tokens leave every `stream_interval` steps: `outputhold.py`), the stats,
+the step and progress counts and the KV cache events. A step with nothing due sends none, unless
+`quiet_s` (20 ms) passed since the last frame (the worker's stats and the watchdog's progress). Commands marked off-loop (a
 grammar compile, a copy of pinned blocks) run on a side thread and answer when done.
 
 It exits when the worker says `stop`, when the socket reaches EOF (the worker died), or, on

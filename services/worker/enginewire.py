@@ -8,7 +8,8 @@ marshal or eval: a frame can only ever decode to JSON values, tensors, bytes and
 
 Header kinds, parent -> child: `hello` (settings), `cmd` (id, name, args; `t`: run off the step
 loop), `stop`. Child -> parent: `ready` (the engine's identity) or `fail`, `reply` (id, value or
-error), `step` (one per engine step: every request's output, stats, progress, KV events).
+error), `step` (at most one per engine step: every due output, stats, step and progress counts,
+KV events).
 """
 
 from __future__ import annotations
