@@ -1,0 +1,85 @@
+"""The engine process's step loop: one step frame per step with something due, none for a step
+whose tokens are all held, at least one per `quiet_s` while busy; a failed step drops what was held."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvmesh.engine.outputs import EngineStats, RequestOutput
+from kvmesh.worker import enginewire as wire
+from kvmesh.worker.enginehost import EngineHost
+from kvmesh.worker.outputhold import OutputHold
+
+
+class CountingEngine:
+    """`requests` requests, each makes one token a step until it has `tokens`; step `fail_at` raises."""
+
+    def __init__(self, requests: int, tokens: int, fail_at: int = 0) -> None:
+        self.made = {f"r{i}": 0 for i in range(requests)}
+        self.tokens = tokens
+        self.fail_at = fail_at
+        self.steps = 0
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.made)
+
+    def step(self) -> list[RequestOutput]:
+        self.steps += 1
+        if self.steps == self.fail_at:
+            raise RuntimeError("kernel failed")
+        outs = []
+        for rid in list(self.made):
+            n = self.made[rid] = self.made[rid] + 1
+            done = n == self.tokens
+            outs.append(RequestOutput(rid, [n], "", done, "length" if done else None, None, 3, n, 0, 3 + n))
+            if done:
+                del self.made[rid]
+        return outs
+
+    def stats(self) -> EngineStats:
+        return EngineStats(len(self.made), 0, 10, 10, 0, 0, 0, 0, 0)
+
+
+def frames(host: EngineHost, steps: int) -> list[dict | None]:
+    """Each step's frame header (None: no frame)."""
+    out = []
+    for _ in range(steps):
+        data = host._step()
+        out.append(None if data is None else wire.split(data[wire.PREFIX.size :], wire.PREFIX.unpack_from(data)[0])[0])
+    return out
+
+
+def tokens(header: dict | None) -> dict[str, list[int]]:
+    return {} if header is None else {w[0]: w[1] for w in header["o"]}
+
+
+def test_held_steps_send_no_frame_and_every_fourth_step_sends_every_requests_tokens() -> None:
+    host = EngineHost(CountingEngine(2, 9), None, {}, hold=OutputHold(4, 2), quiet_s=60.0)
+    sent = frames(host, 9)
+    assert [tokens(h) for h in sent] == [
+        {"r0": [1], "r1": [1]}, {}, {}, {"r0": [2, 3, 4], "r1": [2, 3, 4]}, {}, {}, {},
+        {"r0": [5, 6, 7, 8], "r1": [5, 6, 7, 8]}, {"r0": [9], "r1": [9]},
+    ]
+    assert [h is None for h in sent] == [False, True, True, False, True, True, True, False, False]
+    assert [h["n"] for h in sent if h is not None] == [1, 4, 8, 9]  # the engine's step count, skipped steps too
+    assert sent[-1]["w"] is False and all(h["w"] for h in sent[:-1] if h is not None)
+
+
+def test_a_busy_engine_sends_a_frame_at_least_every_quiet_s_even_with_everything_held() -> None:
+    host = EngineHost(CountingEngine(2, 9), None, {}, hold=OutputHold(4, 2), quiet_s=0.0)
+    sent = frames(host, 3)
+    assert all(h is not None for h in sent) and [tokens(h) for h in sent[1:]] == [{}, {}]
+    assert sent[1]["s"][0] == 2  # the stats go with it: two requests running
+
+
+def test_below_the_load_that_holds_every_step_sends_its_tokens() -> None:
+    host = EngineHost(CountingEngine(1, 3), None, {}, hold=OutputHold(4, 2), quiet_s=60.0)
+    assert [tokens(h) for h in frames(host, 3)] == [{"r0": [1]}, {"r0": [2]}, {"r0": [3]}]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_failed_step_is_reported_at_once_and_drops_what_was_held() -> None:
+    host = EngineHost(CountingEngine(2, 9, fail_at=3), None, {}, hold=OutputHold(4, 2), quiet_s=60.0)
+    sent = frames(host, 3)
+    assert sent[1] is None and sent[2]["x"] == ["RuntimeError", "kernel failed"] and tokens(sent[2]) == {}
+    assert len(host.hold) == 0
