@@ -6,7 +6,9 @@ socket `N` only (frames: `enginewire`), on its main thread: it runs the commands
 steps the engine while it has work, and sends at most ONE `step` frame per step with every due
 output (under load the tokens leave every `stream_interval` steps: `outputhold.py`), the stats,
 the step and progress counts and the KV cache events. A step with nothing due sends none, unless
-`quiet_s` (20 ms) passed since the last frame (the worker's stats and the watchdog's progress). Commands marked off-loop (a
+`quiet_s` (20 ms) passed since the last frame (the worker's stats and the watchdog's progress).
+KV cache events wait for the next frame: they are not due on their own (the worker publishes them
+at most every 20 ms anyway), and at 32 running requests some block fills on nearly every step. Commands marked off-loop (a
 grammar compile, a copy of pinned blocks) run on a side thread and answer when done.
 
 It exits when the worker says `stop`, when the socket reaches EOF (the worker died), or, on
@@ -99,6 +101,7 @@ class EngineHost:
         self._last_frame = 0.0
         self._last_w = False
         self._events = hasattr(engine, "take_kv_events")
+        self._pending_events: list = []  # KV cache events of steps that sent no frame, in order
         self._side = ThreadPoolExecutor(2, thread_name_prefix="engine-side")
         self._stalled = False
 
@@ -150,7 +153,8 @@ class EngineHost:
 
     def _step(self) -> bytes | None:
         """One engine step; its frame, or None when it has nothing due: its outputs all held (see
-        `OutputHold`), no KV events, no error, the same `w`, and a frame went out within `quiet_s`."""
+        `OutputHold`), no error, the same `w`, and a frame went out within `quiet_s`. KV events wait for
+        the next frame, or go at once when the engine has nothing left to run."""
         started = time.perf_counter()
         header: dict[str, Any] = {"k": "step"}
         self.steps += 1
@@ -167,12 +171,14 @@ class EngineHost:
         stats = self.engine.stats()
         outputs = self.hold.take(outputs, stats.num_running + stats.num_waiting, self.steps)
         working = self.engine.has_unfinished_requests() or len(self.hold) > 0
-        events = self.engine.take_kv_events() if self._events else None
+        if self._events:
+            self._pending_events += self.engine.take_kv_events()
         delay = step_pause_s(self.step_delay_s, self.step_slowdown, time.perf_counter() - started)
         if delay > 0:
             time.sleep(delay)
         now = time.monotonic()
-        if not (outputs or events or "x" in header or working != self._last_w or now - self._last_frame >= self.quiet_s):
+        if not (outputs or "x" in header or working != self._last_w or now - self._last_frame >= self.quiet_s
+                or (self._pending_events and not working)):  # NOTE: an idle engine sends no later frame
             return None
         self._last_frame, self._last_w = now, working
         header["o"] = [wire.output_to_wire(o) for o in outputs]
@@ -180,8 +186,9 @@ class EngineHost:
         header["p"] = self.progress
         header["n"] = self.steps
         header["w"] = working
-        if events:
-            header["e"] = wire.events_to_wire(events)
+        if self._pending_events:
+            header["e"] = wire.events_to_wire(self._pending_events)
+            self._pending_events = []
         return wire.frame(header)
 
 

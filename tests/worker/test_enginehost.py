@@ -83,3 +83,22 @@ def test_a_failed_step_is_reported_at_once_and_drops_what_was_held() -> None:
     sent = frames(host, 3)
     assert sent[1] is None and sent[2]["x"] == ["RuntimeError", "kernel failed"] and tokens(sent[2]) == {}
     assert len(host.hold) == 0
+
+
+class EventEngine(CountingEngine):
+    """Also reports a KV cache event ("stored", its step's hash) every step."""
+
+    def take_kv_events(self) -> list:
+        return [("stored", [bytes([self.steps]) * 32], None)]
+
+
+def test_kv_events_wait_for_the_next_frame_in_order_and_go_at_once_when_the_engine_is_idle() -> None:
+    engine = EventEngine(2, 5)
+    host = EngineHost(engine, None, {}, hold=OutputHold(4, 2), quiet_s=60.0)
+    sent = frames(host, 5)
+    assert [h is None for h in sent] == [False, True, True, False, False]
+    stored = [[hashes[0][:2] for _, hashes, _ in h["e"]] for h in sent if h is not None]
+    assert stored == [["01"], ["02", "03", "04"], ["05"]]
+    # idle now: a command's step (no outputs) still sends its events at once
+    frame = frames(host, 1)[0]
+    assert frame is not None and [hashes[0][:2] for _, hashes, _ in frame["e"]] == ["06"] and frame["w"] is False
