@@ -158,18 +158,21 @@ class EngineHost:
         started = time.perf_counter()
         header: dict[str, Any] = {"k": "step"}
         self.steps += 1
+        made = False
         try:
             outputs = self.engine.step()
+            made = bool(outputs)
+            stats = self.engine.stats()
+            outputs = self.hold.take(outputs, stats.num_running + stats.num_waiting, self.steps)
         except Exception as exc:  # noqa: BLE001 - the worker fails the requests; this process lives on
             log.exception("engine step failed")
             header["x"] = wire.error_to_wire(exc)
             outputs = []
             self.hold.drop_all()
-        self._stalled = not outputs and "x" not in header
-        if outputs:
+            stats = self.engine.stats()
+        self._stalled = not made and "x" not in header
+        if made:
             self.progress += 1
-        stats = self.engine.stats()
-        outputs = self.hold.take(outputs, stats.num_running + stats.num_waiting, self.steps)
         working = self.engine.has_unfinished_requests() or len(self.hold) > 0
         if self._events:
             self._pending_events += self.engine.take_kv_events()

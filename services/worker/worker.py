@@ -258,6 +258,10 @@ class EngineLoop:
     def _step_once(self) -> None:
         try:
             outputs = self.engine.step()
+            made = bool(outputs)
+            if self.hold.interval > 1:
+                s = self.engine.stats()
+                outputs = self.hold.take(outputs, s.num_running + s.num_waiting, self.num_steps)
         except Exception as exc:  # noqa: BLE001 - fail the requests, keep the worker alive
             log.exception("engine step failed; failing %d requests", len(self._subs))
             failed = [(sub.deliver, exc) for sub in self._subs.values()]
@@ -268,13 +272,10 @@ class EngineLoop:
             self._deliver(lambda: call_each(((d, (exc,)) for d, exc in failed), "delivering an engine failure"))
             self._stalled_step = False
             return
-        self._stalled_step = not outputs
-        if outputs:
+        self._stalled_step = not made
+        if made:
             self.progress += 1
             self.progress_at = time.monotonic()
-        if self.hold.interval > 1:
-            s = self.engine.stats()
-            outputs = self.hold.take(outputs, s.num_running + s.num_waiting, self.num_steps)
         items: list[tuple[Callable[[Any], None], Any]] = []
         for out in outputs:
             sub = claim(self._subs, out)

@@ -236,3 +236,21 @@ def test_a_burst_of_commands_wakes_the_event_loop_once_and_every_caller_gets_its
     assert results[:5] == [0, 10, 20, 30, 40]
     assert isinstance(results[5], ZeroDivisionError)
     assert crossings == 1
+
+
+async def test_a_failure_after_the_step_fails_the_requests_and_the_loop_lives_on() -> None:
+    """Holding the outputs (`hold`) needs the engine's stats; if that fails the step's requests
+    fail as on a failed step, instead of the engine thread dying with them waiting forever."""
+    from kvmesh.worker.outputhold import OutputHold
+
+    engine = CountingEngine(FakeClock())  # its stats() has no num_running: the hold raises
+    loop = EngineLoop(engine, hold=OutputHold(4, 1))
+    loop.start()
+    try:
+        stream = await loop.add_request("r1", lambda e: e.add("r1"))
+        with pytest.raises(AttributeError):
+            await asyncio.wait_for(stream.next_batch(), 5)
+        assert loop._thread.is_alive()
+        assert await loop.call(lambda e: e.has_unfinished_requests(), timeout_s=5) is False  # aborted, still serving
+    finally:
+        await loop.stop()
