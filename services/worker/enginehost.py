@@ -8,8 +8,9 @@ output (under load the tokens leave every `stream_interval` steps: `outputhold.p
 the step and progress counts and the KV cache events. A step with nothing due sends none, unless
 `quiet_s` (20 ms) passed since the last frame (the worker's stats and the watchdog's progress).
 KV cache events wait for the next frame: they are not due on their own (the worker publishes them
-at most every 20 ms anyway), and at 32 running requests some block fills on nearly every step. Commands marked off-loop (a
-grammar compile, a copy of pinned blocks) run on a side thread and answer when done.
+at most every 20 ms anyway), and at 32 running requests some block fills on nearly every step.
+Commands marked off-loop (a grammar compile, a copy of pinned blocks) run on a side thread and
+answer when done.
 
 It exits when the worker says `stop`, when the socket reaches EOF (the worker died), or, on
 Linux, with SIGKILL when its parent dies (PR_SET_PDEATHSIG). SIGINT/SIGTERM are ignored: a

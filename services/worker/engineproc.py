@@ -239,7 +239,7 @@ class EngineProcess:
             future.set_result(wire.unpack(header["v"], blobs))
 
     def _on_step(self, header: dict) -> None:
-        self.num_steps = header.get("n", self.num_steps + 1)
+        self.num_steps = header["n"]  # the host counts every step, those that sent no frame too
         self._stats = wire.stats_from_wire(header["s"])
         self.has_work = header["w"]
         if header["p"] != self.progress or not self.has_work:
