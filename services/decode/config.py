@@ -16,7 +16,10 @@ class DecodeSettings(WorkerSettings):
     port: int = Field(50071, description="gRPC port (0 = any free port)")
     metrics_port: int = Field(9121, description="Prometheus /metrics port (0 = any free port, -1 = off)")
     prefill_timeout_s: float = Field(30.0, description="deadline for a remote Prefill call (then prefill locally)")
-    handback_queue: int = Field(64, description="finished turns waiting to be handed to the KV store (more are dropped; a queued turn is its token ids only)")
+    handback_queue: int = Field(
+        64, ge=0, description="finished turns waiting to be handed to the KV store (more are dropped; a queued turn is its "
+        "token ids only; 0 = hand nothing back)"
+    )
     handback_window_s: float = Field(
         0.05, ge=0.0, description="a hand-back Put waits for more finished turns to share it until none has ended for this "
         "long (0 = none)"

@@ -69,7 +69,8 @@ class Handback:
         self.blocks_skipped = 0  # already in the store
         self._loop = loop
         self._hasher = hasher
-        self._queue: asyncio.Queue[list[int]] = asyncio.Queue(maxsize=max_queue)
+        self._enabled = max_queue > 0  # NOTE: asyncio.Queue(maxsize=0) would be unbounded, not off
+        self._queue: asyncio.Queue[list[int]] = asyncio.Queue(maxsize=max(1, max_queue))
         self._task: asyncio.Task | None = None
         self._window_s = window_s
         self._max_window_s = max(window_s, max_window_s)
@@ -83,7 +84,7 @@ class Handback:
 
     def offer(self, tokens: list[int]) -> bool:
         """Queue a finished turn (prompt + output token ids); False when dropped or too short."""
-        if len(tokens) < self.spec.block_size:
+        if not self._enabled or len(tokens) < self.spec.block_size:
             return False
         try:
             self._queue.put_nowait(tokens)

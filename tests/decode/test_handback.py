@@ -42,11 +42,11 @@ async def worker():
 
 
 def handback_of(worker, store, pool: ChannelPool, window_s: float = 0.05, batch_turns: int = 32,
-                max_window_s: float = 0.25) -> Handback:
+                max_window_s: float = 0.25, max_queue: int = 16) -> Handback:
     spec = worker.worker.spec
     client = ShardedStore(ShardDirectory([Shard("kvstore-test", store.endpoint)]), pool, spec, 5.0)
-    return Handback(client, spec, "d-test", worker.loop, worker.loop.engine.hasher, window_s=window_s,
-                    batch_turns=batch_turns, max_window_s=max_window_s)
+    return Handback(client, spec, "d-test", worker.loop, worker.loop.engine.hasher, max_queue=max_queue,
+                    window_s=window_s, batch_turns=batch_turns, max_window_s=max_window_s)
 
 
 async def finished(handback: Handback, store) -> None:
@@ -114,6 +114,23 @@ async def test_turns_that_end_within_the_window_join_the_first_ones_put(worker, 
     assert store.store.counters.lookup_calls == 1  # one LookupChains for the three turns
     assert store.store.active_leases == 0  # a hand-back's lookup pins nothing
     assert handback.blocks_stored == len(store.store.held_hashes()) > 0
+
+
+async def test_a_queue_of_0_hands_nothing_back_and_a_full_queue_drops(worker, store):
+    """handback_queue 0 is off (asyncio's maxsize 0 would be unbounded); past the bound a turn is dropped."""
+    turns = await run_turns(worker)
+    pool = ChannelPool()
+    try:
+        off = handback_of(worker, store, pool, max_queue=0)
+        off.start()
+        assert not any(off.offer(tokens) for tokens in turns)
+        one = handback_of(worker, store, pool, max_queue=1)  # not started: the first turn stays queued
+        assert [one.offer(tokens) for tokens in turns] == [True, False, False] and one.dropped == 2
+        await asyncio.sleep(0.3)
+        await off.close()
+    finally:
+        await pool.close()
+    assert store.store.counters.lookups == store.store.counters.puts == 0
 
 
 async def offered_over_time(store, handback: Handback, turns, gaps_s: list[float], puts: int) -> None:
