@@ -56,8 +56,9 @@ def unpin_turns(engine: Any, pinned: list[list[int]]) -> None:
         engine.unpin_blocks(ids)
 
 
-def read_turns(engine: Any, pinned: list[list[int]]) -> list[list[torch.Tensor]]:
-    """The pinned blocks' KV (each `[2, L, block_size, H, D]`, CPU); safe beside a step."""
+def read_turns(engine: Any, pinned: list[list[int]]) -> list[torch.Tensor]:
+    """Each turn's pinned blocks' KV as one tensor `[n, 2, L, block_size, H, D]` (CPU; one blob
+    each across to the worker, not one per block); safe beside a step."""
     return [engine.read_blocks(ids) for ids in pinned]
 
 

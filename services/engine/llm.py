@@ -318,8 +318,8 @@ class LLMEngine:
 
     def export_cached_blocks(self, token_ids: list[int], start_block: int = 0) -> list[torch.Tensor]:
         """KV of cached full blocks from `start_block` on, each [2, L, block_size, Hkv, D] (CPU)."""
-        hits = self.block_manager.match_prefix(self.hasher.hashes(token_ids), token_ids)
-        return [self.runner.read_block(b) for b in hits[start_block:]]
+        hits = self.block_manager.match_prefix(self.hasher.hashes(token_ids), token_ids)[start_block:]
+        return list(self.runner.read_blocks(hits).unbind(0)) if hits else []
 
     def pin_cached_blocks(self, token_ids: list[int], start_block: int = 0) -> list[int]:
         """Ids of the cached full blocks of `token_ids` from `start_block` on, referenced so they
@@ -333,9 +333,10 @@ class LLMEngine:
         """Drop the references `pin_cached_blocks` took (call from the engine's thread)."""
         self.block_manager.free(block_ids)
 
-    def read_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:
-        """KV of pinned blocks, each [2, L, block_size, Hkv, D] on CPU; safe off the engine thread."""
-        return [self.runner.read_block(b) for b in block_ids]
+    def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        """KV of pinned blocks as one tensor [n, 2, L, block_size, Hkv, D] on CPU (block i of it is
+        `block_ids[i]`); safe off the engine thread."""
+        return self.runner.read_blocks(block_ids)
 
     def import_cached_blocks(self, token_ids: list[int], blocks: list[torch.Tensor], start_block: int = 0) -> int:
         """Insert blocks computed elsewhere as cached free blocks.

@@ -158,9 +158,13 @@ class ModelRunner:
         slots = self._slots(block_table, start, start + kv.shape[2])
         self.kv_cache.index_copy_(2, slots, kv.to(device=self.device, dtype=self.dtype))
 
-    def read_block(self, block_id: int) -> torch.Tensor:
-        bs = self.block_size
-        return self.kv_cache[:, :, block_id * bs : (block_id + 1) * bs].cpu().clone()  # [2, L, bs, Hkv, D]
+    def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        """Blocks `[n, 2, L, bs, Hkv, D]`, contiguous on CPU: one gather and one device-to-host copy
+        for all of them (a copy per block cost ~4 µs each on CPU, and a sync each on CUDA)."""
+        a, bs = self.args, self.block_size
+        cache = self.kv_cache.view(2, a.num_layers, -1, bs, a.num_kv_heads, a.head_dim)
+        ids = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        return cache.index_select(2, ids).permute(2, 0, 1, 3, 4, 5).contiguous().cpu()
 
     def write_block(self, block_id: int, kv: torch.Tensor) -> None:
         bs = self.block_size

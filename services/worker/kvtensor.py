@@ -23,14 +23,19 @@ def to_bytes(t: torch.Tensor) -> bytes:
     return t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
+def dtype_name(t: torch.Tensor) -> str:
+    """The wire name of `t`'s dtype ("float32", ...); ValueError for one the wire has no name for."""
+    dtype = str(t.dtype).removeprefix("torch.")
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"KV dtype {dtype} is not one of {sorted(TORCH_DTYPES)}")
+    return dtype
+
+
 def encode_block(
     kv: torch.Tensor, *, encoding: int = kvwire.RAW, block_hash: bytes = b"", block_index: int = 0, layer_start: int = 0
 ) -> common_pb2.KvBlock:
     """One block `[2, L, n, H, D]` as a wire message (full blocks carry their chained hash)."""
-    dtype = str(kv.dtype).removeprefix("torch.")
-    if dtype not in TORCH_DTYPES:
-        raise ValueError(f"KV dtype {dtype} is not one of {sorted(TORCH_DTYPES)}")
-    return kvwire.encode_block(to_bytes(kv), dtype, tuple(kv.shape), encoding=encoding, block_hash=block_hash,
+    return kvwire.encode_block(to_bytes(kv), dtype_name(kv), tuple(kv.shape), encoding=encoding, block_hash=block_hash,
                                block_index=block_index, layer_start=layer_start)
 
 
