@@ -35,19 +35,23 @@ class Shard:
     endpoint: str
 
 
+def _weight(block_hash: bytes) -> Callable[[Shard], bytes]:
+    return lambda shard: hashlib.sha256(shard.shard_id.encode() + b"\0" + block_hash).digest()
+
+
 def rank(block_hash: bytes, shards: Sequence[Shard]) -> list[Shard]:
     """`shards` in rendezvous order for `block_hash`: the owner first."""
-    def weight(shard: Shard) -> bytes:
-        return hashlib.sha256(shard.shard_id.encode() + b"\0" + block_hash).digest()
-
-    return sorted(shards, key=weight, reverse=True)
+    return sorted(shards, key=_weight(block_hash), reverse=True)
 
 
 def split_by_owner(hashes: Sequence[bytes], shards: Sequence[Shard]) -> dict[Shard, list[int]]:
-    """Positions of `hashes` grouped by owner shard, each group in prompt order."""
+    """Positions of `hashes` grouped by owner shard, each group in prompt order. NOTE: one shard
+    owns everything without a hash per block (a hand-back's Put asks this for every block)."""
+    if len(shards) == 1:
+        return {shards[0]: list(range(len(hashes)))} if hashes else {}
     groups: dict[Shard, list[int]] = {}
     for i, block_hash in enumerate(hashes):
-        groups.setdefault(rank(block_hash, shards)[0], []).append(i)
+        groups.setdefault(max(shards, key=_weight(block_hash)), []).append(i)
     return groups
 
 

@@ -36,6 +36,16 @@ def test_a_block_has_one_owner_everywhere_and_losing_a_shard_moves_only_its_bloc
         assert new == owners[x] if owners[x] != gone else new == rank(x, SHARDS)[1]
 
 
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_blocks_are_split_by_their_rendezvous_owner_in_order(count):
+    hashes = [h(n) for n in NAMES]
+    expected: dict[Shard, list[int]] = {}
+    for i, x in enumerate(hashes):
+        expected.setdefault(rank(x, SHARDS[:count])[0], []).append(i)
+    assert split_by_owner(hashes, SHARDS[:count]) == expected
+    assert split_by_owner([], SHARDS[:count]) == {}
+
+
 def test_the_mesh_wide_prefix_ends_at_the_first_block_its_shard_lacks():
     hashes = [h(n) for n in NAMES[:8]]
     groups = split_by_owner(hashes, SHARDS[:2])
