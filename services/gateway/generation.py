@@ -152,8 +152,10 @@ class Generation:
             # NOTE: from here until a reply, the scheduler may have admitted the request even if
             # we never learn it (deadline, cancellation): then Complete is still owed.
             self._routing = True
+            carrier = inject_metadata()  # NOTE: once: the route and the generate carry the same context
             try:
-                route = await backend.route(route_req, timeout, request_metadata(job.request_id), self._schedulers)
+                route = await backend.route(route_req, timeout, (*carrier, ("x-request-id", job.request_id)),
+                                            self._schedulers)
             except grpc.aio.AioRpcError as exc:
                 self._done = True
                 self.status = "error"
@@ -171,7 +173,7 @@ class Generation:
             )
             if not route.local_prefill and route.HasField("prefill"):
                 gen_req.prefill.CopyFrom(route.prefill)
-            gen_req.trace_context.update(inject_metadata())
+            gen_req.trace_context.update(carrier)
             self._stream = backend.streams.get(route.decode.endpoint)
             self._feed = self._stream.open(gen_req)
             feed, left = self._feed, self._time_left()

@@ -122,10 +122,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         validate(query, self.router.block_size)
         if self.until_synced is not None:
             await self.until_synced()
-        with tracer.start_as_current_span("scheduler.route", context=parent) as span:
-            span.set_attribute("kvmesh.request_id", query.request_id)
-            span.set_attribute("kvmesh.policy", self.router.policy.name)
-            span.set_attribute("kvmesh.priority", request.priority)
+        attributes = {"kvmesh.request_id": query.request_id, "kvmesh.policy": self.router.policy.name,
+                      "kvmesh.priority": request.priority}
+        with tracer.start_as_current_span("scheduler.route", context=parent, attributes=attributes) as span:
             if not self.router.has_decode_workers(query.pool):
                 raise Unavailable(f"no decode worker in pool {query.pool or self.router.registry.production_pool!r}")
             loop = asyncio.get_running_loop()
@@ -147,9 +146,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             prefill = "local" if decision.local_prefill else "remote"
             metrics.ROUTE_DECISIONS.labels(decision.policy, prefill).inc()
             metrics.ROUTE_OVERLAP_BLOCKS.labels(decision.policy).observe(decision.decode_cached_blocks)
-            span.set_attribute("kvmesh.decode_worker", decision.decode.worker_id)
-            span.set_attribute("kvmesh.prefill_worker", decision.prefill.worker_id if decision.prefill else "local")
-            span.set_attribute("kvmesh.overlap_blocks", decision.decode_cached_blocks)
+            span.set_attributes({  # NOTE: one call: each set_attribute takes the span's lock and checks the value
+                "kvmesh.decode_worker": decision.decode.worker_id,
+                "kvmesh.prefill_worker": decision.prefill.worker_id if decision.prefill else "local",
+                "kvmesh.overlap_blocks": decision.decode_cached_blocks,
+            })
             if self.on_routed is not None:
                 self.on_routed(query, decision)
             return decision_to_pb(decision, loop.time() - started)
