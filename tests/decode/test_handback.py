@@ -41,6 +41,13 @@ async def worker():
     await app.stop()
 
 
+@pytest.fixture
+async def pool():
+    channels = ChannelPool()
+    yield channels
+    await channels.close()
+
+
 def handback_of(worker, store, pool: ChannelPool, window_s: float = 0.05, batch_turns: int = 32,
                 max_window_s: float = 0.25, max_queue: int = 16) -> Handback:
     spec = worker.worker.spec
@@ -77,17 +84,13 @@ async def run_turns(worker) -> list[list[int]]:
     return turns
 
 
-async def test_turns_waiting_together_share_one_put_and_only_missing_blocks_leave(worker, store):
+async def test_turns_waiting_together_share_one_put_and_only_missing_blocks_leave(worker, store, pool):
     turns = await run_turns(worker)
     hasher = worker.loop.engine.hasher
     chains = [hasher.hashes(t) for t in turns]
-    pool = ChannelPool()
-    try:
-        first = await handed_back(worker, store, [turns[0][:BLOCK_SIZE]], pool)  # the store holds turn 0's first block
-        assert (first.blocks_stored, store.store.counters.puts) == (1, 1)
-        handback = await handed_back(worker, store, turns, pool)
-    finally:
-        await pool.close()
+    first = await handed_back(worker, store, [turns[0][:BLOCK_SIZE]], pool)  # the store holds turn 0's first block
+    assert (first.blocks_stored, store.store.counters.puts) == (1, 1)
+    handback = await handed_back(worker, store, turns, pool)
     held = set(store.store.held_hashes())
     assert handback.blocks_skipped == 1 and store.store.counters.puts == 2  # three turns, one more Put
     assert handback.blocks_stored == len(held) - 1 and all(c[0] in held for c in chains)
@@ -98,38 +101,30 @@ async def test_turns_waiting_together_share_one_put_and_only_missing_blocks_leav
     assert all(parent[c[i]] == c[i - 1] for c in chains for i in range(1, len(c)) if c[i] in held)
 
 
-async def test_turns_that_end_within_the_window_join_the_first_ones_put(worker, store):
+async def test_turns_that_end_within_the_window_join_the_first_ones_put(worker, store, pool):
     turns = await run_turns(worker)
-    pool = ChannelPool()
-    try:
-        handback = handback_of(worker, store, pool, window_s=0.5)
-        handback.start()
-        assert handback.offer(turns[0])
-        await asyncio.sleep(0.05)  # the hand-back task has taken turn 0 and waits for company
-        assert handback.offer(turns[1]) and handback.offer(turns[2])
-        await finished(handback, store)
-    finally:
-        await pool.close()
+    handback = handback_of(worker, store, pool, window_s=0.5)
+    handback.start()
+    assert handback.offer(turns[0])
+    await asyncio.sleep(0.05)  # the hand-back task has taken turn 0 and waits for company
+    assert handback.offer(turns[1]) and handback.offer(turns[2])
+    await finished(handback, store)
     assert (store.store.counters.lookups, store.store.counters.puts) == (3, 1)
     assert store.store.counters.lookup_calls == 1  # one LookupChains for the three turns
     assert store.store.active_leases == 0  # a hand-back's lookup pins nothing
     assert handback.blocks_stored == len(store.store.held_hashes()) > 0
 
 
-async def test_a_queue_of_0_hands_nothing_back_and_a_full_queue_drops(worker, store):
+async def test_a_queue_of_0_hands_nothing_back_and_a_full_queue_drops(worker, store, pool):
     """handback_queue 0 is off (asyncio's maxsize 0 would be unbounded); past the bound a turn is dropped."""
     turns = await run_turns(worker)
-    pool = ChannelPool()
-    try:
-        off = handback_of(worker, store, pool, max_queue=0)
-        off.start()
-        assert not any(off.offer(tokens) for tokens in turns)
-        one = handback_of(worker, store, pool, max_queue=1)  # not started: the first turn stays queued
-        assert [one.offer(tokens) for tokens in turns] == [True, False, False] and one.dropped == 2
-        await asyncio.sleep(0.3)
-        await off.close()
-    finally:
-        await pool.close()
+    off = handback_of(worker, store, pool, max_queue=0)
+    off.start()
+    assert not any(off.offer(tokens) for tokens in turns)
+    one = handback_of(worker, store, pool, max_queue=1)  # not started: the first turn stays queued
+    assert [one.offer(tokens) for tokens in turns] == [True, False, False] and one.dropped == 2
+    await asyncio.sleep(0.3)
+    await off.close()
     assert store.store.counters.lookups == store.store.counters.puts == 0
 
 
@@ -153,47 +148,38 @@ async def offered_over_time(store, handback: Handback, turns, gaps_s: list[float
     (30.0, [0.6, 0.6], 1),  # each within the 1 s window of the one before, the last 1.2 s after the first: one Put
     (1.2, [0.8, 0.8], 2),  # the same, but the batch goes 1.2 s after its first: the third turn in a Put of its own
 ])
-async def test_turns_that_keep_ending_join_the_batch_past_its_window_up_to_its_max(worker, store, max_window_s, gaps_s,
-                                                                                   puts):
+async def test_turns_that_keep_ending_join_the_batch_past_its_window_up_to_its_max(worker, store, pool, max_window_s,
+                                                                                   gaps_s, puts):
     turns = await run_turns(worker)
-    pool = ChannelPool()
-    try:
-        handback = handback_of(worker, store, pool, window_s=1.0, max_window_s=max_window_s)
-        await offered_over_time(store, handback, turns, gaps_s, puts)
-    finally:
-        await pool.close()
+    handback = handback_of(worker, store, pool, window_s=1.0, max_window_s=max_window_s)
+    await offered_over_time(store, handback, turns, gaps_s, puts)
     assert (store.store.counters.lookup_calls, store.store.counters.puts) == (puts, puts)
     assert handback.blocks_stored == len(store.store.held_hashes()) > 0
 
 
-async def test_a_batch_goes_once_batch_turns_turns_wait_not_at_the_end_of_its_window(worker, store):
+async def test_a_batch_goes_once_batch_turns_turns_wait_not_at_the_end_of_its_window(worker, store, pool):
     turns = await run_turns(worker)
-    pool = ChannelPool()
-    try:
-        handback = handback_of(worker, store, pool, window_s=30.0, batch_turns=3, max_window_s=30.0)
-        handback.start()
-        assert handback.offer(turns[0])
-        await asyncio.sleep(0.05)  # the hand-back task has taken turn 0 and waits for company
-        assert handback.offer(turns[1])
-        await asyncio.sleep(0.3)
-        assert store.store.counters.puts == 0  # two of three: still waiting
-        assert handback.offer(turns[2])
-        for _ in range(250):  # NOTE: well before the 30 s window ends
-            if handback.blocks_stored and store.store.open_puts == 0:  # NOTE: the worker has the Put's answer too
-                break
-            await asyncio.sleep(0.02)
-        await handback.close()
-    finally:
-        await pool.close()
+    handback = handback_of(worker, store, pool, window_s=30.0, batch_turns=3, max_window_s=30.0)
+    handback.start()
+    assert handback.offer(turns[0])
+    await asyncio.sleep(0.05)  # the hand-back task has taken turn 0 and waits for company
+    assert handback.offer(turns[1])
+    await asyncio.sleep(0.3)
+    assert store.store.counters.puts == 0  # two of three: still waiting
+    assert handback.offer(turns[2])
+    for _ in range(250):  # NOTE: well before the 30 s window ends
+        if handback.blocks_stored and store.store.open_puts == 0:  # NOTE: the worker has the Put's answer too
+            break
+        await asyncio.sleep(0.02)
+    await handback.close()
     assert (store.store.counters.lookup_calls, store.store.counters.puts) == (1, 1)  # the three turns together
     assert handback.blocks_stored == len(store.store.held_hashes()) > 0
 
 
-async def test_a_batch_asks_each_shard_once_whatever_its_number_of_turns(worker, store):
+async def test_a_batch_asks_each_shard_once_whatever_its_number_of_turns(worker, store, pool):
     second = await start_store(KvStoreSettings(host="127.0.0.1", port=0, metrics_port=-1, nats=False, block_size=BLOCK_SIZE,
                                                store_id="kvstore-test-1"), StoreMetrics(CollectorRegistry()))
     turns = await run_turns(worker)
-    pool = ChannelPool()
     try:
         spec = worker.worker.spec
         shards = ShardDirectory([Shard("kvstore-test", store.endpoint), Shard("kvstore-test-1", second.endpoint)])
@@ -207,7 +193,6 @@ async def test_a_batch_asks_each_shard_once_whatever_its_number_of_turns(worker,
             await asyncio.sleep(0.02)
         await handback.close()
     finally:
-        await pool.close()
         await second.stop()
     stores = [store.store, second.store]
     owned = [split_by_owner(worker.loop.engine.hasher.hashes(t), shards.shards()) for t in turns]
