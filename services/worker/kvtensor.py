@@ -4,6 +4,8 @@ The workers run `encode_block`/`decode_block` on a `codec_pool()`, never on thei
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from kvmesh.runtime import kvwire
@@ -23,7 +25,7 @@ def to_bytes(t: torch.Tensor) -> bytes:
     return t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-def dtype_name(t: torch.Tensor) -> str:
+def _dtype_name(t: torch.Tensor) -> str:
     """The wire name of `t`'s dtype ("float32", ...); ValueError for one the wire has no name for."""
     dtype = str(t.dtype).removeprefix("torch.")
     if dtype not in TORCH_DTYPES:
@@ -35,8 +37,19 @@ def encode_block(
     kv: torch.Tensor, *, encoding: int = kvwire.RAW, block_hash: bytes = b"", block_index: int = 0, layer_start: int = 0
 ) -> common_pb2.KvBlock:
     """One block `[2, L, n, H, D]` as a wire message (full blocks carry their chained hash)."""
-    return kvwire.encode_block(to_bytes(kv), dtype_name(kv), tuple(kv.shape), encoding=encoding, block_hash=block_hash,
+    return kvwire.encode_block(to_bytes(kv), _dtype_name(kv), tuple(kv.shape), encoding=encoding, block_hash=block_hash,
                                block_index=block_index, layer_start=layer_start)
+
+
+def encode_blocks(kv: torch.Tensor, block_hashes: Sequence[bytes], start: int = 0) -> list[common_pb2.KvBlock]:
+    """Consecutive blocks `[n, 2, L, bs, H, D]` (one tensor) as n RAW wire blocks, numbered from
+    `start`, block i with `block_hashes[i]`. NOTE: the tensor's bytes are taken once and cut per
+    block (a tensor and a copy per block cost ~13 µs a block of `tiny`'s 8 KiB)."""
+    count = kv.shape[0]
+    data, dtype, shape = to_bytes(kv), _dtype_name(kv), tuple(kv.shape[1:])
+    size = len(data) // max(1, count)
+    return [kvwire.encode_block(data[i * size:(i + 1) * size], dtype, shape, encoding=kvwire.RAW,
+                                block_hash=block_hashes[i], block_index=start + i) for i in range(count)]
 
 
 def decode_block(block: common_pb2.KvBlock, spec: common_pb2.ModelSpec) -> torch.Tensor:
