@@ -49,9 +49,10 @@ MIGRATABLE = frozenset(
 SIDE_CALL_TIMEOUT_S = 2.0  # Complete / Abort / health: best-effort, short
 
 
-def request_metadata(request_id: str) -> tuple[tuple[str, str], ...]:
-    """gRPC metadata of a unary call made for one request: the current trace context and its id."""
-    return (*inject_metadata(), ("x-request-id", request_id))
+def request_metadata(request_id: str, carrier: tuple[tuple[str, str], ...] | None = None) -> tuple[tuple[str, str], ...]:
+    """gRPC metadata of a call made for one request: its trace context (`carrier`, or the current
+    one injected now) and its id."""
+    return (*(inject_metadata() if carrier is None else carrier), ("x-request-id", request_id))
 
 
 @dataclass(slots=True)
@@ -154,8 +155,7 @@ class Generation:
             self._routing = True
             carrier = inject_metadata()  # NOTE: once: the route and the generate carry the same context
             try:
-                route = await backend.route(route_req, timeout, (*carrier, ("x-request-id", job.request_id)),
-                                            self._schedulers)
+                route = await backend.route(route_req, timeout, request_metadata(job.request_id, carrier), self._schedulers)
             except grpc.aio.AioRpcError as exc:
                 self._done = True
                 self.status = "error"
