@@ -319,7 +319,7 @@ class LLMEngine:
     def export_cached_blocks(self, token_ids: list[int], start_block: int = 0) -> list[torch.Tensor]:
         """KV of cached full blocks from `start_block` on, each [2, L, block_size, Hkv, D] (CPU)."""
         hits = self.block_manager.match_prefix(self.hasher.hashes(token_ids), token_ids)[start_block:]
-        return list(self.runner.read_blocks(hits).unbind(0)) if hits else []
+        return list(self.runner.read_blocks(hits).unbind(0))
 
     def pin_cached_blocks(self, token_ids: list[int], start_block: int = 0) -> list[int]:
         """Ids of the cached full blocks of `token_ids` from `start_block` on, referenced so they
