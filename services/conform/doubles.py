@@ -269,8 +269,8 @@ class RecordingStore(kvstore_pb2_grpc.KvStoreServicer):
         frames = [msg async for msg in request_iterator]
         self.puts.append(frames)
         self.put_seen.set()
-        blocks = sum(1 if f.WhichOneof("msg") == "block" else len(f.blocks.blocks) for f in frames
-                     if f.WhichOneof("msg") in ("block", "blocks"))
+        counts = {"block": lambda f: 1, "blocks": lambda f: len(f.blocks.blocks), "runs": lambda f: sum(len(r.block_hashes) for r in f.runs.runs)}
+        blocks = sum(counts[f.WhichOneof("msg")](f) for f in frames if f.WhichOneof("msg") in counts)
         return kvstore_pb2.PutResponse(stored=blocks)
 
     async def Stats(self, request, context):  # noqa: ANN001, N802

@@ -3,28 +3,44 @@
 from __future__ import annotations
 
 from kvmesh.runtime.blockhash import BlockHasher
+from kvmesh.runtime.kvstoremsgs import BlockRun
 from kvmesh.runtime.pb import kvstore_pb2
 
 from . import kvlayout
-from .clauses import expect
+from .clauses import ClauseFailed, expect
 
 
 def chains_of(frames: list[kvstore_pb2.PutMessage]) -> list[tuple[bytes, list]]:
     """A Put stream's chains as (parent_hash, blocks): the open's parent and the blocks that follow
-    (`block` messages, or `blocks` batches), then one more per batch with `new_chain`."""
+    (`block` messages, `blocks` batches, or the runs of `runs` messages, as the KvBlocks they
+    pack), then one more per batch or run with `new_chain`."""
     chains: list[tuple[bytes, list]] = [(frames[0].open.parent_hash, [])]
     for frame in frames[1:-1]:
-        if frame.WhichOneof("msg") == "block":
+        kind = frame.WhichOneof("msg")
+        if kind == "block":
             chains[-1][1].append(frame.block)
-        elif frame.blocks.new_chain:
-            chains.append((frame.blocks.parent_hash, list(frame.blocks.blocks)))
-        else:
-            chains[-1][1].extend(frame.blocks.blocks)
+            continue
+        groups = [(run, _unpacked(run, frames[0].open.spec)) for run in frame.runs.runs] if kind == "runs" else \
+            [(frame.blocks, list(frame.blocks.blocks))]
+        for group, blocks in groups:
+            if group.new_chain:
+                chains.append((group.parent_hash, blocks))
+            else:
+                chains[-1][1].extend(blocks)
     return [(parent, blocks) for parent, blocks in chains if blocks]
 
 
+def _unpacked(run: kvstore_pb2.KvBlockRun, spec) -> list:  # noqa: ANN001 - a ModelSpec message
+    """A run's blocks as KvBlocks (the lengths a run must have are checked by the store:
+    here a run that does not split evenly fails the clause)."""
+    try:
+        return BlockRun.of(run.data, list(run.block_hashes), run.first_index, run.encoding, run.scales).as_blocks(spec)
+    except ValueError as exc:
+        raise ClauseFailed(f"a hand-back run: {exc}") from exc
+
+
 async def check_handback(puts: list[list[kvstore_pb2.PutMessage]], turns: list[list[int]], block_size: int) -> None:
-    """Every Put is open (spec, producer) → blocks (`block` or `blocks` messages) → commit of
+    """Every Put is open (spec, producer) → blocks (`block`, `blocks` or `runs` messages) → commit of
     exactly that many, with valid headers; and one of them holds blocks of one of `turns`
     (prompt + output token ids): a chain of the Put (the open's, or one a `blocks` message with
     `new_chain` starts) has the chained hashes of that turn under the open's spec, from
@@ -33,8 +49,8 @@ async def check_handback(puts: list[list[kvstore_pb2.PutMessage]], turns: list[l
     matched = False
     for frames in puts:
         kinds = [f.WhichOneof("msg") for f in frames]
-        expect(kinds and kinds[0] == "open" and kinds[-1] == "commit" and set(kinds[1:-1]) <= {"block", "blocks"},
-               f"a Put stream must be open, block or blocks..., commit; got {kinds[:3]}...{kinds[-1:]}")
+        expect(kinds and kinds[0] == "open" and kinds[-1] == "commit" and set(kinds[1:-1]) <= {"block", "blocks", "runs"},
+               f"a Put stream must be open, block, blocks or runs..., commit; got {kinds[:3]}...{kinds[-1:]}")
         spec, opened = frames[0].open.spec, frames[0].open
         expect(spec.model_id and spec.num_layers and spec.head_dim, "PutOpen.spec is incomplete")
         expect(opened.producer_id, "PutOpen.producer_id is empty")

@@ -310,6 +310,37 @@ async def lookup_chains(ctx: Session) -> None:
     await expect_status(ctx.stub.LookupChains(request(too_many), timeout=10), INVALID, what="65,537 hashes in one call")
 
 
+@clause(20, "a `runs` message (optional) stores the blocks its runs pack as `blocks` would; a bad run is INVALID_ARGUMENT "
+            "and nothing of it is stored")
+async def put_runs(ctx: Session) -> None:
+    hashes, values = ctx.chain(4, "k20")
+    blocks = [kvlayout.encode(v, kvlayout.RAW, h, i) for i, (h, v) in enumerate(zip(hashes, values))]
+
+    def stream(run: kvstore_pb2.KvBlockRun, commit: int = 4) -> list[kvstore_pb2.PutMessage]:
+        opened = kvstore_pb2.PutOpen(spec=ctx.spec, producer_id="conform")
+        return [kvstore_pb2.PutMessage(open=opened), kvstore_pb2.PutMessage(runs=kvstore_pb2.KvBlockRuns(runs=[run])),
+                kvstore_pb2.PutMessage(commit=kvstore_pb2.PutCommit(num_blocks=commit))]
+
+    def run_of(chosen: list[common_pb2.KvBlock], first: int = 0) -> kvstore_pb2.KvBlockRun:
+        return kvstore_pb2.KvBlockRun(block_hashes=[b.header.block_hash for b in chosen], checksums=[b.header.checksum for b in chosen],
+                                      first_index=first, encoding=kvlayout.RAW, data=b"".join(b.data for b in chosen))
+
+    bad = run_of(blocks)
+    bad.checksums[2] ^= 1
+    error = await expect_status(ctx.stub.Put(iter(stream(bad)), timeout=10), INVALID, what="a run with a wrong checksum")
+    need("unexpected empty message" not in (error.details() or ""),
+         "the store has no KvBlockRun (optional: a client sends the blocks as `blocks` messages)")
+    short = run_of(blocks)
+    short.data = short.data[:-4]
+    await expect_status(ctx.stub.Put(iter(stream(short)), timeout=10), INVALID, what="a run whose data is 4 bytes short")
+    expect((await ctx.lookup(hashes)).num_blocks == 0, "blocks of a refused run became visible")
+    reply = await ctx.stub.Put(iter(stream(run_of(blocks))), timeout=10)
+    expect((reply.stored, reply.duplicates) == (4, 0), f"a run of 4 new blocks answered stored={reply.stored} duplicates={reply.duplicates}")
+    expect((await ctx.lookup(hashes)).num_blocks == 4, "the blocks of a run are not found whole")
+    got = await collect_stream(ctx.stub.Get(kvstore_pb2.GetRequest(spec=ctx.spec, block_hashes=hashes), timeout=10))
+    expect([b.data for b in got] == [b.data for b in blocks], "Get of a run's blocks returned other bytes than were put")
+
+
 @clause(17, "drain: SIGTERM → a heartbeat with draining=true and health no longer SERVING")
 async def drain(ctx: Session) -> None:
     await natsclauses.check_drain(ctx, "kvstore")

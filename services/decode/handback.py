@@ -2,8 +2,10 @@
 
 Only the blocks the store lacks leave: each turn's block hashes are looked up first (the leading
 run the store holds, under no lease: nobody fetches these blocks) and the rest are pinned in the
-engine (one short command between steps), copied beside the step loop (`offload`) and encoded on a
-worker thread - never on the engine's step loop - and put with a two-phase `KvStore.Put` per owner shard
+engine (one short command between steps), copied beside the step loop (`offload`) and packed on a
+worker thread (one `KvBlockRun` a turn: one payload, a crc32 a block; the batch's runs share
+one `runs` message) - never on the engine's
+step loop - and put with a two-phase `KvStore.Put` per owner shard
 (`runtime/kvshardclient.py`; one store is one shard). Turns that wait together are handed back
 together: one `LookupChains` per shard asks about all of them (a unary Lookup per turn cost the
 store ~0.5-0.9 ms of gRPC each) and their blocks share one pin, one copy and one Put per shard (a
@@ -166,8 +168,10 @@ class Handback:
         metrics.HANDBACK_BLOCKS.inc(count)
 
     def _encode(self, turn_blocks: list[torch.Tensor], turns: list[Turn]) -> list[Chain]:
-        """Worker thread: each turn's blocks (one tensor `[n, 2, L, block_size, H, D]` a turn) as a
-        chain of wire blocks after its held ones."""
-        return [Chain(kvtensor.encode_blocks(kv, turn.hashes[turn.held:], turn.held), turn.parent_hash)
-                for kv, turn in zip(turn_blocks, turns)]
+        """Worker thread: each turn's blocks (one tensor `[n, 2, L, block_size, H, D]` a turn: the
+        engine's pinned blocks after the held ones, which may be fewer than the turn's hashes) as a
+        chain: one run (`KvBlockRun`) a turn, not a message a block."""
+        return [Chain(kvtensor.pack_blocks(kv, turn.hashes[turn.held:turn.held + kv.shape[0]], turn.held, self.spec.dtype),
+                      turn.parent_hash)
+                for kv, turn in zip(turn_blocks, turns) if kv.shape[0]]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kvmesh.runtime.errors import InvalidArgument
@@ -109,6 +110,33 @@ def with_payload(block: Block, encoding: Encoding, data: bytes, scales: bytes) -
     header = replace(block.header, encoding=encoding, byte_length=len(data), scales_length=len(scales),
                      checksum=checksum(data, scales))
     return Block(header, data, scales)
+
+
+def blocks_of_run(spec: ModelSpec, encoding: Encoding, block_hashes: Sequence[bytes], checksums: Sequence[int],
+                  first_index: int, data: bytes, scales: bytes) -> list[Block]:
+    """A `KvBlockRun`'s blocks: n = len(block_hashes) full blocks of `spec` in `encoding`, cut from
+    `data` and `scales` (n of the spec's lengths each, or InvalidArgument). Each is then staged, and
+    so checked, like a block sent alone (`check_block`: its checksum among the rest)."""
+    n = len(block_hashes)
+    data_len, scales_len = expected_lengths(spec, encoding)
+    where = f"run of {n} blocks from block {first_index}"
+    if len(checksums) != n:
+        raise InvalidArgument(f"{where}: {len(checksums)} checksums")
+    if len(data) != n * data_len or len(scales) != n * scales_len:
+        raise InvalidArgument(
+            f"{where}: {len(data)} data and {len(scales)} scale bytes, expected {n} x {data_len} and {n} x {scales_len} "
+            f"for {encoding.name}"
+        )
+    shape, dtype, layers, tokens = spec.block_shape, spec.dtype, spec.num_layers, spec.block_size
+    return [
+        Block(
+            BlockHeader(block_hash=block_hashes[i], block_index=first_index + i, layer_start=0, layer_end=layers, dtype=dtype,
+                        shape=shape, encoding=encoding, byte_length=data_len, checksum=checksums[i], num_tokens=tokens,
+                        scales_length=scales_len),
+            data[i * data_len:(i + 1) * data_len], scales[i * scales_len:(i + 1) * scales_len],
+        )
+        for i in range(n)
+    ]
 
 
 def expected_lengths(spec: ModelSpec, encoding: Encoding) -> tuple[int, int]:

@@ -7,8 +7,11 @@ times (counted by this client) are copied to the next `replicas - 1` shards in r
 where lookups go once their owner is gone. `lookup_chains` asks each shard about several
 sequences in one `LookupChains` call (a shard that answers UNIMPLEMENTED, an older store, gets a
 unary Lookup per sequence for UNARY_RETRY_S before the batched call is tried again). Puts carry whole chains (`Chain`: a sequence's
-consecutive blocks and the block before them), several per Put, in `blocks` messages of at most
-PUT_MESSAGE_BYTES (kvstoremsgs.py builds the messages). No torch: blocks stay protobuf `KvBlock`s here.
+consecutive blocks and the block before them), several per Put, in `blocks` (or, for a `BlockRun`,
+`runs`) messages of at most PUT_MESSAGE_BYTES (kvstoremsgs.py builds the messages). A shard older
+than `KvBlockRun` refuses a run as "unexpected empty message": that Put is sent again with the
+run's blocks as `KvBlock`s, and so is every later one to that shard. No torch: blocks stay
+protobuf here.
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ import grpc
 from .errors import MeshError
 from .grpcutil import ChannelPool
 from .kvshards import Shard, ShardDirectory, contiguous_prefix, rank, split_by_owner
-from .kvstoremsgs import Chain, lookup_chains_requests, put_messages, renumbered, runs
+from .kvstoremsgs import BlockRun, Chain, lookup_chains_requests, put_messages, renumbered, runs
 from .pb import common_pb2, kvstore_pb2, kvstore_pb2_grpc
 from .telemetry import inject_metadata
 
 log = logging.getLogger(__name__)
 
 MAX_HOT_TRACKED = 65_536  # hit counters kept for replication decisions
+OLD_STORE_PUT = "unexpected empty message"  # a store older than KvBlockRun, handed a `runs` message
 UNARY_RETRY_S = 300.0  # a shard without LookupChains gets unary Lookups this long before it is asked again
 NO_LEASE = -1.0  # lookup_chains' lease_s for "what is held" only
 
@@ -58,6 +62,7 @@ class ShardedStore:
         self.failures = 0  # calls a shard failed
         self._channels = channels
         self._stubs: dict[str, tuple[grpc.aio.Channel, kvstore_pb2_grpc.KvStoreStub]] = {}  # endpoint -> (channel, stub)
+        self._no_runs: set[str] = set()  # endpoints of stores older than KvBlockRun
         self._hits: Counter[bytes] = Counter()
         self._background: set[asyncio.Task] = set()
         self._clock = clock
@@ -194,21 +199,31 @@ class ShardedStore:
         for chain in chains:
             if not chain.blocks:
                 continue
-            groups = split_by_owner([b.header.block_hash for b in chain.blocks], shards)
+            groups = split_by_owner(chain.hashes, shards)
             for shard, positions in groups.items():
                 by_shard.setdefault(shard, []).extend(runs(chain, positions))
         results = await asyncio.gather(*(self._put_to(s, producer_id, runs) for s, runs in by_shard.items()))
         return sum(r[0] for r in results), sum(r[1] for r in results)
 
     async def _put_to(self, shard: Shard, producer_id: str, chains: list[Chain]) -> tuple[int, int]:
+        runs_ok = shard.endpoint not in self._no_runs
         try:
-            reply = await self._stub(shard).Put(
-                iter(put_messages(self.spec, producer_id, chains)), timeout=self.put_timeout_s, metadata=inject_metadata()
-            )
+            try:
+                reply = await self._put(shard, producer_id, chains, runs_ok)
+            except grpc.aio.AioRpcError as exc:
+                if not (runs_ok and _refused_run(exc) and any(isinstance(c.blocks, BlockRun) for c in chains)):
+                    raise
+                log.info("KV store shard %s (%s) takes no KvBlockRun; its Puts carry KvBlocks", shard.shard_id, shard.endpoint)
+                self._no_runs.add(shard.endpoint)
+                reply = await self._put(shard, producer_id, chains, False)
         except (grpc.aio.AioRpcError, MeshError) as exc:
             self._failed(shard, "Put", exc)
             return 0, 0
         return reply.stored, reply.duplicates
+
+    async def _put(self, shard: Shard, producer_id: str, chains: list[Chain], runs_ok: bool) -> kvstore_pb2.PutResponse:
+        messages = put_messages(self.spec, producer_id, chains, runs_ok=runs_ok)
+        return await self._stub(shard).Put(iter(messages), timeout=self.put_timeout_s, metadata=inject_metadata())
 
     def _count_hits(self, blocks: list[common_pb2.KvBlock]) -> None:
         if self.replicas < 2 or self.hot_hits <= 0:
@@ -247,3 +262,8 @@ def _sharded_lookup(
     owner_of = {i: s for s, positions in groups.items() for i in positions}
     leases = {s: r.lease_id for s, r in replies.items() if r.lease_id}
     return ShardedLookup(num_blocks, [owner_of[i] for i in range(num_blocks)], leases)
+
+
+def _refused_run(exc: grpc.aio.AioRpcError) -> bool:
+    """A store older than KvBlockRun refusing a `runs` message (it reads as an empty one)."""
+    return exc.code() == grpc.StatusCode.INVALID_ARGUMENT and OLD_STORE_PUT in (exc.details() or "")

@@ -1,9 +1,15 @@
 """The KV store's request messages, built from plain data (no grpc calls): a Put stream's
 messages for whole chains, LookupChains requests within the store's limit, and the chains a Put
-to one shard carries. `kvshardclient.py` sends them."""
+to one shard carries. `kvshardclient.py` sends them.
+
+A chain's blocks are `KvBlock` messages, or one `BlockRun`: consecutive full blocks in one payload
+(`KvBlockRun` on the wire). A decode worker hands a turn back as a run: one bytes object, a crc32
+per block, and one message, where a `KvBlock` per block cost the worker and the store ~50 µs of
+Python a block (README, "The token path")."""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,22 +20,102 @@ LOOKUP_CHAINS_HASHES = 65_536  # hashes per LookupChains call: the most a store 
 
 
 @dataclass(slots=True)
-class Chain:
-    """Consecutive blocks of one sequence; `parent_hash` is the block before the first (empty: none)."""
+class BlockRun:
+    """n consecutive full blocks of one sequence in one payload: block i has `block_hashes[i]`,
+    index `first_index + i`, checksum `checksums[i]` and the i-th `data` (and `scales`) of
+    len(data) / n (len(scales) / n) bytes, in `encoding` (a `KvEncoding` value)."""
 
-    blocks: list[common_pb2.KvBlock]
+    block_hashes: list[bytes]
+    checksums: list[int]
+    first_index: int
+    encoding: int
+    data: bytes
+    scales: bytes = b""
+
+    @classmethod
+    def of(cls, data: bytes, block_hashes: Sequence[bytes], first_index: int, encoding: int = common_pb2.KV_ENCODING_RAW,
+           scales: bytes = b"") -> BlockRun:
+        """A run of len(block_hashes) blocks cut evenly from `data` (and `scales`), checksums computed."""
+        n = len(block_hashes)
+        if n == 0 or len(data) % n or len(scales) % n:
+            raise ValueError(f"{len(data)} data and {len(scales)} scale bytes do not split into {n} blocks")
+        size, scale_size = len(data) // n, len(scales) // n
+        view, scale_view = memoryview(data), memoryview(scales)
+        checksums = [zlib.crc32(scale_view[i * scale_size:(i + 1) * scale_size], zlib.crc32(view[i * size:(i + 1) * size]))
+                     for i in range(n)]
+        return cls(list(block_hashes), checksums, first_index, encoding, data, scales)
+
+    def __len__(self) -> int:
+        return len(self.block_hashes)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + len(self.scales)
+
+    def part(self, start: int, stop: int) -> BlockRun:
+        """Blocks [start, stop) of the run, as a run."""
+        n = len(self.block_hashes)
+        size, scale_size = len(self.data) // n, len(self.scales) // n
+        return BlockRun(self.block_hashes[start:stop], self.checksums[start:stop], self.first_index + start, self.encoding,
+                        self.data[start * size:stop * size], self.scales[start * scale_size:stop * scale_size])
+
+    def add_to(self, runs: kvstore_pb2.KvBlockRuns, new_chain: bool = False, parent_hash: bytes = b"") -> None:
+        """Appends the run to a `runs` message (built in place: its payload is copied once)."""
+        runs.runs.add(block_hashes=self.block_hashes, checksums=self.checksums, first_index=self.first_index,
+                      encoding=self.encoding, data=self.data, scales=self.scales, new_chain=new_chain, parent_hash=parent_hash)
+
+    def as_blocks(self, spec: common_pb2.ModelSpec) -> list[common_pb2.KvBlock]:
+        """The same blocks as `KvBlock`s of `spec` (for a store older than `KvBlockRun`)."""
+        n = len(self.block_hashes)
+        size, scale_size = len(self.data) // n, len(self.scales) // n
+        shape = [2, spec.num_layers, spec.block_size, spec.num_kv_heads, spec.head_dim]
+        return [common_pb2.KvBlock(
+            header=common_pb2.KvBlockHeader(
+                block_hash=self.block_hashes[i], block_index=self.first_index + i, layer_start=0, layer_end=spec.num_layers,
+                dtype=spec.dtype, shape=shape, encoding=self.encoding, byte_length=size, checksum=self.checksums[i],
+                num_tokens=spec.block_size, scales_length=scale_size),
+            data=self.data[i * size:(i + 1) * size], scales=self.scales[i * scale_size:(i + 1) * scale_size],
+        ) for i in range(n)]
+
+
+@dataclass(slots=True)
+class Chain:
+    """Consecutive blocks of one sequence (`KvBlock`s, or one `BlockRun`); `parent_hash` is the
+    block before the first (empty: none)."""
+
+    blocks: list[common_pb2.KvBlock] | BlockRun
     parent_hash: bytes = b""
+
+    @property
+    def hashes(self) -> list[bytes]:
+        if isinstance(self.blocks, BlockRun):
+            return self.blocks.block_hashes
+        return [b.header.block_hash for b in self.blocks]
 
 
 
 def put_messages(spec: common_pb2.ModelSpec, producer_id: str, chains: Sequence[Chain],
-                 max_bytes: int = PUT_MESSAGE_BYTES) -> list[kvstore_pb2.PutMessage]:
+                 max_bytes: int = PUT_MESSAGE_BYTES, runs_ok: bool = True) -> list[kvstore_pb2.PutMessage]:
     """One Put stream: open (with the first chain's parent), each chain's blocks in `blocks`
-    messages of at most `max_bytes` block bytes (a larger block travels alone; a later chain's
-    first message has `new_chain`), then a commit of them all."""
+    messages (runs in `runs` messages, consecutive ones together) of at most `max_bytes` block
+    bytes (a larger block travels alone; a later chain's first message has `new_chain`), then a
+    commit of them all. Without `runs_ok` (a store older than `KvBlockRun`) runs go as `blocks` too."""
     opened = kvstore_pb2.PutOpen(spec=spec, producer_id=producer_id, parent_hash=chains[0].parent_hash if chains else b"")
     messages = [kvstore_pb2.PutMessage(open=opened)]
+    packed: kvstore_pb2.KvBlockRuns | None = None  # the `runs` message being filled (inside its PutMessage)
+    packed_bytes = 0
     for n, chain in enumerate(chains):
+        if isinstance(chain.blocks, BlockRun):
+            if runs_ok:
+                for run, new_chain in _run_pieces(chain.blocks, n > 0, max_bytes):
+                    if packed is None or packed_bytes + run.nbytes > max_bytes:
+                        messages.append(kvstore_pb2.PutMessage())
+                        packed, packed_bytes = messages[-1].runs, 0
+                    run.add_to(packed, new_chain, chain.parent_hash if new_chain else b"")
+                    packed_bytes += run.nbytes
+                continue
+            chain = Chain(chain.blocks.as_blocks(spec), chain.parent_hash)
+        packed = None
         batch = kvstore_pb2.KvBlockBatch(new_chain=n > 0, parent_hash=chain.parent_hash if n > 0 else b"")
         size = 0
         for block in chain.blocks:
@@ -44,6 +130,15 @@ def put_messages(spec: common_pb2.ModelSpec, producer_id: str, chains: Sequence[
     total = sum(len(c.blocks) for c in chains)
     messages.append(kvstore_pb2.PutMessage(commit=kvstore_pb2.PutCommit(num_blocks=total)))
     return messages
+
+
+def _run_pieces(run: BlockRun, new_chain: bool, max_bytes: int) -> list[tuple[BlockRun, bool]]:
+    """`run` in pieces of at most `max_bytes` block bytes (at least one block each), each with
+    whether it starts a new chain (the first, when the run does)."""
+    per = max(1, max_bytes // max(1, run.nbytes // len(run)))
+    if len(run) <= per:
+        return [(run, new_chain)]
+    return [(run.part(i, i + per), new_chain and i == 0) for i in range(0, len(run), per)]
 
 
 def lookup_chains_requests(spec: common_pb2.ModelSpec, shares: list[list[bytes]], lease_s: float,
@@ -64,6 +159,8 @@ def lookup_chains_requests(spec: common_pb2.ModelSpec, shares: list[list[bytes]]
 
 def runs(chain: Chain, positions: list[int]) -> list[Chain]:
     """`chain`'s blocks at `positions` (ascending) as chains of contiguous blocks, each with its parent."""
+    if isinstance(chain.blocks, BlockRun):
+        return _run_parts(chain.blocks, chain.parent_hash, positions)
     runs: list[Chain] = []
     last = -2
     for i in positions:
@@ -73,6 +170,22 @@ def runs(chain: Chain, positions: list[int]) -> list[Chain]:
             runs.append(Chain([chain.blocks[i]], chain.blocks[i - 1].header.block_hash if i else chain.parent_hash))
         last = i
     return runs
+
+
+def _run_parts(run: BlockRun, parent_hash: bytes, positions: list[int]) -> list[Chain]:
+    """A run's blocks at `positions` (ascending) as chains, one run for each stretch of contiguous ones."""
+    if len(positions) == len(run):
+        return [Chain(run, parent_hash)]
+    parts: list[Chain] = []
+    start = last = positions[0] if positions else 0
+    for i in [*positions[1:], None]:
+        if i is not None and i == last + 1:
+            last = i
+            continue
+        parts.append(Chain(run.part(start, last + 1), run.block_hashes[start - 1] if start else parent_hash))
+        if i is not None:
+            start = last = i
+    return parts if positions else []
 
 
 def renumbered(blocks: list[common_pb2.KvBlock]) -> list[common_pb2.KvBlock]:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from kvmesh.runtime import kvwire
+from kvmesh.runtime.kvstoremsgs import BlockRun
 from kvmesh.runtime.offload import Offload
 from kvmesh.runtime.pb import common_pb2
 
@@ -41,15 +42,13 @@ def encode_block(
                                block_index=block_index, layer_start=layer_start)
 
 
-def encode_blocks(kv: torch.Tensor, block_hashes: Sequence[bytes], start: int = 0) -> list[common_pb2.KvBlock]:
-    """Consecutive blocks `[n, 2, L, bs, H, D]` (one tensor) as n RAW wire blocks, numbered from
-    `start`, block i with `block_hashes[i]`. NOTE: the tensor's bytes are taken once and cut per
-    block (a tensor and a copy per block cost ~13 µs a block of `tiny`'s 8 KiB)."""
-    count = kv.shape[0]
-    data, dtype, shape = to_bytes(kv), _dtype_name(kv), tuple(kv.shape[1:])
-    size = len(data) // max(1, count)
-    return [kvwire.encode_block(data[i * size:(i + 1) * size], dtype, shape, encoding=kvwire.RAW,
-                                block_hash=block_hashes[i], block_index=start + i) for i in range(count)]
+def pack_blocks(kv: torch.Tensor, block_hashes: Sequence[bytes], start: int, dtype: str) -> BlockRun:
+    """Consecutive full blocks `[n, 2, L, bs, H, D]` (one tensor) as one RAW run numbered from
+    `start`, block i with `block_hashes[i]`: one bytes object and a crc32 a block, where
+    `encode_blocks` makes a message a block. `dtype`: the spec's (ValueError for another)."""
+    if _dtype_name(kv) != dtype:
+        raise ValueError(f"KV blocks of {_dtype_name(kv)}, the spec says {dtype}")
+    return BlockRun.of(to_bytes(kv), block_hashes, start)
 
 
 def decode_block(block: common_pb2.KvBlock, spec: common_pb2.ModelSpec) -> torch.Tensor:

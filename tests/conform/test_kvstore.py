@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import zlib
 from collections.abc import Iterator
 
 import pytest
 
 from kvmesh.conform.kvstore import REGISTRY
 from kvmesh.runtime.launcher import free_port
+from kvmesh.runtime.pb import kvstore_pb2
 
 from .breaker import changed
 from .conftest import Service, assert_conforms, assert_fails_only, broken_suite, suite
@@ -52,17 +54,33 @@ def _one_chain(message):  # noqa: ANN001, ANN202 - a store that ignores `new_cha
     return out
 
 
+def _run_as_empty(message):  # noqa: ANN001, ANN202 - a store older than KvBlockRun reads `runs` as no message
+    return kvstore_pb2.PutMessage() if message.WhichOneof("msg") == "runs" else message
+
+
+def _run_unchecked(message):  # noqa: ANN001, ANN202 - a store that takes a run's blocks without their checksums
+    if message.WhichOneof("msg") != "runs":
+        return message
+    out = changed(message)
+    for run in out.runs.runs:
+        size = len(run.data) // max(1, len(run.block_hashes))
+        run.checksums[:] = [zlib.crc32(run.data[i * size:(i + 1) * size]) for i in range(len(run.block_hashes))]
+    return out
+
+
 BROKEN = {
     "K5": {"replies": {"KvStore/Put": lambda r: changed(r, stored=r.stored + r.duplicates, duplicates=0)}},
     "K9": {"replies": {"KvStore/Get": _corrupt_raw}},
     "K18": {"requests": {"KvStore/Put": _one_chain}},
     "K19": {"replies": {"KvStore/LookupChains": lambda r: changed(r, chains=list(reversed(r.chains)))}},
+    "K20": {"requests": {"KvStore/Put": _run_unchecked}},
 }
 
 
 @pytest.mark.parametrize("clause_id", sorted(BROKEN))
 async def test_broken_store_fails_the_clause(store, nats, clause_id: str) -> None:  # noqa: ANN001
-    results = await broken_suite("kvstore", store[1], ("K1", "K2", "K5", "K9", "K10", "K18", "K19"), BROKEN[clause_id], nats=nats.url)
+    results = await broken_suite("kvstore", store[1], ("K1", "K2", "K5", "K9", "K10", "K18", "K19", "K20"), BROKEN[clause_id],
+                                 nats=nats.url)
     assert_fails_only(results, clause_id)
 
 
@@ -71,6 +89,13 @@ async def test_a_store_without_lookup_chains_skips_only_k19(store, nats) -> None
     results = await broken_suite("kvstore", store[1], ("K1", "K2", "K7", "K19"), absent, nats=nats.url)
     assert_conforms(results, skipped={"K19"})
     assert "no LookupChains" in results["K19"].detail
+
+
+async def test_a_store_without_runs_skips_only_k20(store, nats) -> None:  # noqa: ANN001
+    older = {"requests": {"KvStore/Put": _run_as_empty}}
+    results = await broken_suite("kvstore", store[1], ("K1", "K2", "K18", "K20"), older, nats=nats.url)
+    assert_conforms(results, skipped={"K20"})
+    assert "no KvBlockRun" in results["K20"].detail
 
 
 async def test_slow_heartbeat_fails_k13(nats, tmp_path) -> None:  # noqa: ANN001

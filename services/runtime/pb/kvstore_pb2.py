@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as kvmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kvmesh/v1/kvstore.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/common.proto\"Z\n\rLookupRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.ModelSpec\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\x12\x0f\n\x07lease_s\x18\x03 \x01(\x01\"R\n\x0eLookupResponse\x12\x12\n\nnum_blocks\x18\x01 \x01(\r\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x1a\n\x12lease_expires_in_s\x18\x03 \x01(\x01\"!\n\tHashChain\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\"p\n\x13LookupChainsRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.ModelSpec\x12$\n\x06\x63hains\x18\x02 \x03(\x0b\x32\x14.kvmesh.v1.HashChain\x12\x0f\n\x07lease_s\x18\x03 \x01(\x01\"A\n\x14LookupChainsResponse\x12)\n\x06\x63hains\x18\x01 \x03(\x0b\x32\x19.kvmesh.v1.LookupResponse\"\x81\x01\n\nGetRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.ModelSpec\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\'\n\x08\x65ncoding\x18\x04 \x01(\x0e\x32\x15.kvmesh.v1.KvEncoding\"W\n\x07PutOpen\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.ModelSpec\x12\x13\n\x0bproducer_id\x18\x02 \x01(\t\x12\x13\n\x0bparent_hash\x18\x03 \x01(\x0c\"\x1f\n\tPutCommit\x12\x12\n\nnum_blocks\x18\x01 \x01(\r\"Z\n\x0cKvBlockBatch\x12\"\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x12.kvmesh.v1.KvBlock\x12\x11\n\tnew_chain\x18\x02 \x01(\x08\x12\x13\n\x0bparent_hash\x18\x03 \x01(\x0c\"\xaf\x01\n\nPutMessage\x12\"\n\x04open\x18\x01 \x01(\x0b\x32\x12.kvmesh.v1.PutOpenH\x00\x12#\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x12.kvmesh.v1.KvBlockH\x00\x12&\n\x06\x63ommit\x18\x03 \x01(\x0b\x32\x14.kvmesh.v1.PutCommitH\x00\x12)\n\x06\x62locks\x18\x04 \x01(\x0b\x32\x17.kvmesh.v1.KvBlockBatchH\x00\x42\x05\n\x03msg\"1\n\x0bPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\"\x0e\n\x0cStatsRequest\"c\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12\x11\n\tevictions\x18\x05 \x01(\x04\"\xaf\x01\n\rStatsResponse\x12#\n\x05tiers\x18\x01 \x03(\x0b\x32\x14.kvmesh.v1.TierStats\x12\x0f\n\x07lookups\x18\x02 \x01(\x04\x12\x19\n\x11lookup_hit_blocks\x18\x03 \x01(\x04\x12\x1b\n\x13lookup_query_blocks\x18\x04 \x01(\x04\x12\x0c\n\x04puts\x18\x05 \x01(\x04\x12\x0c\n\x04gets\x18\x06 \x01(\x04\x12\x14\n\x0clookup_calls\x18\x07 \x01(\x04\x32\xc1\x02\n\x07KvStore\x12=\n\x06Lookup\x12\x18.kvmesh.v1.LookupRequest\x1a\x19.kvmesh.v1.LookupResponse\x12O\n\x0cLookupChains\x12\x1e.kvmesh.v1.LookupChainsRequest\x1a\x1f.kvmesh.v1.LookupChainsResponse\x12\x32\n\x03Get\x12\x15.kvmesh.v1.GetRequest\x1a\x12.kvmesh.v1.KvBlock0\x01\x12\x36\n\x03Put\x12\x15.kvmesh.v1.PutMessage\x1a\x16.kvmesh.v1.PutResponse(\x01\x12:\n\x05Stats\x12\x17.kvmesh.v1.StatsRequest\x1a\x18.kvmesh.v1.StatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kvmesh/v1/kvstore.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/common.proto\"Z\n\rLookupRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.ModelSpec\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\x12\x0f\n\x07lease_s\x18\x03 \x01(\x01\"R\n\x0eLookupResponse\x12\x12\n\nnum_blocks\x18\x01 \x01(\r\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x1a\n\x12lease_expires_in_s\x18\x03 \x01(\x01\"!\n\tHashChain\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\"p\n\x13LookupChainsRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.ModelSpec\x12$\n\x06\x63hains\x18\x02 \x03(\x0b\x32\x14.kvmesh.v1.HashChain\x12\x0f\n\x07lease_s\x18\x03 \x01(\x01\"A\n\x14LookupChainsResponse\x12)\n\x06\x63hains\x18\x01 \x03(\x0b\x32\x19.kvmesh.v1.LookupResponse\"\x81\x01\n\nGetRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.ModelSpec\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\'\n\x08\x65ncoding\x18\x04 \x01(\x0e\x32\x15.kvmesh.v1.KvEncoding\"W\n\x07PutOpen\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.ModelSpec\x12\x13\n\x0bproducer_id\x18\x02 \x01(\t\x12\x13\n\x0bparent_hash\x18\x03 \x01(\x0c\"\x1f\n\tPutCommit\x12\x12\n\nnum_blocks\x18\x01 \x01(\r\"Z\n\x0cKvBlockBatch\x12\"\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x12.kvmesh.v1.KvBlock\x12\x11\n\tnew_chain\x18\x02 \x01(\x08\x12\x13\n\x0bparent_hash\x18\x03 \x01(\x0c\"\xb9\x01\n\nKvBlockRun\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x11\n\tchecksums\x18\x02 \x03(\r\x12\x13\n\x0b\x66irst_index\x18\x03 \x01(\r\x12\'\n\x08\x65ncoding\x18\x04 \x01(\x0e\x32\x15.kvmesh.v1.KvEncoding\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x0e\n\x06scales\x18\x06 \x01(\x0c\x12\x11\n\tnew_chain\x18\x07 \x01(\x08\x12\x13\n\x0bparent_hash\x18\x08 \x01(\x0c\"2\n\x0bKvBlockRuns\x12#\n\x04runs\x18\x01 \x03(\x0b\x32\x15.kvmesh.v1.KvBlockRun\"\xd7\x01\n\nPutMessage\x12\"\n\x04open\x18\x01 \x01(\x0b\x32\x12.kvmesh.v1.PutOpenH\x00\x12#\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x12.kvmesh.v1.KvBlockH\x00\x12&\n\x06\x63ommit\x18\x03 \x01(\x0b\x32\x14.kvmesh.v1.PutCommitH\x00\x12)\n\x06\x62locks\x18\x04 \x01(\x0b\x32\x17.kvmesh.v1.KvBlockBatchH\x00\x12&\n\x04runs\x18\x05 \x01(\x0b\x32\x16.kvmesh.v1.KvBlockRunsH\x00\x42\x05\n\x03msg\"1\n\x0bPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\"\x0e\n\x0cStatsRequest\"c\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12\x11\n\tevictions\x18\x05 \x01(\x04\"\xaf\x01\n\rStatsResponse\x12#\n\x05tiers\x18\x01 \x03(\x0b\x32\x14.kvmesh.v1.TierStats\x12\x0f\n\x07lookups\x18\x02 \x01(\x04\x12\x19\n\x11lookup_hit_blocks\x18\x03 \x01(\x04\x12\x1b\n\x13lookup_query_blocks\x18\x04 \x01(\x04\x12\x0c\n\x04puts\x18\x05 \x01(\x04\x12\x0c\n\x04gets\x18\x06 \x01(\x04\x12\x14\n\x0clookup_calls\x18\x07 \x01(\x04\x32\xc1\x02\n\x07KvStore\x12=\n\x06Lookup\x12\x18.kvmesh.v1.LookupRequest\x1a\x19.kvmesh.v1.LookupResponse\x12O\n\x0cLookupChains\x12\x1e.kvmesh.v1.LookupChainsRequest\x1a\x1f.kvmesh.v1.LookupChainsResponse\x12\x32\n\x03Get\x12\x15.kvmesh.v1.GetRequest\x1a\x12.kvmesh.v1.KvBlock0\x01\x12\x36\n\x03Put\x12\x15.kvmesh.v1.PutMessage\x1a\x16.kvmesh.v1.PutResponse(\x01\x12:\n\x05Stats\x12\x17.kvmesh.v1.StatsRequest\x1a\x18.kvmesh.v1.StatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -50,16 +50,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUTCOMMIT']._serialized_end=706
   _globals['_KVBLOCKBATCH']._serialized_start=708
   _globals['_KVBLOCKBATCH']._serialized_end=798
-  _globals['_PUTMESSAGE']._serialized_start=801
-  _globals['_PUTMESSAGE']._serialized_end=976
-  _globals['_PUTRESPONSE']._serialized_start=978
-  _globals['_PUTRESPONSE']._serialized_end=1027
-  _globals['_STATSREQUEST']._serialized_start=1029
-  _globals['_STATSREQUEST']._serialized_end=1043
-  _globals['_TIERSTATS']._serialized_start=1045
-  _globals['_TIERSTATS']._serialized_end=1144
-  _globals['_STATSRESPONSE']._serialized_start=1147
-  _globals['_STATSRESPONSE']._serialized_end=1322
-  _globals['_KVSTORE']._serialized_start=1325
-  _globals['_KVSTORE']._serialized_end=1646
+  _globals['_KVBLOCKRUN']._serialized_start=801
+  _globals['_KVBLOCKRUN']._serialized_end=986
+  _globals['_KVBLOCKRUNS']._serialized_start=988
+  _globals['_KVBLOCKRUNS']._serialized_end=1038
+  _globals['_PUTMESSAGE']._serialized_start=1041
+  _globals['_PUTMESSAGE']._serialized_end=1256
+  _globals['_PUTRESPONSE']._serialized_start=1258
+  _globals['_PUTRESPONSE']._serialized_end=1307
+  _globals['_STATSREQUEST']._serialized_start=1309
+  _globals['_STATSREQUEST']._serialized_end=1323
+  _globals['_TIERSTATS']._serialized_start=1325
+  _globals['_TIERSTATS']._serialized_end=1424
+  _globals['_STATSRESPONSE']._serialized_start=1427
+  _globals['_STATSRESPONSE']._serialized_end=1602
+  _globals['_KVSTORE']._serialized_start=1605
+  _globals['_KVSTORE']._serialized_end=1926
 # @@protoc_insertion_point(module_scope)

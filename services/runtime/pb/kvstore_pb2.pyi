@@ -86,17 +86,45 @@ class KvBlockBatch(_message.Message):
     parent_hash: bytes
     def __init__(self, blocks: _Optional[_Iterable[_Union[_common_pb2.KvBlock, _Mapping]]] = ..., new_chain: bool = ..., parent_hash: _Optional[bytes] = ...) -> None: ...
 
+class KvBlockRun(_message.Message):
+    __slots__ = ("block_hashes", "checksums", "first_index", "encoding", "data", "scales", "new_chain", "parent_hash")
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SCALES_FIELD_NUMBER: _ClassVar[int]
+    NEW_CHAIN_FIELD_NUMBER: _ClassVar[int]
+    PARENT_HASH_FIELD_NUMBER: _ClassVar[int]
+    block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    first_index: int
+    encoding: _common_pb2.KvEncoding
+    data: bytes
+    scales: bytes
+    new_chain: bool
+    parent_hash: bytes
+    def __init__(self, block_hashes: _Optional[_Iterable[bytes]] = ..., checksums: _Optional[_Iterable[int]] = ..., first_index: _Optional[int] = ..., encoding: _Optional[_Union[_common_pb2.KvEncoding, str]] = ..., data: _Optional[bytes] = ..., scales: _Optional[bytes] = ..., new_chain: bool = ..., parent_hash: _Optional[bytes] = ...) -> None: ...
+
+class KvBlockRuns(_message.Message):
+    __slots__ = ("runs",)
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[KvBlockRun]
+    def __init__(self, runs: _Optional[_Iterable[_Union[KvBlockRun, _Mapping]]] = ...) -> None: ...
+
 class PutMessage(_message.Message):
-    __slots__ = ("open", "block", "commit", "blocks")
+    __slots__ = ("open", "block", "commit", "blocks", "runs")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
     open: PutOpen
     block: _common_pb2.KvBlock
     commit: PutCommit
     blocks: KvBlockBatch
-    def __init__(self, open: _Optional[_Union[PutOpen, _Mapping]] = ..., block: _Optional[_Union[_common_pb2.KvBlock, _Mapping]] = ..., commit: _Optional[_Union[PutCommit, _Mapping]] = ..., blocks: _Optional[_Union[KvBlockBatch, _Mapping]] = ...) -> None: ...
+    runs: KvBlockRuns
+    def __init__(self, open: _Optional[_Union[PutOpen, _Mapping]] = ..., block: _Optional[_Union[_common_pb2.KvBlock, _Mapping]] = ..., commit: _Optional[_Union[PutCommit, _Mapping]] = ..., blocks: _Optional[_Union[KvBlockBatch, _Mapping]] = ..., runs: _Optional[_Union[KvBlockRuns, _Mapping]] = ...) -> None: ...
 
 class PutResponse(_message.Message):
     __slots__ = ("stored", "duplicates")
