@@ -12,6 +12,7 @@ from kvmesh.prefill.config import PrefillSettings
 from kvmesh.prefill.main import start as start_prefill
 from kvmesh.runtime import kvwire
 from kvmesh.runtime.grpcutil import start_server
+from kvmesh.runtime.kvstoremsgs import BlockRun
 from kvmesh.runtime.pb import common_pb2, decode_pb2_grpc, kvstore_pb2, kvstore_pb2_grpc, prefill_pb2, prefill_pb2_grpc
 
 from ..decode.helpers import BLOCK_SIZE, PROMPT, collect, decode_settings, generate_request, greedy, make_reference
@@ -113,12 +114,17 @@ class FakeStore(kvstore_pb2_grpc.KvStoreServicer):
         self.gets = 0
 
     async def Put(self, request_iterator, context):
-        staged = []
+        staged, spec = [], None
         async for msg in request_iterator:
-            if msg.WhichOneof("msg") == "block":
+            if msg.WhichOneof("msg") == "open":
+                spec = msg.open.spec
+            elif msg.WhichOneof("msg") == "block":
                 staged.append(msg.block)
             elif msg.WhichOneof("msg") == "blocks":
                 staged.extend(msg.blocks.blocks)
+            elif msg.WhichOneof("msg") == "runs":  # a hand-back's turns (contracts K20)
+                for run in msg.runs.runs:
+                    staged.extend(BlockRun.of(run.data, list(run.block_hashes), run.first_index).as_blocks(spec))
             elif msg.WhichOneof("msg") == "commit":
                 for b in staged:
                     self.blocks[b.header.block_hash] = b
