@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import openai
@@ -207,3 +208,34 @@ async def test_models_health_and_metrics(gateway: RunningGateway) -> None:
         "kvmesh_gateway_mirror_dropped_total 0.0",
     ):
         assert name in metrics, name
+
+
+async def test_a_stream_sends_the_role_with_the_first_token_and_the_last_token_with_its_end(gateway: RunningGateway) -> None:
+    """One write a delta, and none for what follows at once: the role chunk goes with the first
+    token, the finish with the usage chunk and [DONE] (ASGI body messages, as uvicorn writes them)."""
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True,
+                       "stream_options": {"include_usage": True}}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80), "state": {}}
+    incoming = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        if incoming:
+            return incoming.pop(0)
+        await asyncio.Event().wait()
+        return {}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await gateway.app(scope, receive, send)
+    writes = [m["body"] for m in sent if m["type"] == "http.response.body" and m["body"]]
+    payloads = [[e.removeprefix("data: ") for e in w.decode().split("\n\n") if e] for w in writes]
+    events = [[json.loads(p) if p != "[DONE]" else p for p in w] for w in payloads]
+    assert "role" in events[0][0]["choices"][0]["delta"] and events[0][-1]["choices"][0]["delta"]["content"]
+    assert events[-1][-1] == "[DONE]" and events[-1][-2]["usage"]["completion_tokens"] == 3
+    assert events[-1][-3]["choices"][0]["finish_reason"] == "length"
+    assert all(sum(1 for e in w if e != "[DONE]" and e["choices"] and e["choices"][0]["delta"].get("content")) == 1 for w in events)
