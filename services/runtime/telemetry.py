@@ -25,6 +25,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from .leanspan import LeanTracer
+
 # Attribute that ties spans to the gateway's request id; `kvmesh trace` lists requests by it.
 REQUEST_ID_ATTRIBUTE = "kvmesh.request_id"
 CLIENT_REQUEST_ID_ATTRIBUTE = "kvmesh.client_request_id"  # the caller's X-Request-Id: correlation only
@@ -58,7 +60,7 @@ class _ActiveTracer(trace.Tracer):
 
     def push(self, provider: TracerProvider) -> None:
         with self._lock:
-            self._stack.append((provider, provider.get_tracer("kvmesh")))
+            self._stack.append((provider, LeanTracer(provider, "kvmesh")))
 
     def remove(self, provider: TracerProvider) -> None:
         with self._lock:
