@@ -20,7 +20,7 @@ from kvmesh.runtime.pb import common_pb2, events_pb2, kvstore_pb2, kvstore_pb2_g
 from kvmesh.runtime.telemetry import tracer
 
 from . import codec
-from .blocks import Block, BlockHeader, Encoding, ModelSpec, blocks_of_run
+from .blocks import Block, BlockHeader, Encoding, ModelSpec
 from .events import Cleared, Removed, StoreEvent, Stored
 from .metrics import StoreMetrics
 from .results import LookupResult, PutResult
@@ -99,21 +99,14 @@ class ChainStart:
     parent_hash: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class StagedRun:
-    """In a Put's staged blocks: a run's blocks (of a `runs` message), cut on the store thread."""
-
-    spec: ModelSpec
-    run: kvstore_pb2.KvBlockRun
-
-
-def _receive(message: kvstore_pb2.PutMessage, kind: str, spec: ModelSpec, staged: list) -> int:
-    """Appends a `block`, `blocks` or `runs` message's blocks (and chain starts) to `staged`; their bytes."""
+def _receive(message: kvstore_pb2.PutMessage, kind: str, staged: list) -> int:
+    """Appends a `block`, `blocks` or `runs` message's blocks (and chain starts; a run whole, cut
+    on the store thread) to `staged`; their bytes."""
     if kind == "runs":
         for run in message.runs.runs:
             if run.new_chain:
                 staged.append(ChainStart(run.parent_hash))
-            staged.append(StagedRun(spec, run))
+            staged.append(run)
         return sum(len(run.data) + len(run.scales) for run in message.runs.runs)
     received = [message.block] if kind == "block" else message.blocks.blocks
     if kind == "blocks" and message.blocks.new_chain:
@@ -234,21 +227,21 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
         """open → `block`, `blocks` or `runs` messages → commit. Blocks received are staged on the
         store thread STAGE_BYTES at a time; the rest, the commit and the events it makes take one trip."""
         with traced("kvstore.put") as span:
-            put_id, committed, staged, staged_bytes, spec = "", False, [], 0, None
+            put_id, committed, staged, staged_bytes = "", False, [], 0
             try:
                 async for message in request_iterator:
                     kind = message.WhichOneof("msg")
                     if not put_id:
                         if kind != "open":
                             raise InvalidArgument("a Put stream must start with an `open` message")
-                        spec = spec_from_pb(message.open.spec)
                         put_id = await self.thread.run(
-                            self.store.open_put, spec, message.open.producer_id, message.open.parent_hash or None,
+                            self.store.open_put, spec_from_pb(message.open.spec), message.open.producer_id,
+                            message.open.parent_hash or None,
                         )
                     elif kind == "block" or kind == "blocks" or kind == "runs":
                         # NOTE: staged in bulk: one store-thread trip per block (or per message) cost more
                         # than the blocks' own work on small models (a turn's hand-back is ~10 blocks).
-                        staged_bytes += _receive(message, kind, spec, staged)
+                        staged_bytes += _receive(message, kind, staged)
                         if staged_bytes >= STAGE_BYTES:
                             staged, staged_bytes = await self.thread.run(self._stage, put_id, staged), 0
                     elif kind == "commit":
@@ -269,30 +262,20 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
                     await self.thread.run(self.store.abort, put_id)
                 await self.feed.publish()
 
-    def _stage(self, put_id: str, staged: list[common_pb2.KvBlock | ChainStart | StagedRun]) -> list:
+    def _stage(self, put_id: str, staged: list[common_pb2.KvBlock | kvstore_pb2.KvBlockRun | ChainStart]) -> list:
         """Store thread: stages blocks, runs' blocks and chain starts in order (the first bad one
         aborts the put); [] after."""
         for item in staged:
             if isinstance(item, ChainStart):
                 self.store.start_chain(put_id, item.parent_hash or None)
-            elif isinstance(item, StagedRun):
-                self._stage_run(put_id, item)
+            elif isinstance(item, kvstore_pb2.KvBlockRun):
+                self.store.stage_run(put_id, encoding_from_pb(item.encoding), item.block_hashes, item.checksums,
+                                     item.first_index, item.data, item.scales)
             else:
                 self.store.stage(put_id, block_from_pb(item))
         return []
 
-    def _stage_run(self, put_id: str, item: StagedRun) -> None:
-        run = item.run
-        try:
-            blocks = blocks_of_run(item.spec, encoding_from_pb(run.encoding), run.block_hashes, run.checksums, run.first_index,
-                                   run.data, run.scales)
-        except MeshError:
-            self.store.abort(put_id)
-            raise
-        for block in blocks:
-            self.store.stage(put_id, block)
-
-    def _commit(self, put_id: str, blocks: list[common_pb2.KvBlock | ChainStart | StagedRun], num_blocks: int) -> PutResult:
+    def _commit(self, put_id: str, blocks: list[common_pb2.KvBlock | kvstore_pb2.KvBlockRun | ChainStart], num_blocks: int) -> PutResult:
         """Store thread: stages the last `blocks` and commits the put."""
         self._stage(put_id, blocks)
         return self.store.commit(put_id, num_blocks)

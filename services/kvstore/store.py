@@ -18,11 +18,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from kvmesh.runtime.errors import InvalidArgument, NotFound, ResourceExhausted
 
-from .blocks import HASH_BYTES, Block, ModelSpec, check_spec
+from .blocks import HASH_BYTES, Block, Encoding, ModelSpec, blocks_of_run, check_spec
 from .disk import DiskDir
 from .events import Cleared, StoreEvent, Stored
 from .index import Entry, Tier
@@ -159,6 +159,19 @@ class BlockStore:
         except Exception:
             self._puts.close(put_id)
             raise
+
+    def stage_run(self, put_id: str, encoding: Encoding, block_hashes: Sequence[bytes], checksums: Sequence[int],
+                  first_index: int, data: bytes, scales: bytes) -> None:
+        """Stages a run's blocks (`blocks_of_run` under the put's spec), each as `stage` does; a bad
+        run aborts the whole put."""
+        try:
+            spec = self._puts.get(put_id, self.clock()).spec
+            blocks = blocks_of_run(spec, encoding, block_hashes, checksums, first_index, data, scales)
+        except Exception:
+            self._puts.close(put_id)
+            raise
+        for block in blocks:
+            self.stage(put_id, block)
 
     def start_chain(self, put_id: str, parent: bytes | None) -> None:
         """The put's next block starts another chain after `parent`; a bad parent aborts the put."""

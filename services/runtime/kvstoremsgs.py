@@ -9,10 +9,10 @@ Python a block (README, "The token path")."""
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from . import kvwire
 from .pb import common_pb2, kvstore_pb2
 
 PUT_MESSAGE_BYTES = 4 * 1024 * 1024  # block bytes per Put message (a larger block travels alone)
@@ -40,8 +40,8 @@ class BlockRun:
         if n == 0 or len(data) % n or len(scales) % n:
             raise ValueError(f"{len(data)} data and {len(scales)} scale bytes do not split into {n} blocks")
         size, scale_size = len(data) // n, len(scales) // n
-        view, scale_view = memoryview(data), memoryview(scales)
-        checksums = [zlib.crc32(scale_view[i * scale_size:(i + 1) * scale_size], zlib.crc32(view[i * size:(i + 1) * size]))
+        view, scale_view = memoryview(data), memoryview(scales)  # NOTE: views: no copy a block for its crc
+        checksums = [kvwire.checksum(view[i * size:(i + 1) * size], scale_view[i * scale_size:(i + 1) * scale_size])
                      for i in range(n)]
         return cls(list(block_hashes), checksums, first_index, encoding, data, scales)
 
@@ -68,14 +68,11 @@ class BlockRun:
         """The same blocks as `KvBlock`s of `spec` (for a store older than `KvBlockRun`)."""
         n = len(self.block_hashes)
         size, scale_size = len(self.data) // n, len(self.scales) // n
-        shape = [2, spec.num_layers, spec.block_size, spec.num_kv_heads, spec.head_dim]
-        return [common_pb2.KvBlock(
-            header=common_pb2.KvBlockHeader(
-                block_hash=self.block_hashes[i], block_index=self.first_index + i, layer_start=0, layer_end=spec.num_layers,
-                dtype=spec.dtype, shape=shape, encoding=self.encoding, byte_length=size, checksum=self.checksums[i],
-                num_tokens=spec.block_size, scales_length=scale_size),
-            data=self.data[i * size:(i + 1) * size], scales=self.scales[i * scale_size:(i + 1) * scale_size],
-        ) for i in range(n)]
+        shape = (2, spec.num_layers, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        return [kvwire.block_message(self.data[i * size:(i + 1) * size], self.scales[i * scale_size:(i + 1) * scale_size],
+                                     spec.dtype, shape, self.encoding, self.block_hashes[i], self.first_index + i,
+                                     crc=self.checksums[i])
+                for i in range(n)]
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ no pickle anywhere. Workers turn tensors into bytes and back in `kvmesh.worker.k
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -69,7 +70,8 @@ def wire_bytes(block: common_pb2.KvBlock) -> int:
     return len(block.data) + len(block.scales)
 
 
-def _checksum(data: bytes, scales: bytes) -> int:
+def checksum(data: bytes, scales: bytes = b"") -> int:
+    """crc32 of a block's data then its scales, as carried in `KvBlockHeader.checksum`."""
     return zlib.crc32(scales, zlib.crc32(data))
 
 
@@ -165,6 +167,13 @@ def encode_block(
     if encoding not in ENCODING_NAMES:
         raise ValueError(f"unknown KV encoding {encoding}")
     data, scales = transcode(data, b"", dtype, tuple(shape), RAW, encoding)
+    return block_message(data, scales, dtype, shape, encoding, block_hash, block_index, layer_start)
+
+
+def block_message(data: bytes, scales: bytes, dtype: str, shape: Sequence[int], encoding: int, block_hash: bytes = b"",
+                  block_index: int = 0, layer_start: int = 0, crc: int | None = None) -> common_pb2.KvBlock:
+    """A block already in `encoding` (`data`, `scales`) as a wire message; `crc`: its checksum
+    when the caller has it (else computed)."""
     header = common_pb2.KvBlockHeader(
         block_hash=block_hash,
         block_index=block_index,
@@ -174,7 +183,7 @@ def encode_block(
         shape=list(shape),
         encoding=encoding,
         byte_length=len(data),
-        checksum=_checksum(data, scales),
+        checksum=checksum(data, scales) if crc is None else crc,
         num_tokens=shape[2],
         scales_length=len(scales),
     )
@@ -222,7 +231,7 @@ def validate_block(block: common_pb2.KvBlock, spec: common_pb2.ModelSpec) -> Non
             f"KV block {h.block_index}: scales_length {h.scales_length} / scales {len(block.scales)} bytes, "
             f"expected {scales_len}"
         )
-    if _checksum(block.data, block.scales) != h.checksum:
+    if checksum(block.data, block.scales) != h.checksum:
         raise InvalidArgument(f"KV block {h.block_index}: checksum mismatch (corrupted payload)")
 
 

@@ -146,7 +146,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             prefill = "local" if decision.local_prefill else "remote"
             metrics.ROUTE_DECISIONS.labels(decision.policy, prefill).inc()
             metrics.ROUTE_OVERLAP_BLOCKS.labels(decision.policy).observe(decision.decode_cached_blocks)
-            span.set_attributes({  # NOTE: one call: each set_attribute takes the span's lock and checks the value
+            span.set_attributes({
                 "kvmesh.decode_worker": decision.decode.worker_id,
                 "kvmesh.prefill_worker": decision.prefill.worker_id if decision.prefill else "local",
                 "kvmesh.overlap_blocks": decision.decode_cached_blocks,

@@ -45,7 +45,7 @@ def encode_block(
 def pack_blocks(kv: torch.Tensor, block_hashes: Sequence[bytes], start: int, dtype: str) -> BlockRun:
     """Consecutive full blocks `[n, 2, L, bs, H, D]` (one tensor) as one RAW run numbered from
     `start`, block i with `block_hashes[i]`: one bytes object and a crc32 a block, where
-    `encode_blocks` makes a message a block. `dtype`: the spec's (ValueError for another)."""
+    `encode_block` makes a message a block. `dtype`: the spec's (ValueError for another)."""
     if _dtype_name(kv) != dtype:
         raise ValueError(f"KV blocks of {_dtype_name(kv)}, the spec says {dtype}")
     return BlockRun.of(to_bytes(kv), block_hashes, start)
