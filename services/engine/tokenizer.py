@@ -25,6 +25,11 @@ class Tokenizer:
         bos_token_id: int | None,
     ) -> None:
         self._tok = hf_tokenizer
+        # NOTE: `encode_batch_fast` (tokenizers >= 0.20) is `encode` without each token's character
+        # offsets, which nothing here reads: half the CPU of a chat prompt's encode (~10 against ~21
+        # µs for bench/tokcost.py's prompts), paid by the gateway on every request. A one-prompt
+        # batch runs on the calling thread (no rayon pool, so no fork warning later).
+        self._encode_fast = getattr(hf_tokenizer, "encode_batch_fast", None)
         self.chat_template = chat_template
         self.bos_token = bos_token
         self.eos_token = eos_token
@@ -60,6 +65,8 @@ class Tokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if self._encode_fast is not None:
+            return self._encode_fast([text], add_special_tokens=add_special_tokens)[0].ids
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:

@@ -121,6 +121,11 @@ class Generation:
                 return delta
         return None
 
+    @property
+    def settled(self) -> bool:
+        """Nothing owed downstream: `close()` returns at once (not routing, Complete sent or never owed)."""
+        return self._route is None and not self._routing
+
     async def close(self, aborted: bool = False) -> None:
         """Ends the request. When it is unfinished (client gone, or the caller gave up) the worker
         is sent an abort on the stream; the scheduler's slot is always released. Idempotent."""

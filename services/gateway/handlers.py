@@ -22,7 +22,7 @@ from .prompt import PreparedPrompt, ServedModel
 from .protocol import Endpoint, GenerationRequest, Limits
 from .requestrun import RequestRun
 from .responses import SSE_DONE
-from .streaming import ClientDisconnected, EventStreamResponse, race_disconnect
+from .streaming import ClientDisconnected, DisconnectWatch, EventStreamResponse
 from .toolparsers import parser_for
 from .validate import INT32_MAX, INT32_MIN, parse_chat, parse_completion, parse_json
 
@@ -113,6 +113,7 @@ class CompletionService:
         ids = request_ids(request.headers.get("x-request-id"), endpoint)
         request.state.request_id = ids.echoed
         run = RequestRun(self, ids, endpoint, request)
+        watch: DisconnectWatch | None = DisconnectWatch(request.receive)  # the stream's, once it has one
         try:
             raw = await read_body(request, self.settings.max_body_bytes)
             req = self.parse(endpoint, raw, request.headers.get("x-request-priority"))
@@ -121,17 +122,22 @@ class CompletionService:
             self.limiter.acquire(api_key)
             run.key = api_key
             generation = run.begin(req, prepared, session_id, ids.mesh)
-            first = await race_disconnect(request.receive, generation.next())
+            first = await watch.race(generation.next())
             run.start_rest()
             if req.stream:
-                return EventStreamResponse(run.events(first), run.close_stream, {"X-Request-Id": ids.echoed}, last=SSE_DONE)
-            body = await race_disconnect(request.receive, run.collect(first))
+                stream, watch = watch, None
+                return EventStreamResponse(run.events(first), run.close_stream, {"X-Request-Id": ids.echoed}, last=SSE_DONE,
+                                           watch=stream)
+            body = await watch.race(run.collect(first))
         except ClientDisconnected:
             await run.finish(aborted=True)
             return Response(status_code=CLIENT_CLOSED)
         except BaseException as exc:
             await run.finish(error=exc)
             raise
+        finally:
+            if watch is not None:
+                watch.close()
         await run.finish()
         return JSONResponse(body, headers={"X-Request-Id": ids.echoed})
 

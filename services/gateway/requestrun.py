@@ -237,7 +237,13 @@ class RequestRun:
         return body
 
     async def close_stream(self, disconnected: bool) -> None:
-        await self.finish(aborted=disconnected)
+        """The event stream's `on_close`: what the request still owes downstream (a worker's abort,
+        the scheduler's Complete) is shielded from a cancel of the request's task; a request that
+        owes nothing (every choice finished: the usual end) ends in place, with no task for a shield."""
+        if not disconnected and all(c.generation.settled for c in self.choices):
+            await self.finish()  # NOTE: does not suspend: nothing in it awaits anything that waits
+        else:
+            await asyncio.shield(self.finish(aborted=disconnected))
 
     async def finish(self, aborted: bool = False, error: BaseException | None = None) -> None:
         if self._finished:
@@ -245,7 +251,8 @@ class RequestRun:
         self._finished = True
         self.error = self.error or error
         try:
-            await asyncio.gather(*(c.generation.close(aborted=aborted) for c in self.choices))
+            closing = [c.generation.close(aborted=aborted) for c in self.choices]
+            await (closing[0] if len(closing) == 1 else asyncio.gather(*closing))  # NOTE: one choice: no task
         finally:
             self._record(aborted)
 

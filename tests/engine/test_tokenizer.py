@@ -82,3 +82,23 @@ def test_torch_free_modules_do_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_encode_gives_the_ids_of_a_full_encode_on_a_bpe_with_merges(tmp_path: Path) -> None:
+    """`Tokenizer.encode` skips the offsets (`encode_batch_fast`); the ids are a full encode's."""
+    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    hf = HFTokenizer(models.BPE(unk_token=None))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    corpus = ["the sky is blue because of rayleigh scattering", "héllo 世界, the sky", "why is the sky blue?"] * 20
+    hf.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "<|user|>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    hf.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", hf.token_to_id("<s>"))])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer.from_dir(tmp_path)
+    texts = ["", " ", "why is the sky blue?", "<|user|>the sky (#17)", "héllo 世界\n\ttabs  and  spaces", "x" * 300]
+    for text in texts:
+        for special in (True, False):
+            assert tok.encode(text, add_special_tokens=special) == hf.encode(text, add_special_tokens=special).ids
+    assert tok.encode("the sky")[0] == hf.token_to_id("<s>") and len(tok.encode("the sky")) < 1 + len("the sky")
