@@ -37,9 +37,14 @@ class DecodeSettings(WorkerSettings):
         "decode steps ran 1.5-2x their cost alone, the process's 0.94-1.15x; docs/engine-process.md)"
     )
     stream_interval: int = Field(
-        4, ge=1, description="token stream under load: the engine lets its requests' tokens go every this many steps, "
-        "all on the same step (a request's first token and its end at once; 1 = every token at once, always): "
-        "docs/token-stream.md"
+        8, ge=1, description="token stream under load: the engine lets its requests' tokens go every this many steps, "
+        "all on the same step, or sooner (stream_interval_ms) (a request's first token and its end at once; 1 = every "
+        "token at once, always): docs/token-stream.md"
+    )
+    stream_interval_ms: float = Field(
+        20.0, ge=0, description="... and no token under load waits longer than this (then every held token goes on the "
+        "step that finds it waited as long; 0 = steps only): on slow steps (a large model's) the chunks keep coming "
+        "every ~20 ms"
     )
     stream_interval_from: int = Field(
         16, ge=1, description="stream_interval holds tokens only while at least this many requests are in the engine; "

@@ -4,11 +4,12 @@ Started by `engineproc.EngineProcess.spawn` as `python -m <role's host module> -
 `kvmesh.decode.enginehost`), never by forking the worker. It talks to the worker over the
 socket `N` only (frames: `enginewire`), on its main thread: it runs the commands that arrived,
 steps the engine while it has work, and sends at most ONE `step` frame per step with every due
-output (under load the tokens leave every `stream_interval` steps: `outputhold.py`), the stats,
-the step and progress counts and the KV cache events. A step with nothing due sends none, unless
-`quiet_s` (20 ms) passed since the last frame (the worker's stats and the watchdog's progress).
-KV cache events wait for the next frame: they are not due on their own (the worker publishes them
-at most every 20 ms anyway), and at 32 running requests some block fills on nearly every step.
+output (under load the tokens leave every `stream_interval` steps, or sooner once they waited
+`stream_interval_ms`: `outputhold.py`), the stats, the step and progress counts and the KV cache
+events. A step with nothing due sends none, unless `quiet_s` (20 ms) passed since the last frame
+(the worker's stats and the watchdog's progress). KV cache events wait for the next frame: they
+are not due on their own (the worker publishes them at most every 20 ms anyway), and at 32
+running requests some block fills on nearly every step.
 Commands marked off-loop (a grammar compile, a copy of pinned blocks) run on a side thread and
 answer when done.
 
@@ -164,7 +165,7 @@ class EngineHost:
             outputs = self.engine.step()
             made = bool(outputs)
             stats = self.engine.stats()
-            outputs = self.hold.take(outputs, stats.num_running + stats.num_waiting, self.steps)
+            outputs = self.hold.take(outputs, stats.num_running + stats.num_waiting, self.steps, time.monotonic())
         except Exception as exc:  # noqa: BLE001 - the worker fails the requests; this process lives on
             log.exception("engine step failed")
             header["x"] = wire.error_to_wire(exc)

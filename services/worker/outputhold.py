@@ -2,9 +2,11 @@
 
 Under load (at least `hold_from` requests in the engine) a decode worker sends its requests'
 tokens every `interval` engine steps, all of them on the same step (`stream_interval`,
-docs/token-stream.md). A request's first output (it may carry prompt logprobs and the time to its
-first token) and its end go at once, the step they are made. Below that load every output goes
-the step it is made.
+docs/token-stream.md), and sooner when the oldest of them has waited `max_hold_s`
+(`stream_interval_ms`): what a client waits for a token is bounded in time too, however long an
+engine step takes (a large model's 30 ms steps would otherwise hold a token 8 x 30 ms). A
+request's first output (it may carry prompt logprobs and the time to its first token) and its end
+go at once, the step they are made. Below that load every output goes the step it is made.
 
 Why here and not in the worker's stream (where it was): there, every engine step still carried
 every running request's token to the worker's event loop, which woke, decoded and filed each one
@@ -14,7 +16,7 @@ that have nothing due (`EngineHost`), so its worker's RPC process wakes once per
 request's tokens. Both engine loops (`EngineHost`, `EngineLoop`) hold the same way.
 
 Held outputs of one request merge into one (token ids, text and logprobs appended, the counts the
-latest). Pure: no I/O, no clock.
+latest). Pure: no I/O; the caller passes the clock.
 """
 
 from __future__ import annotations
@@ -25,29 +27,36 @@ from kvmesh.engine.outputs import RequestOutput
 class OutputHold:
     """Per-request held output between engine steps; see the module docstring."""
 
-    __slots__ = ("interval", "hold_from", "_held")
+    __slots__ = ("interval", "hold_from", "max_hold_s", "_held", "_held_since")
 
-    def __init__(self, interval: int = 1, hold_from: int = 1) -> None:
+    def __init__(self, interval: int = 1, hold_from: int = 1, max_hold_s: float = 0.0) -> None:
         self.interval = max(1, interval)
         self.hold_from = max(1, hold_from)
+        self.max_hold_s = max_hold_s  # 0: no time bound
         self._held: dict[str, RequestOutput] = {}
+        self._held_since = 0.0  # when the oldest held output was made (the clock `take` is given)
 
     @classmethod
     def from_settings(cls, settings: object) -> OutputHold:
-        """A role's hold: its `stream_interval` and `stream_interval_from` (a decode worker's), else none."""
-        return cls(getattr(settings, "stream_interval", 1), getattr(settings, "stream_interval_from", 1))
+        """A role's hold: its `stream_interval`, `stream_interval_from` and `stream_interval_ms` (a
+        decode worker's), else none."""
+        return cls(getattr(settings, "stream_interval", 1), getattr(settings, "stream_interval_from", 1),
+                   getattr(settings, "stream_interval_ms", 0.0) / 1000)
 
     def __len__(self) -> int:
         return len(self._held)
 
-    def take(self, outputs: list[RequestOutput], in_engine: int, step: int) -> list[RequestOutput]:
+    def take(self, outputs: list[RequestOutput], in_engine: int, step: int, now: float = 0.0) -> list[RequestOutput]:
         """What of this step's `outputs` (and what was held) goes out now; `in_engine`: the
-        requests the engine has (running and waiting); `step`: the step's number."""
+        requests the engine has (running and waiting); `step`: the step's number; `now`: a
+        monotonic clock in seconds (for `max_hold_s`)."""
         if self.interval == 1 or in_engine < self.hold_from:
             if not self._held:
                 return outputs
             return self._merged_all(outputs)
         held, due = self._held, []
+        if not held:
+            self._held_since = now
         for out in outputs:
             prev = held.pop(out.request_id, None)
             if prev is not None:
@@ -56,7 +65,7 @@ class OutputHold:
                 due.append(out)
             else:
                 held[out.request_id] = out
-        if step % self.interval == 0 and held:
+        if held and (step % self.interval == 0 or 0 < self.max_hold_s <= now - self._held_since):
             due.extend(held.values())
             held.clear()
         return due

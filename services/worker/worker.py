@@ -261,7 +261,7 @@ class EngineLoop:
             made = bool(outputs)
             if self.hold.interval > 1:
                 s = self.engine.stats()
-                outputs = self.hold.take(outputs, s.num_running + s.num_waiting, self.num_steps)
+                outputs = self.hold.take(outputs, s.num_running + s.num_waiting, self.num_steps, time.monotonic())
         except Exception as exc:  # noqa: BLE001 - fail the requests, keep the worker alive
             log.exception("engine step failed; failing %d requests", len(self._subs))
             failed = [(sub.deliver, exc) for sub in self._subs.values()]

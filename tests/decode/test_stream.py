@@ -111,7 +111,7 @@ async def test_every_duplicate_ids_error_goes_out_beside_the_running_requests_to
 
 
 async def test_stream_interval_holds_tokens_but_never_the_first_or_the_end(reference) -> None:
-    app = await start(decode_settings(stream_interval=4, stream_interval_from=1))
+    app = await start(decode_settings(stream_interval=4, stream_interval_from=1, stream_interval_ms=0))
     try:
         async with grpc.aio.insecure_channel(app.endpoint) as channel:
             client = Client(decode_pb2_grpc.DecodeWorkerStub(channel))
@@ -133,7 +133,8 @@ async def test_stream_interval_holds_nothing_below_its_load_and_holds_tokens_abo
     """stream_interval applies only while stream_interval_from requests run on the worker: one
     request alone gets every token in its own delta (low-load latency unchanged); three together
     get them held four at a time."""
-    app = await start(decode_settings(stream_interval=4, stream_interval_from=3, step_delay_s=0.02))  # NOTE: the writer keeps up
+    app = await start(decode_settings(stream_interval=4, stream_interval_from=3, stream_interval_ms=0,
+                                      step_delay_s=0.02))  # NOTE: the writer keeps up
     try:
         async with grpc.aio.insecure_channel(app.endpoint) as channel:
             client = Client(decode_pb2_grpc.DecodeWorkerStub(channel))
@@ -151,6 +152,25 @@ async def test_stream_interval_holds_nothing_below_its_load_and_holds_tokens_abo
         sizes = [len(d.token_ids) for d in together[rid]]
         assert sum(sizes) == 24 and [t for d in together[rid] for t in d.token_ids] == greedy(reference, PROMPT, 24)
         assert max(sizes) >= 4, sizes  # held while all three ran
+
+
+async def test_stream_interval_ms_bounds_how_long_a_token_is_held_on_slow_steps(reference) -> None:
+    """Steps of 20 ms or more, an interval of 8 steps, at most 30 ms: a held token goes at the
+    second step after it was made at the latest (not the eighth), so no delta carries more than 3."""
+    app = await start(decode_settings(stream_interval=8, stream_interval_from=1, stream_interval_ms=30, step_delay_s=0.02))
+    try:
+        async with grpc.aio.insecure_channel(app.endpoint) as channel:
+            client = Client(decode_pb2_grpc.DecodeWorkerStub(channel))
+            for rid in ("a", "b"):
+                client.generate(rid, max_tokens=16)
+            deltas, _ = await client.run({"a", "b"})
+            await client.close()
+    finally:
+        await app.stop()
+    for rid in ("a", "b"):
+        sizes = [len(d.token_ids) for d in deltas[rid]]
+        assert sum(sizes) == 16 and max(sizes) <= 3 and len(sizes) >= 6, sizes
+        assert [t for d in deltas[rid] for t in d.token_ids] == greedy(reference, PROMPT, 16)
 
 
 async def test_a_reused_request_id_never_gets_the_cancelled_calls_output(reference) -> None:

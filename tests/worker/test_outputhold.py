@@ -71,3 +71,23 @@ def test_a_failed_step_drops_what_was_held() -> None:
     assert len(hold) == 1
     hold.drop_all()
     assert len(hold) == 0 and hold.take([], 1, 4) == []
+
+
+def test_held_tokens_go_once_the_oldest_waited_max_hold_s_even_before_the_interval() -> None:
+    hold = OutputHold(interval=8, hold_from=1, max_hold_s=0.03)
+    sent = [[(o.request_id, o.new_token_ids) for o in hold.take(outs, 2, step, now)] for step, outs, now in [
+        (1, [out("a", [1], 1), out("b", [9], 1)], 0.00),  # first tokens: at once
+        (2, [out("a", [2], 2), out("b", [10], 2)], 0.02),  # held from 0.02
+        (3, [out("a", [3], 3)], 0.04),  # 20 ms: still held
+        (4, [out("a", [4], 4), out("b", [11], 3)], 0.05),  # 30 ms: every held token goes
+        (5, [out("a", [5], 5)], 0.06),  # held anew from 0.06
+    ]]
+    assert sent[0] == [("a", [1]), ("b", [9])] and sent[1] == sent[2] == []
+    assert sorted(sent[3]) == [("a", [2, 3, 4]), ("b", [10, 11])]
+    assert sent[4] == [] and len(hold) == 1
+
+
+def test_without_a_time_bound_only_the_interval_lets_held_tokens_go() -> None:
+    hold = OutputHold(interval=8, hold_from=1)
+    hold.take([out("a", [1], 1)], 1, 1, 0.0)
+    assert hold.take([out("a", [2], 2)], 1, 2, 10.0) == [] and len(hold) == 1

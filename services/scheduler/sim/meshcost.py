@@ -112,8 +112,10 @@
   with at least `stream_interval_from` rows a worker sends a request's tokens `stream_interval` at a
   time, so the per-token host cost above (fitted on fewer streams, a message and an SSE chunk per
   token) is charged once per `stream_interval` tokens there. Why: that is what the worker sends
-  (bench/tokcost.py at 32 streams: 0.25 SSE chunks a token); it moved none of run BA's figures, whose
-  loads keep 2-3 rows a worker;
+  (bench/tokcost.py at 32 streams: 0.25 SSE chunks a token at an interval of 4, 0.14 at 8); it moved
+  none of run BA's figures, whose loads keep 2-3 rows a worker. The workers' time bound
+  (`stream_interval_ms`, 20 ms) is not modelled: on this host's steps (2-4 ms at 32-64 rows) the
+  interval's steps end first or nearly so;
 - admission_limit: at most this many requests in flight mesh-wide, the rest wait (FIFO) before
   routing; one that waits longer than admission_timeout_s fails with 504, one that finds
   admission_limit × admission_queue_factor already waiting fails with 429 (the scheduler's
@@ -157,7 +159,7 @@ class MeshCost:
     host_cpu_s_per_request: float = 0.0
     host_cpu_s_per_step: float = 0.0
     host_cpu_s_per_token: float = 0.0
-    stream_interval: int = 4  # NOTE: the decode worker's defaults (decode/config.py; a test keeps them equal)
+    stream_interval: int = 8  # NOTE: the decode worker's defaults (decode/config.py; a test keeps them equal)
     stream_interval_from: int = 16
     noise: tuple[float, ...] = ()
     hidden_tokens: tuple[int, ...] = ()
