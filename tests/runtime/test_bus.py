@@ -72,3 +72,28 @@ async def test_a_publisher_beats_when_a_scheduler_asks_at_most_once_per_gap(nats
     assert len(beats) == 1
     await worker.close()
     await scheduler.close()
+
+
+async def test_close_is_bounded_when_the_server_stops_answering(nats_server):
+    """A drain waits for the server (nats-py: up to 30 s for the subscriptions, 10 s more for a
+    flush); a service shutting down beside a dying nats-server must not wait that long."""
+    import os
+    import signal
+    import time
+
+    from kvmesh.runtime.bus import CLOSE_S
+
+    bus = await Bus.connect(nats_server.url, "test")
+
+    async def ignore(_message, _raw):
+        pass
+
+    await bus.subscribe("kvmesh.workers.*.*.heartbeat", events_pb2.Heartbeat, ignore)
+    os.kill(nats_server.proc.pid, signal.SIGSTOP)  # connected, but nothing answers
+    try:
+        started = time.monotonic()
+        await bus.close()
+        took = time.monotonic() - started
+    finally:
+        os.kill(nats_server.proc.pid, signal.SIGCONT)
+    assert took < CLOSE_S + 1.5 and bus.client.is_closed
