@@ -16,7 +16,8 @@ from google.protobuf.message import DecodeError, Message
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError  # noqa: F401 - `request` raises it when nobody subscribes
-from opentelemetry import propagate
+
+from . import w3c
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +82,7 @@ class Bus:
 
     async def publish(self, subject: str, message: Message) -> None:
         """Fire-and-forget publish with the current trace context in the headers."""
-        headers: dict[str, str] = {}
-        propagate.inject(headers)
+        headers = w3c.inject()
         await self.client.publish(subject, message.SerializeToString(), headers=headers or None)
 
     async def subscribe(
@@ -110,8 +110,7 @@ class Bus:
         await self.client.subscribe(subject, queue=queue, cb=on_message)
 
     async def request(self, subject: str, message: Message, reply_type: type[M], timeout_s: float = 2.0) -> M:
-        headers: dict[str, str] = {}
-        propagate.inject(headers)
+        headers = w3c.inject()
         msg = await self.client.request(subject, message.SerializeToString(), timeout=timeout_s, headers=headers or None)
         reply = reply_type()
         reply.ParseFromString(msg.data)

@@ -19,12 +19,13 @@ from typing import Any
 
 import grpc
 import orjson
-from opentelemetry import context, propagate, trace
+from opentelemetry import context, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from . import w3c
 from .leanspan import LeanTracer
 
 # Attribute that ties spans to the gateway's request id; `kvmesh trace` lists requests by it.
@@ -178,9 +179,7 @@ class Telemetry:
 
 def inject_metadata() -> tuple[tuple[str, str], ...]:
     """The current trace context as gRPC metadata."""
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    return tuple(carrier.items())
+    return tuple(w3c.inject().items())
 
 
 def extract_context(pairs: Any) -> context.Context:
@@ -189,7 +188,7 @@ def extract_context(pairs: Any) -> context.Context:
         return context.get_current()
     items = pairs.items() if hasattr(pairs, "items") else pairs
     carrier = {k.lower(): v for k, v in items if isinstance(v, str)}
-    return propagate.extract(carrier)
+    return w3c.extract(carrier)
 
 
 def _finish_server_span(span: trace.Span, servicer_context: Any, error: BaseException | None) -> None:
