@@ -126,15 +126,53 @@ def init_process(settings: MeshSettings) -> None:
     apply_cpus(settings.cpus)
 
 
-def run_service(main: Coroutine[Any, Any, Any]) -> Any:
+LEFTOVER_S = 5.0  # how long the tasks a service left running get to end once cancelled
+
+
+def run_service(main: Coroutine[Any, Any, Any], leftover_s: float = LEFTOVER_S) -> Any:
     """`asyncio.run(main)` on uvloop when it is installed (a runtime dependency; every service's
-    event loop runs on it: its I/O and callbacks cost a fraction of the pure-Python loop's)."""
+    event loop runs on it: its I/O and callbacks cost a fraction of the pure-Python loop's), except
+    that the tasks still running when `main` ends get `leftover_s` to end once cancelled.
+
+    NOTE: asyncio.run waits for them without a bound. A scheduler stopped as its NATS server died
+    (the launcher killed: every child gets SIGTERM at once) sat in that wait for over 30 minutes, a
+    task of it never ending after its cancel. Past the bound each such task's stack is logged and
+    the process exits (status 1) without them."""
     try:
         import uvloop  # noqa: PLC0415
+
+        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
     except ImportError:  # pragma: no cover - uvloop is a dependency; a bare install still runs
-        return asyncio.run(main)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        factory = None
+    runner = asyncio.Runner(loop_factory=factory)
+    try:
         return runner.run(main)
+    finally:
+        if not _end_leftover_tasks(runner.get_loop(), leftover_s):
+            logging.shutdown()
+            os._exit(1)
+        runner.close()
+
+
+def _end_leftover_tasks(loop: asyncio.AbstractEventLoop, timeout_s: float) -> bool:
+    """Cancels the loop's unfinished tasks and runs it until they end, `timeout_s` at most; False
+    (their stacks logged) when some did not."""
+    left = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    if not left:
+        return True
+    for task in left:
+        task.cancel()
+    _, pending = loop.run_until_complete(asyncio.wait(left, timeout=timeout_s))
+    for task in pending:
+        stack = "".join(f"  {line}" for frame in task.get_stack() for line in _frame_text(frame))
+        log.error("task %s did not end %.0f s after its cancel; exiting without it:\n%s", task.get_name(), timeout_s, stack)
+    return not pending
+
+
+def _frame_text(frame: Any) -> list[str]:
+    import traceback  # noqa: PLC0415
+
+    return traceback.format_stack(frame, limit=1)
 
 
 def name_os_thread(name: str) -> None:
