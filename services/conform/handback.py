@@ -31,12 +31,15 @@ def chains_of(frames: list[kvstore_pb2.PutMessage]) -> list[tuple[bytes, list]]:
 
 
 def _unpacked(run: kvstore_pb2.KvBlockRun, spec) -> list:  # noqa: ANN001 - a ModelSpec message
-    """A run's blocks as KvBlocks (the lengths a run must have are checked by the store:
-    here a run that does not split evenly fails the clause)."""
-    try:
-        return BlockRun.of(run.data, list(run.block_hashes), run.first_index, run.encoding, run.scales).as_blocks(spec)
-    except ValueError as exc:
-        raise ClauseFailed(f"a hand-back run: {exc}") from exc
+    """A run's blocks as KvBlocks carrying the run's own checksums (so `_check_chain` checks them
+    against the data); a run that does not split evenly, or whose checksums are not one a block,
+    fails the clause."""
+    n = len(run.block_hashes)
+    if n == 0 or len(run.checksums) != n or len(run.data) % n or len(run.scales) % n:
+        raise ClauseFailed(f"a hand-back run of {n} blocks has {len(run.checksums)} checksums, {len(run.data)} data and "
+                           f"{len(run.scales)} scale bytes")
+    return BlockRun(list(run.block_hashes), list(run.checksums), run.first_index, run.encoding, run.data,
+                    run.scales).as_blocks(spec)
 
 
 async def check_handback(puts: list[list[kvstore_pb2.PutMessage]], turns: list[list[int]], block_size: int) -> None:
