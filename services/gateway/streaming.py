@@ -145,7 +145,6 @@ class EventStreamResponse(Response):
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             ended = await watch.race(self._pump(scope.get(RAW_SEND) or send))
-            watch.close()  # NOTE: at once: the body's end makes the server report a disconnect
             disconnected = False
             if not ended:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kvmesh.runtime.errors import InvalidArgument
+from kvmesh.runtime.kvwire import checksum
 
 HASH_BYTES = 32
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -87,11 +87,6 @@ class Block:
 
 
 BlockKey = tuple[str, bytes]  # (spec namespace, block hash)
-
-
-def checksum(data: bytes, scales: bytes = b"") -> int:
-    """crc32 of data followed by scales, as carried in `KvBlockHeader.checksum`."""
-    return zlib.crc32(scales, zlib.crc32(data))
 
 
 def make_block(spec: ModelSpec, block_hash: bytes, block_index: int, data: bytes,

@@ -128,7 +128,7 @@ class Bus:
             return
         drain = asyncio.ensure_future(self.client.drain())
         done, _ = await asyncio.wait({drain}, timeout=timeout_s)
-        if drain in done and drain.exception() is None:
+        if drain in done and not drain.cancelled() and drain.exception() is None:
             return
         drain.cancel()
         drain.add_done_callback(lambda t: t.cancelled() or t.exception())  # nobody awaits it now

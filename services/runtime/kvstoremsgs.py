@@ -48,14 +48,18 @@ class BlockRun:
     def __len__(self) -> int:
         return len(self.block_hashes)
 
+    def _block_bytes(self) -> tuple[int, int]:
+        """(data, scales) bytes of one block."""
+        n = len(self.block_hashes)
+        return len(self.data) // n, len(self.scales) // n
+
     @property
     def nbytes(self) -> int:
         return len(self.data) + len(self.scales)
 
     def part(self, start: int, stop: int) -> BlockRun:
         """Blocks [start, stop) of the run, as a run."""
-        n = len(self.block_hashes)
-        size, scale_size = len(self.data) // n, len(self.scales) // n
+        size, scale_size = self._block_bytes()
         return BlockRun(self.block_hashes[start:stop], self.checksums[start:stop], self.first_index + start, self.encoding,
                         self.data[start * size:stop * size], self.scales[start * scale_size:stop * scale_size])
 
@@ -66,13 +70,12 @@ class BlockRun:
 
     def as_blocks(self, spec: common_pb2.ModelSpec) -> list[common_pb2.KvBlock]:
         """The same blocks as `KvBlock`s of `spec` (for a store older than `KvBlockRun`)."""
-        n = len(self.block_hashes)
-        size, scale_size = len(self.data) // n, len(self.scales) // n
+        size, scale_size = self._block_bytes()
         shape = (2, spec.num_layers, spec.block_size, spec.num_kv_heads, spec.head_dim)
         return [kvwire.block_message(self.data[i * size:(i + 1) * size], self.scales[i * scale_size:(i + 1) * scale_size],
                                      spec.dtype, shape, self.encoding, self.block_hashes[i], self.first_index + i,
                                      crc=self.checksums[i])
-                for i in range(n)]
+                for i in range(len(self))]
 
 
 @dataclass(slots=True)

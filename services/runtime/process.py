@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import io
 import logging
 import os
 from collections.abc import Callable, Coroutine
@@ -164,15 +165,11 @@ def _end_leftover_tasks(loop: asyncio.AbstractEventLoop, timeout_s: float) -> bo
         task.cancel()
     _, pending = loop.run_until_complete(asyncio.wait(left, timeout=timeout_s))
     for task in pending:
-        stack = "".join(f"  {line}" for frame in task.get_stack() for line in _frame_text(frame))
-        log.error("task %s did not end %.0f s after its cancel; exiting without it:\n%s", task.get_name(), timeout_s, stack)
+        stack = io.StringIO()
+        task.print_stack(file=stack)
+        log.error("task %s did not end %.0f s after its cancel; exiting without it:\n%s", task.get_name(), timeout_s,
+                  stack.getvalue())
     return not pending
-
-
-def _frame_text(frame: Any) -> list[str]:
-    import traceback  # noqa: PLC0415
-
-    return traceback.format_stack(frame, limit=1)
 
 
 def name_os_thread(name: str) -> None:
