@@ -36,6 +36,13 @@ class StopStringMatcher:
         self._pending = text[end:]
         return self._emit(text[:end]), False
 
+    def would_stop(self, delta: str) -> bool:
+        """Whether `add(delta)` would match a stop string (nothing changes)."""
+        if not self.stop:
+            return False
+        text = self._pending + delta
+        return any(s in text for s in self.stop)
+
     def flush(self) -> str:
         """Everything not yet emitted (called when the request finishes)."""
         out, self._pending = self._pending, ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from datetime import datetime
 from pathlib import Path
@@ -94,7 +95,10 @@ class IncrementalDetokenizer:
     """Turns a stream of token ids into text deltas, never splitting a multi-byte character.
 
     `tokenizers`' DecodeStream does the work (in Rust, O(1) per token), primed with the last few
-    prompt tokens so a leading space or merge renders as it would in the full text.
+    prompt tokens so a leading space or merge renders as it would in the full text. `push_many`
+    takes the tokens that arrived together in one call: the gateway gets a request's tokens a few
+    at a time (the worker's stream interval), and a step of DecodeStream costs two decodes however
+    many tokens it takes.
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int] = (), skip_special_tokens: bool = True) -> None:
@@ -113,6 +117,30 @@ class IncrementalDetokenizer:
             return ""
         self._held.clear()
         return text
+
+    def push_many(self, token_ids: list[int]) -> str:
+        """Add several tokens; return the newly completed text: what `push` of each would have
+        returned, joined, and with the same tokens held back (those of an incomplete character)."""
+        if len(token_ids) == 1:
+            return self.push(token_ids[0])
+        before = copy.copy(self._stream)  # NOTE: a copy of the stream's state (~0.2 µs): a few ids and a string
+        text = self._stream.step(self._tokenizer._tok, token_ids)
+        if text is not None:
+            self._held.clear()
+            return text
+        # NOTE: the tokens end inside a character: one by one, so the characters before it go out now
+        # and only the incomplete one's tokens are held (what `flush` decodes on its own). Rare in
+        # text; `tiny`'s random bytes do it in ~40% of its calls, and gain nothing from batching.
+        self._stream = before
+        return "".join([self.push(t) for t in token_ids])
+
+    def snapshot(self) -> tuple[Any, list[int]]:
+        """The state, for `restore`: text made from here on can be made again."""
+        return copy.copy(self._stream), list(self._held)
+
+    def restore(self, state: tuple[Any, list[int]]) -> None:
+        self._stream, held = state
+        self._held = list(held)
 
     def flush(self) -> str:
         """Text of tokens still held back (an incomplete character decodes to U+FFFD)."""
