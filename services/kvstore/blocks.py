@@ -160,6 +160,16 @@ def check_spec(spec: ModelSpec, block_size: int = 0, max_block_bytes: int = 0) -
     return spec
 
 
+def check_run_block(block: Block) -> None:
+    """What `check_block` checks of a block of a run (`blocks_of_run`) that the run does not
+    settle: its hash's length and its checksum."""
+    h = block.header
+    if len(h.block_hash) != HASH_BYTES:
+        raise InvalidArgument(f"block {h.block_index}: block_hash must be {HASH_BYTES} bytes, got {len(h.block_hash)}")
+    if checksum(block.data, block.scales) != h.checksum:
+        raise InvalidArgument(f"block {h.block_index}: checksum mismatch (corrupted frame)")
+
+
 def check_block(spec: ModelSpec, block: Block) -> Block:
     """Raises InvalidArgument unless every header field agrees with `spec` and the payload."""
     h = block.header

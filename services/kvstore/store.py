@@ -162,16 +162,15 @@ class BlockStore:
 
     def stage_run(self, put_id: str, encoding: Encoding, block_hashes: Sequence[bytes], checksums: Sequence[int],
                   first_index: int, data: bytes, scales: bytes) -> None:
-        """Stages a run's blocks (`blocks_of_run` under the put's spec), each as `stage` does; a bad
-        run aborts the whole put."""
+        """Stages a run's blocks (`blocks_of_run` under the put's spec), checked as `stage` checks a
+        block; a bad run aborts the whole put."""
         try:
-            spec = self._puts.get(put_id, self.clock()).spec
-            blocks = blocks_of_run(spec, encoding, block_hashes, checksums, first_index, data, scales)
+            now = self.clock()
+            spec = self._puts.get(put_id, now).spec
+            self._puts.stage_run(put_id, blocks_of_run(spec, encoding, block_hashes, checksums, first_index, data, scales), now)
         except Exception:
             self._puts.close(put_id)
             raise
-        for block in blocks:
-            self.stage(put_id, block)
 
     def start_chain(self, put_id: str, parent: bytes | None) -> None:
         """The put's next block starts another chain after `parent`; a bad parent aborts the put."""

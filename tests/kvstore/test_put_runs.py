@@ -4,10 +4,15 @@ INVALID_ARGUMENT, and a store older than KvBlockRun sent the same blocks as KvBl
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import grpc
 import pytest
 
+from kvmesh.kvstore.blocks import Encoding, blocks_of_run
+from kvmesh.kvstore.puts import PutSessions
 from kvmesh.kvstore.server import KvStoreServicer, block_to_pb
+from kvmesh.runtime.errors import InvalidArgument
 from kvmesh.runtime.grpcutil import ChannelPool
 from kvmesh.runtime.kvshardclient import ShardedStore
 from kvmesh.runtime.kvshards import Shard, ShardDirectory
@@ -136,3 +141,24 @@ async def test_a_store_older_than_runs_gets_the_same_blocks_as_kvblocks(running_
         await pool.close()
     assert _OldStore.puts == [["open", "runs"], ["open", "blocks", "commit"], ["open", "blocks", "commit"]]
     assert client.failures == 0 and stored_chain(running, ["a1", "a2"]) == [(h("a1"), h("p")), (h("a2"), h("a1"))]
+
+
+def _session_blocks(names, start: int = 0):
+    run = run_of(names, start)
+    return blocks_of_run(SPEC, Encoding.RAW, run.block_hashes, run.checksums, start, run.data, b"")
+
+
+def test_a_runs_blocks_are_staged_in_order_within_the_put_limit_with_their_own_hashes():
+    puts = PutSessions(timeout_s=30.0, max_blocks=4)
+    put_id = puts.open(SPEC, "t", None, 0.0).put_id
+    puts.stage_run(put_id, _session_blocks(["a1", "a2"]), 0.0)
+    with pytest.raises(InvalidArgument, match="block_index 3 does not follow 1"):
+        puts.stage_run(put_id, _session_blocks(["a4"], start=3), 0.0)
+    with pytest.raises(InvalidArgument, match="more than 4 blocks"):
+        puts.stage_run(put_id, _session_blocks(["a3", "a4", "a5"], start=2), 0.0)
+    short = _session_blocks(["a3"], start=2)
+    short[0] = replace(short[0], header=replace(short[0].header, block_hash=b"\1" * 31))
+    with pytest.raises(InvalidArgument, match="block_hash must be 32 bytes"):
+        puts.stage_run(put_id, short, 0.0)
+    puts.stage_run(put_id, _session_blocks(["a3", "a4"], start=2), 0.0)
+    assert [b.header.block_index for b in puts.get(put_id, 0.0).blocks] == [0, 1, 2, 3]
