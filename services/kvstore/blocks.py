@@ -160,22 +160,28 @@ def check_spec(spec: ModelSpec, block_size: int = 0, max_block_bytes: int = 0) -
     return spec
 
 
+def _check_hash(h: BlockHeader) -> None:
+    if len(h.block_hash) != HASH_BYTES:
+        raise InvalidArgument(f"block {h.block_index}: block_hash must be {HASH_BYTES} bytes, got {len(h.block_hash)}")
+
+
+def _check_checksum(block: Block) -> None:
+    if checksum(block.data, block.scales) != block.header.checksum:
+        raise InvalidArgument(f"block {block.header.block_index}: checksum mismatch (corrupted frame)")
+
+
 def check_run_block(block: Block) -> None:
     """What `check_block` checks of a block of a run (`blocks_of_run`) that the run does not
     settle: its hash's length and its checksum."""
-    h = block.header
-    if len(h.block_hash) != HASH_BYTES:
-        raise InvalidArgument(f"block {h.block_index}: block_hash must be {HASH_BYTES} bytes, got {len(h.block_hash)}")
-    if checksum(block.data, block.scales) != h.checksum:
-        raise InvalidArgument(f"block {h.block_index}: checksum mismatch (corrupted frame)")
+    _check_hash(block.header)
+    _check_checksum(block)
 
 
 def check_block(spec: ModelSpec, block: Block) -> Block:
     """Raises InvalidArgument unless every header field agrees with `spec` and the payload."""
     h = block.header
     where = f"block {h.block_index}"
-    if len(h.block_hash) != HASH_BYTES:
-        raise InvalidArgument(f"{where}: block_hash must be {HASH_BYTES} bytes, got {len(h.block_hash)}")
+    _check_hash(h)
     if h.dtype != spec.dtype:
         raise InvalidArgument(f"{where}: dtype {h.dtype!r} != the spec's {spec.dtype!r}")
     if tuple(h.shape) != spec.block_shape:
@@ -193,6 +199,5 @@ def check_block(spec: ModelSpec, block: Block) -> Block:
         raise InvalidArgument(
             f"{where}: scales_length {h.scales_length}, scales {len(block.scales)} bytes, expected {scales_len}"
         )
-    if checksum(block.data, block.scales) != h.checksum:
-        raise InvalidArgument(f"{where}: checksum mismatch (corrupted frame)")
+    _check_checksum(block)
     return block

@@ -57,14 +57,7 @@ class PutSessions:
         """Validates `block` against the session's spec and order, then stages it (not yet visible)."""
         session = self.get(put_id, now)
         check_block(session.spec, block)
-        if len(session.blocks) >= self.max_blocks:
-            raise InvalidArgument(f"put {put_id}: more than {self.max_blocks} blocks in one put")
-        starts_chain = len(session.blocks) in session.chains
-        if session.blocks and not starts_chain and block.header.block_index != session.blocks[-1].header.block_index + 1:
-            raise InvalidArgument(
-                f"put {put_id}: block_index {block.header.block_index} does not follow "
-                f"{session.blocks[-1].header.block_index} (blocks must come in sequence order)"
-            )
+        self._check_next(session, block.header.block_index, 1)
         session.blocks.append(block)
 
     def stage_run(self, put_id: str, blocks: list[Block], now: float) -> None:
@@ -73,21 +66,26 @@ class PutSessions:
         NOTE: `blocks_of_run` made their headers from the session's spec and cut their payloads
         at the spec's lengths, so dtype, shape, layers, token count and lengths hold by
         construction and their indices follow each other; each block's hash and checksum are its
-        own. A block at a time cost the store thread ~12 µs a block, most of it those checks."""
+        own. The store thread's cost a block: ~11.5 µs staged one at a time, ~10 as a run."""
         session = self.get(put_id, now)
         if not blocks:
             return
-        if len(session.blocks) + len(blocks) > self.max_blocks:
-            raise InvalidArgument(f"put {put_id}: more than {self.max_blocks} blocks in one put")
-        first = blocks[0].header.block_index
-        if session.blocks and len(session.blocks) not in session.chains and first != session.blocks[-1].header.block_index + 1:
-            raise InvalidArgument(
-                f"put {put_id}: block_index {first} does not follow "
-                f"{session.blocks[-1].header.block_index} (blocks must come in sequence order)"
-            )
+        self._check_next(session, blocks[0].header.block_index, len(blocks))
         for block in blocks:
             check_run_block(block)
         session.blocks.extend(blocks)
+
+    def _check_next(self, session: PutSession, first_index: int, count: int) -> None:
+        """`count` blocks from `first_index` may be staged next: within the put's block limit, and
+        following the last staged block unless they start a chain."""
+        if len(session.blocks) + count > self.max_blocks:
+            raise InvalidArgument(f"put {session.put_id}: more than {self.max_blocks} blocks in one put")
+        starts_chain = len(session.blocks) in session.chains
+        if session.blocks and not starts_chain and first_index != session.blocks[-1].header.block_index + 1:
+            raise InvalidArgument(
+                f"put {session.put_id}: block_index {first_index} does not follow "
+                f"{session.blocks[-1].header.block_index} (blocks must come in sequence order)"
+            )
 
     def start_chain(self, put_id: str, parent: bytes | None, now: float) -> None:
         """The next block staged starts another chain, after `parent` (None: a first block)."""
