@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import random
 import socket
+import tempfile
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -56,6 +58,33 @@ class MeshOptions:
 
 
 PORT_FLOOR = 20000  # free ports are drawn from here up to the kernel's ephemeral range
+PORT_HOLD_S = 600.0  # how long a port `free_port` gave out is kept from every other caller on the host
+
+
+def port_registry() -> str:
+    """The directory where `free_port` notes the ports it gave out (one per user; `KVMESH_PORT_REGISTRY` overrides)."""
+    return os.environ.get("KVMESH_PORT_REGISTRY") or os.path.join(tempfile.gettempdir(), f"kvmesh-ports-{os.getuid()}")
+
+
+def _claim(port: int, registry: str, now: float) -> bool:
+    """Notes `port` as given out (an empty file created exclusively); False when another process
+    on the host got it within PORT_HOLD_S. True also when there is no usable registry: then a
+    port is only as safe as the random draw makes it."""
+    path = os.path.join(registry, str(port))
+    for _ in range(2):
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            return True
+        except FileExistsError:
+            try:
+                if now - os.stat(path).st_mtime < PORT_HOLD_S:
+                    return False
+                os.unlink(path)  # NOTE: a stale note; if two callers race here, only one O_EXCL wins
+            except FileNotFoundError:
+                pass
+        except OSError:
+            return True
+    return False
 
 
 def ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
@@ -73,12 +102,23 @@ def free_port(host: str = "127.0.0.1") -> int:
     NOTE: not the kernel's own pick (bind to port 0): that comes from the ephemeral range, which every
     outgoing connection's local port comes from too, so in the seconds before a service bound it
     another process's gRPC client could take it (a CI run lost a candidate worker's metrics port,
-    EADDRINUSE). Below the range only a listener can take it, and a random draw makes two meshes
-    starting at once unlikely to pick the same one."""
+    EADDRINUSE). Below the range only a listener can take it.
+
+    NOTE: a port is also noted in `port_registry()` and not given to any other caller on the host
+    for PORT_HOLD_S: a random draw alone let two meshes starting at once (pytest-xdist workers) pick
+    the same port before either bound it (a fresh `make test` failed so: a prefill worker's metrics
+    port, EADDRINUSE)."""
     high = ephemeral_low()
     low = PORT_FLOOR if high - PORT_FLOOR >= 1000 else 1024
+    registry = port_registry()
+    try:
+        os.makedirs(registry, exist_ok=True)
+    except OSError:
+        pass  # _claim then claims nothing: the draw alone, as before
     for _ in range(200):
         port = random.randrange(low, high)
+        if not _claim(port, registry, time.time()):
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((host, port))

@@ -111,3 +111,40 @@ def test_free_ports_are_bindable_and_below_the_kernels_ephemeral_range(tmp_path)
     custom.write_text("40000\t60999\n")
     assert ephemeral_low(str(custom)) == 40000
     assert ephemeral_low(str(tmp_path / "missing")) == 32768
+
+
+def test_free_port_never_gives_a_port_another_caller_got_lately(tmp_path, monkeypatch):
+    """Two meshes starting at once (pytest-xdist workers) drew the same port before either bound it;
+    a port given out is noted in the registry and skipped by every later draw until it is stale."""
+    import itertools
+    import os
+    import time
+
+    from kvmesh.runtime import launcher
+
+    registry = tmp_path / "ports"
+    monkeypatch.setenv("KVMESH_PORT_REGISTRY", str(registry))
+    first = launcher.free_port()
+    assert (registry / str(first)).exists()
+    others = (p for p in range(launcher.PORT_FLOOR, launcher.ephemeral_low()) if p != first)
+    draws = itertools.chain([first, first], others)
+    monkeypatch.setattr(launcher.random, "randrange", lambda lo, hi: next(draws))
+    second = launcher.free_port()
+    assert second != first  # noted a moment ago: skipped, though nothing is bound to it
+
+    stale = time.time() - launcher.PORT_HOLD_S - 1
+    os.utime(registry / str(first), (stale, stale))
+    draws = iter([first])
+    assert launcher.free_port() == first  # a stale note is taken over
+    assert time.time() - (registry / str(first)).stat().st_mtime < launcher.PORT_HOLD_S
+
+
+def test_free_port_draws_alone_when_the_registry_cannot_be_written(tmp_path, monkeypatch):
+    from kvmesh.runtime import launcher
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("KVMESH_PORT_REGISTRY", str(blocker / "ports"))  # under a file: no directory can be made
+    ports = {launcher.free_port() for _ in range(5)}
+    low = launcher.PORT_FLOOR if launcher.ephemeral_low() - launcher.PORT_FLOOR >= 1000 else 1024
+    assert all(low <= p < launcher.ephemeral_low() for p in ports)
