@@ -150,7 +150,36 @@ class IncrementalDetokenizer:
         return text
 
 
-def _compile_template(source: str) -> Any:
+class _ChatTemplate:
+    """A compiled chat template; `render(**vars)` as jinja2's `Template.render`, less its per-call
+    copy of the template's globals.
+
+    NOTE: `Template.render` builds each call's context as `dict(template.globals, **vars)`, and
+    `template.globals` is a ChainMap over the environment's: iterating it was ~6 of the ~8 µs of
+    rendering a short chat (~35 µs in a loaded gateway, one in every request's path). The globals
+    are fixed once the template is compiled, so they are copied to a dict here once, and a call's
+    context is that dict and its own vars."""
+
+    __slots__ = ("template", "_globals", "_new_context")
+
+    def __init__(self, template: Any) -> None:
+        from jinja2.runtime import new_context
+
+        self.template = template
+        self._globals = dict(template.globals)
+        self._new_context = new_context
+
+    def render(self, **variables: Any) -> str:
+        t = self.template
+        context = self._new_context(t.environment, t.name, t.blocks, {**self._globals, **variables}, True, self._globals)
+        try:
+            return t.environment.concat(t.root_render_func(context))
+        except Exception:
+            t.environment.handle_exception()  # raises (as Template.render does: a TemplateError stays one)
+            raise
+
+
+def _compile_template(source: str) -> _ChatTemplate:
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -164,7 +193,7 @@ def _compile_template(source: str) -> Any:
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(source)
+    return _ChatTemplate(env.from_string(source))
 
 
 def _chat_template(path: Path, tok_cfg: dict[str, Any]) -> str | None:

@@ -31,6 +31,37 @@ def test_chat_template_renders_with_jinja(tiny_dir: Path) -> None:
     assert not tok.apply_chat_template(messages, add_generation_prompt=False).endswith("<|assistant|>")
 
 
+TEMPLATE_FEATURES = (
+    "{%- set ns = namespace(n=0) -%}"
+    "{%- for m in messages -%}{%- if m['role'] == 'skip' %}{% continue %}{% endif -%}"
+    "{%- set ns.n = ns.n + 1 -%}<{{ m['role'] }}>{{ m['content'] | trim }}{{ eos_token }}"
+    "{%- if m.get('tool_calls') %}{{ m['tool_calls'] | tojson }}{% endif %}{%- endfor -%}"
+    "{{ ns.n }}{% for i in range(2) %}.{% endfor %}{{ strftime_now('%Y')[:2] }}"
+    "{%- if add_generation_prompt %}<assistant>{% endif %}"
+    "{%- if messages | length > 3 %}{{ raise_exception('too many messages') }}{% endif %}"
+)
+
+
+def test_chat_template_renders_as_jinjas_own_render_does(tiny_dir: Path) -> None:
+    """The template's globals are copied once (not on every render): the text, and the errors, are jinja2's own."""
+    import jinja2
+    import pytest
+
+    tok = Tokenizer.from_dir(tiny_dir)
+    tok.chat_template, tok._template = TEMPLATE_FEATURES, None
+    messages = [{"role": "user", "content": " hi "}, {"role": "skip", "content": "x"},
+                {"role": "assistant", "content": "ok", "tool_calls": [{"name": "f", "arguments": "{}"}]}]
+    text = tok.apply_chat_template(messages, add_generation_prompt=True)
+    jinja_text = tok._template.template.render(messages=messages, add_generation_prompt=True, bos_token=tok.bos_token or "",
+                                               eos_token=tok.eos_token or "")
+    assert text == jinja_text and text.startswith("<user>hi") and "2..20" in text and text.endswith("<assistant>")
+    with pytest.raises(jinja2.TemplateError, match="too many messages"):
+        tok.apply_chat_template(messages * 2)
+    no_content = [{"role": "user"}]  # an undefined value renders as jinja2 renders it
+    assert tok.apply_chat_template(no_content) == tok._template.template.render(
+        messages=no_content, add_generation_prompt=True, bos_token=tok.bos_token or "", eos_token=tok.eos_token or "")
+
+
 def test_incremental_detokenizer_never_splits_characters(tiny_dir: Path) -> None:
     tok = Tokenizer.from_dir(tiny_dir)
     text = "añb 世界 ok"
