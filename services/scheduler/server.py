@@ -219,9 +219,11 @@ def refresh(router: Router, gate: AdmissionGate, counters: metrics.IndexCounters
     gate.resize(total if replicas is None else replicas.share(total))
     if replicas is not None:
         metrics.REPLICAS.set(replicas.count)
-    metrics.WORKERS.clear()
+    counts: dict[tuple[str, ...], int] = {}
     for w in registry.all():
-        metrics.WORKERS.labels(w.info.role.name.lower(), w.info.pool).inc()
+        key = (w.info.role.name.lower(), w.info.pool)
+        counts[key] = counts.get(key, 0) + 1
+    metrics.WORKER_COUNTS.update(counts)
     metrics.ASSIGNMENTS.set(registry.open_assignments())
     metrics.ADMITTED.set(gate.queue.active)
     stats = router.index.stats
