@@ -9,10 +9,11 @@ from dataclasses import replace
 import grpc
 import pytest
 
-from kvmesh.kvstore.blocks import Encoding, blocks_of_run
+from kvmesh.kvstore.blocks import Encoding, blocks_of_run, expected_lengths
 from kvmesh.kvstore.puts import PutSessions
 from kvmesh.kvstore.server import KvStoreServicer, block_to_pb
 from kvmesh.runtime.errors import InvalidArgument
+from kvmesh.runtime.kvwire import checksum
 from kvmesh.runtime.grpcutil import ChannelPool
 from kvmesh.runtime.kvshardclient import ShardedStore
 from kvmesh.runtime.kvshards import Shard, ShardDirectory
@@ -162,3 +163,22 @@ def test_a_runs_blocks_are_staged_in_order_within_the_put_limit_with_their_own_h
         puts.stage_run(put_id, short, 0.0)
     puts.stage_run(put_id, _session_blocks(["a3", "a4"], start=2), 0.0)
     assert [b.header.block_index for b in puts.get(put_id, 0.0).blocks] == [0, 1, 2, 3]
+
+
+def test_a_runs_block_with_a_wrong_checksum_fails_the_run_scales_included():
+    puts = PutSessions(timeout_s=30.0, max_blocks=8)
+    put_id = puts.open(SPEC, "t", None, 0.0).put_id
+    bad = _session_blocks(["a1", "a2"])
+    bad[1] = replace(bad[1], header=replace(bad[1].header, checksum=bad[1].header.checksum ^ 1))
+    with pytest.raises(InvalidArgument, match="block 1: checksum mismatch"):
+        puts.stage_run(put_id, bad, 0.0)
+    data_len, scales_len = expected_lengths(SPEC, Encoding.INT8)
+    data, scales = bytes(range(256)) * (2 * data_len // 256 + 1), bytes(range(7, 256)) * (2 * scales_len // 249 + 1)
+    data, scales = data[:2 * data_len], scales[:2 * scales_len]
+    sums = [checksum(data[i * data_len:(i + 1) * data_len], scales[i * scales_len:(i + 1) * scales_len]) for i in range(2)]
+    run = blocks_of_run(SPEC, Encoding.INT8, [h("a1"), h("a2")], sums, 0, data, scales)
+    puts.stage_run(put_id, run, 0.0)  # data and scales both counted
+    assert [b.header.checksum for b in puts.get(put_id, 0.0).blocks] == sums
+    wrong = blocks_of_run(SPEC, Encoding.INT8, [h("a3")], [checksum(data[:data_len])], 2, data[:data_len], scales[:scales_len])
+    with pytest.raises(InvalidArgument, match="checksum mismatch"):
+        puts.stage_run(put_id, wrong, 0.0)  # the data's crc alone is not the block's
