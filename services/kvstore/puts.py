@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from kvmesh.runtime.errors import FailedPrecondition, InvalidArgument
 
-from .blocks import Block, ModelSpec, check_block, check_run_blocks
+from .blocks import Block, ModelSpec, check_block, check_run_block
 
 
 @dataclass(slots=True)
@@ -71,7 +71,8 @@ class PutSessions:
         if not blocks:
             return
         self._check_next(session, blocks[0].header.block_index, len(blocks))
-        check_run_blocks(blocks)
+        for block in blocks:
+            check_run_block(block)
         session.blocks.extend(blocks)
 
     def _check_next(self, session: PutSession, first_index: int, count: int) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import Counter, Gauge, Histogram
 
 ROUTE_DECISIONS = Counter(
@@ -51,7 +53,7 @@ class LabeledCounts:
         self.gauge = gauge
         self._last: dict[tuple[str, ...], int] = {}
 
-    def update(self, counts: dict[tuple[str, ...], int]) -> None:
+    def update(self, counts: Mapping[tuple[str, ...], int]) -> None:
         if counts == self._last:
             return
         for labels in self._last.keys() - counts.keys():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 from opentelemetry.context import Context
@@ -219,11 +220,7 @@ def refresh(router: Router, gate: AdmissionGate, counters: metrics.IndexCounters
     gate.resize(total if replicas is None else replicas.share(total))
     if replicas is not None:
         metrics.REPLICAS.set(replicas.count)
-    counts: dict[tuple[str, ...], int] = {}
-    for w in registry.all():
-        key = (w.info.role.name.lower(), w.info.pool)
-        counts[key] = counts.get(key, 0) + 1
-    metrics.WORKER_COUNTS.update(counts)
+    metrics.WORKER_COUNTS.update(Counter((w.info.role.name.lower(), w.info.pool) for w in registry.all()))
     metrics.ASSIGNMENTS.set(registry.open_assignments())
     metrics.ADMITTED.set(gate.queue.active)
     stats = router.index.stats
