@@ -88,31 +88,51 @@ async def _httpx_client(url: str, bodies: list[dict], concurrency: int) -> dict:
 
 
 def client_child(kind: str, url: str, model: str, requests: int, concurrency: int, max_tokens: int,
-                 vary: bool = False, first: int = 0) -> dict:
+                 vary: bool = False, first: int = 0, ready: Callable[[], None] = lambda: None) -> dict:
+    """Runs the load; `ready()` is called once everything is imported and built, just before it."""
     from kvmesh.runtime.process import apply_cpus
 
     apply_cpus(os.environ.get("KVMESH_CPUS", ""))  # --pin-engines: off the engine's CPU, as the mesh's other processes
     bodies = _bodies(model, requests, max_tokens, vary, first)
     if kind == "httpx":
+        import httpx  # noqa: F401 - imported before `ready`, not inside the load
+
+        ready()
         return asyncio.run(_httpx_client(url, bodies, concurrency))
     import sseload
 
+    ready()
     return sseload.main_sync(url, bodies, concurrency)
 
 
+def _ready_then_wait() -> None:
+    """The client child's side of run_client's handshake: says it is ready, waits for the go."""
+    print("ready", flush=True)
+    sys.stdin.readline()
+
+
 def run_client(url: str, model: str, requests: int, concurrency: int, max_tokens: int, kind: str = "raw",
-               cpus: str = "", vary: bool = False, first: int = 0) -> dict:
+               cpus: str = "", vary: bool = False, first: int = 0, on_ready: Callable[[], None] = lambda: None) -> dict:
     """Runs the load in a child process; returns its result. `kind`: the load generator, "raw"
     (bench/sseload.py) or "httpx"; `cpus`: the CPUs it runs on ("" = any); `vary`: output_lengths;
-    `first`: the first prompt's number."""
+    `first`: the first prompt's number. `on_ready()` runs once the child has started, imported and
+    built its requests, and the load starts when it returns: the mesh's CPU read there leaves out
+    the mesh idling through the client's start-up (~0.2 s of Python imports)."""
     argv = [sys.executable, __file__, "--client", url, "--served", model, "--requests", str(requests),
             "--concurrency", str(concurrency), "--max-tokens", str(max_tokens), "--client-kind", kind,
             "--first", str(first), *(["--vary-tokens"] if vary else [])]
     env = {**os.environ, "KVMESH_CPUS": cpus}
-    done = subprocess.run(argv, check=False, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"the load client exited {done.returncode}:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        if child.stdout.readline().strip() == "ready":
+            on_ready()
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        out, _ = child.communicate()
+        err.seek(0)
+        if child.returncode != 0:
+            raise RuntimeError(f"the load client exited {child.returncode}:\n{err.read()[-3000:]}")
+    return json.loads(out.strip().splitlines()[-1])
 
 
 # -- the in-process engine (its own process) --------------------------------------------------
@@ -280,7 +300,9 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
                 switches_before = {name: _switches(p) for name, p in procs.items()}
                 frames = _frame_counts(procs)
                 load, cpu, engine_cpu = _cpu_around(
-                    procs, lambda: run_client(mesh.gateway_url, served, requests, c, max_tokens, client_kind, cpus, vary, first))
+                    procs, lambda start: run_client(mesh.gateway_url, served, requests, c, max_tokens, client_kind, cpus, vary,
+                                                    first, start),
+                    handed_back(store, counts, requests))
                 switches = {name: _switches(p) - switches_before[name] for name, p in procs.items()}
                 store_delta = {k: v - counts[k] for k, v in _store_counts(store).items()}
                 time.sleep(0.6)  # NOTE: the engine step counter is refreshed with the gauges (every heartbeat, 0.5 s)
@@ -297,8 +319,10 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
             for length in split_lengths:
                 time.sleep(0.6)
                 n = max(8, requests * max_tokens // length)
-                load, cpu, engine_cpu = _cpu_around(procs, lambda length=length, n=n, first=first: run_client(
-                    mesh.gateway_url, served, n, concurrencies[0], length, client_kind, cpus, first=first))
+                counts = _store_counts(store)
+                load, cpu, engine_cpu = _cpu_around(procs, lambda start, length=length, n=n, first=first: run_client(
+                    mesh.gateway_url, served, n, concurrencies[0], length, client_kind, cpus, first=first, on_ready=start),
+                    handed_back(store, counts, n))
                 first += n
                 results.setdefault("split", []).append(
                     {"requests": load["requests"], "tokens": load["tokens"], "cpu_s": {**cpu, **engine_cpu}})
@@ -307,18 +331,40 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
     return results
 
 
-def _cpu_around(procs: dict, run: Callable[[], dict]) -> tuple[dict, dict[str, float], dict[str, float]]:
-    """`run()` between two readings of each mesh process's CPU time and its engine's; the second 0.5 s
-    after it, since the hand-backs of the last turns are part of the cost. (run's result, CPU s by
-    process, CPU s by "<process>: its engine <process|thread>")."""
-    before = {name: process_cpu_s(p) for name, p in procs.items()}
-    engines_before = {name: _engine_cpu(p) for name, p in procs.items()}
-    result = run()
-    time.sleep(0.5)
+def _cpu_around(procs: dict, run: Callable[[Callable[[], None]], dict],
+                settled: Callable[[], None] = lambda: time.sleep(0.5)) -> tuple[dict, dict[str, float], dict[str, float]]:
+    """`run(start)` with each mesh process's CPU time and its engine's read when it calls `start()`
+    (the load's first request) and again once `settled()` returns (the hand-backs of the last turns
+    are part of the cost). (run's result, CPU s by process, CPU s by "<process>: its engine <process|thread>")."""
+    before: dict[str, float] = {}
+    engines_before: dict = {}
+
+    def start() -> None:
+        before.update({name: process_cpu_s(p) for name, p in procs.items()})
+        engines_before.update({name: _engine_cpu(p) for name, p in procs.items()})
+
+    result = run(start)
+    settled()
     cpu = {name: process_cpu_s(p) - before[name] for name, p in procs.items()}
     engines = {f"{name}: its engine {kind}": s - engines_before[name][1]
                for name, p in procs.items() if engines_before[name] is not None for kind, s in [_engine_cpu(p)]}
     return result, cpu, engines
+
+
+def handed_back(store: str, counts: dict, turns: int, limit_s: float = 0.5, poll_s: float = 0.05) -> Callable[[], None]:
+    """Waits (at most `limit_s`) until the KV store has looked up `turns` more hand-back turns than
+    in `counts` and its Put count has held still for one `poll_s`: the load's last hand-backs are
+    done. With no store (or the hand-back off, when the lookups never come) it waits `limit_s`.
+    Each poll is one Stats call on an open channel, ~0.3 ms of the store's CPU, which counts."""
+    def wait() -> None:
+        deadline, puts = time.monotonic() + limit_s, None
+        while time.monotonic() < deadline:
+            time.sleep(poll_s)
+            now = _store_counts(store) if store else {}
+            if now and now["lookups"] - counts["lookups"] >= turns and now["puts"] == puts:
+                return
+            puts = now.get("puts")
+    return wait
 
 
 _FRAME_METRICS = ("kvmesh_scheduler_route_stream_frames_total", "kvmesh_decode_stream_frames_total",
@@ -358,6 +404,9 @@ def _store_endpoint(procs: dict) -> str:
     return f"{argv[argv.index('--host') + 1]}:{argv[argv.index('--port') + 1]}" if "--port" in argv else ""
 
 
+_channels: dict = {}  # endpoint -> one open gRPC channel: a channel a call cost the store a connection each
+
+
 def _store_counts(endpoint: str) -> dict:
     """The KV store's Lookup (chains looked up, and calls) and Put counts and blocks held (what the hand-back did)."""
     if not endpoint:
@@ -366,8 +415,9 @@ def _store_counts(endpoint: str) -> dict:
 
     from kvmesh.runtime.pb import kvstore_pb2, kvstore_pb2_grpc
 
-    with grpc.insecure_channel(endpoint) as channel:
-        stats = kvstore_pb2_grpc.KvStoreStub(channel).Stats(kvstore_pb2.StatsRequest(), timeout=10)
+    if endpoint not in _channels:
+        _channels[endpoint] = grpc.insecure_channel(endpoint)
+    stats = kvstore_pb2_grpc.KvStoreStub(_channels[endpoint]).Stats(kvstore_pb2.StatsRequest(), timeout=10)
     counts = {"lookups": stats.lookups, "puts": stats.puts, "blocks": sum(t.blocks for t in stats.tiers)}
     if hasattr(stats, "lookup_calls"):  # NOTE: tokcost-ab.sh runs this file on older kvmesh checkouts too
         counts["lookup_calls"] = stats.lookup_calls
@@ -528,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", default="", metavar="N,M",
                    help="also split each process's CPU into per request and per token, from loads of these output "
                         "lengths at the first concurrency level (e.g. 16,256)")
+    p.add_argument("--json", default="", metavar="FILE", help="also write every round's raw figures to FILE")
     p.add_argument("--pin-engines", action="store_true",
                    help="start the mesh as `kvmesh up --pin-engines` does (the engine on a CPU of its own; the load client "
                         "with the mesh's other processes)")
@@ -538,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.client:
         print(json.dumps(client_child(args.client_kind, args.client, args.served, args.requests, int(args.concurrency),
-                                      args.max_tokens, args.vary_tokens, args.first)))
+                                      args.max_tokens, args.vary_tokens, args.first, _ready_then_wait)))
         return 0
     if args.engine_child:
         print(json.dumps(engine_child(args.model, args.requests, int(args.concurrency), args.max_tokens, args.vary_tokens,
@@ -558,6 +609,8 @@ def main(argv: list[str] | None = None) -> int:
 
     mesh = measure_mesh(args.model, args.requests, levels, args.max_tokens, args.set, args.client_kind, lengths,
                         args.pin_engines, args.vary_tokens, args.rounds, engine)
+    if args.json:
+        Path(args.json).write_text(json.dumps({str(k): v for k, v in mesh.items()}, indent=1))
     length = f"{args.max_tokens // 2}-{args.max_tokens * 3 // 2} (mean ~{args.max_tokens})" if args.vary_tokens else args.max_tokens
     print(f"{args.requests} streamed chat requests x {length} tokens, model {args.model}, "
           f"{os.cpu_count()} CPUs{' (engine pinned)' if args.pin_engines else ''}, niceness {os.nice(0)}, "
