@@ -45,6 +45,25 @@ from .settings import WorkerSettings, bound_cpu_kernel_caches, engine_config, st
 log = logging.getLogger(__name__)
 
 
+IOV_MAX = 1024  # buffers one sendmsg takes (Linux)
+
+
+def send_all(sock: socket.socket, parts: list[wire.Buffer]) -> None:
+    """`sendall` of the parts concatenated, with `sendmsg` (no joined copy): resumes after a partial send."""
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    first = 0
+    while first < len(views):
+        sent = sock.sendmsg(views[first:first + IOV_MAX])
+        while sent and first < len(views):
+            n = views[first].nbytes
+            if sent >= n:
+                sent -= n
+                first += 1
+            else:
+                views[first] = views[first][sent:]
+                sent = 0
+
+
 class FrameSocket:
     """Blocking frames over a stream socket; `send` is safe from several threads."""
 
@@ -53,9 +72,15 @@ class FrameSocket:
         self._buf = bytearray()
         self._send_lock = threading.Lock()
 
-    def send(self, frames: list[bytes]) -> None:
+    def send(self, frames: list[bytes | list[wire.Buffer]]) -> None:
+        """Sends frames (each one bytes, or its parts: `wire.frame_parts`) in order, in one gathered
+        write: a large blob goes from its own memory to the socket, not through a joined copy."""
+        parts = [part for f in frames for part in ((f,) if isinstance(f, bytes) else f)]
         with self._send_lock:
-            self.sock.sendall(b"".join(frames))
+            if len(parts) == 1:
+                self.sock.sendall(parts[0])
+            else:
+                send_all(self.sock, parts)
 
     def poll(self, timeout: float | None) -> list[tuple[dict, bytearray]]:
         """Complete frames that arrived within `timeout` (None = wait for one); EOFError at EOF."""
@@ -128,8 +153,8 @@ class EngineHost:
         finally:
             self._side.shutdown(wait=False, cancel_futures=True)
 
-    def _run_commands(self, frames: list[tuple[dict, bytearray]]) -> tuple[list[bytes], bool]:
-        replies: list[bytes] = []
+    def _run_commands(self, frames: list[tuple[dict, bytearray]]) -> tuple[list[bytes | list[wire.Buffer]], bool]:
+        replies: list[bytes | list[wire.Buffer]] = []
         for header, blobs in frames:
             if header["k"] == "stop":
                 return replies, True
@@ -139,11 +164,12 @@ class EngineHost:
                 replies.append(self._answer(header, blobs))
         return replies, False
 
-    def _answer(self, header: dict, blobs: bytearray) -> bytes:
+    def _answer(self, header: dict, blobs: bytearray) -> list[wire.Buffer]:
+        """The reply frame's parts: a result's tensors (a hand-back's KV blocks) are sent from their own memory."""
         try:
             result = self.commands[header["n"]](self.engine, *wire.unpack(header["a"], blobs))
-            out: list[bytes] = []
-            return wire.frame({"k": "reply", "i": header["i"], "v": wire.pack(result, out)}, out)
+            out: list[wire.Buffer] = []
+            return wire.frame_parts({"k": "reply", "i": header["i"], "v": wire.pack(result, out)}, out)
         except Exception as exc:  # noqa: BLE001 - handed to the caller
             return wire.frame({"k": "reply", "i": header["i"], "x": wire.error_to_wire(exc)})
 

@@ -34,6 +34,7 @@ from kvmesh.runtime.errors import Unavailable
 
 from . import enginewire as wire
 from .delivery import call_each, claim
+from .framereceiver import FrameReceiver
 from .settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class EngineInfo:
 class EngineProcess:
     """The engine in a child process; see the module docstring. Build it with `spawn`."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+    def __init__(self, proc: asyncio.subprocess.Process, reader: FrameReceiver, writer: asyncio.Transport,
                  info: EngineInfo, stats: Any, call_timeout_s: float = 60.0) -> None:
         self.engine = info
         self.call_timeout_s = call_timeout_s
@@ -97,10 +98,10 @@ class EngineProcess:
                 sys.executable, "-m", host_module, "--fd", str(theirs.fileno()), pass_fds=(theirs.fileno(),))
         finally:
             theirs.close()
-        reader, writer = await asyncio.open_unix_connection(sock=ours, limit=1 << 20)
+        writer, reader = await asyncio.get_running_loop().create_unix_connection(FrameReceiver, sock=ours)
         writer.write(wire.frame({"k": "hello", "settings": settings.model_dump(mode="json")}))
         try:
-            ready, _ = await _read_frame(reader)
+            ready, _ = await reader.read()
         except asyncio.IncompleteReadError:
             code = await proc.wait()
             raise RuntimeError(f"the engine process exited ({code}) before its engine was built") from None
@@ -216,7 +217,7 @@ class EngineProcess:
     async def _read(self) -> None:
         try:
             while True:
-                header, blobs = await _read_frame(self._reader)
+                header, blobs = await self._reader.read()
                 if header["k"] == "step":
                     self._on_step(header)
                 elif header["k"] == "reply":
@@ -229,7 +230,7 @@ class EngineProcess:
             self._proc.kill()
             await self._on_dead(f"bad frame: {exc}")
 
-    def _on_reply(self, header: dict, blobs: bytearray) -> None:
+    def _on_reply(self, header: dict, blobs: wire.Blobs) -> None:
         future = self._pending.get(header["i"])
         if future is None or future.done():
             return
@@ -281,7 +282,3 @@ class EngineProcess:
                 future.set_exception(error)
         self._fail_all(error, abort=False)
 
-
-async def _read_frame(reader: asyncio.StreamReader) -> tuple[dict, bytearray]:
-    header_len, blobs_len = wire.PREFIX.unpack(await reader.readexactly(wire.PREFIX.size))
-    return wire.split(await reader.readexactly(header_len + blobs_len), header_len)

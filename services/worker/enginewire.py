@@ -25,27 +25,38 @@ import torch
 from kvmesh.engine.outputs import EngineStats, RequestOutput, TokenLogprob
 from kvmesh.engine.sampling import SamplingParams
 
-from .kvtensor import TORCH_DTYPES, to_bytes
+from .kvtensor import TORCH_DTYPES
+
+Buffer = bytes | memoryview  # a frame's part: bytes, or a view of a tensor's memory (`tensor_buffer`)
+Blobs = bytearray | memoryview  # a received frame's blob section, writable (torch.frombuffer views it)
 
 PREFIX = struct.Struct("<II")  # header length, blobs length
 _PARAM_FIELDS = [f.name for f in dataclasses.fields(SamplingParams)]
 _STATS_FIELDS = [f.name for f in dataclasses.fields(EngineStats)]
 
 
-def frame(header: dict, blobs: list[bytes] = ()) -> bytes:
+def frame(header: dict, blobs: list[Buffer] = ()) -> bytes:
     """One frame: header (plain JSON data, blob offsets already in it) and its blobs."""
+    return b"".join(frame_parts(header, blobs))
+
+
+def frame_parts(header: dict, blobs: list[Buffer] = ()) -> list[Buffer]:
+    """`frame` as its parts, the blobs not copied: for a scatter-gather send (`sendmsg`) of a frame
+    whose blobs are large (a hand-back's KV blocks, ~2 MiB a batch), where joining them cost a copy
+    into fresh pages."""
     head = orjson.dumps(header)
-    return b"".join((PREFIX.pack(len(head), sum(len(b) for b in blobs)), head, *blobs))
+    return [PREFIX.pack(len(head), sum(len(b) for b in blobs)) + head, *blobs]
 
 
-def split(body: bytes | bytearray | memoryview, header_len: int) -> tuple[dict, bytearray]:
-    """A frame's body (what follows the prefix) as (header, blobs); blobs writable for torch."""
+def split(body: bytes | bytearray | memoryview, header_len: int, copy: bool = True) -> tuple[dict, Blobs]:
+    """A frame's body (what follows the prefix) as (header, blobs); blobs writable for torch: a copy,
+    or without `copy` a view of `body` (which must be a writable buffer the frame owns)."""
     view = memoryview(body)
-    return orjson.loads(view[:header_len]), bytearray(view[header_len:])
+    return orjson.loads(view[:header_len]), bytearray(view[header_len:]) if copy else view[header_len:]
 
 
 # -- command arguments and results ----------------------------------------------------------
-def pack(value: Any, blobs: list[bytes]) -> Any:
+def pack(value: Any, blobs: list[Buffer]) -> Any:
     """`value` as JSON data; its tensors and bytes appended to `blobs` (see the module docstring)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
@@ -56,7 +67,7 @@ def pack(value: Any, blobs: list[bytes]) -> Any:
     if isinstance(value, bytes):
         return {"$b": _append(blobs, value), "n": len(value)}
     if isinstance(value, torch.Tensor):
-        data = to_bytes(value)
+        data = tensor_buffer(value)
         return {"$t": _append(blobs, data), "n": len(data), "d": str(value.dtype).removeprefix("torch."),
                 "s": list(value.shape)}
     if isinstance(value, SamplingParams):
@@ -64,13 +75,19 @@ def pack(value: Any, blobs: list[bytes]) -> Any:
     raise TypeError(f"{type(value).__name__} cannot cross to the engine process")
 
 
-def _append(blobs: list[bytes], data: bytes) -> int:
+def tensor_buffer(t: torch.Tensor) -> memoryview:
+    """The tensor's elements as a flat byte buffer (on CPU, contiguous; no copy when it already is):
+    the view keeps them alive until the frame holding it is sent."""
+    return memoryview(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy())
+
+
+def _append(blobs: list[Buffer], data: Buffer) -> int:
     offset = sum(len(b) for b in blobs)
     blobs.append(data)
     return offset
 
 
-def unpack(value: Any, blobs: bytearray) -> Any:
+def unpack(value: Any, blobs: Blobs) -> Any:
     """The inverse of `pack`; tensors are views of `blobs` (no copy)."""
     if isinstance(value, list):
         if all(type(v) is int for v in value):  # NOTE: token ids, as `pack` sent them
