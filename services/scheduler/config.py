@@ -29,7 +29,7 @@ class SchedulerSettings(MeshSettings):
     port: int = Field(50051, description="gRPC port (0 = any free port)")
     metrics_port: int = Field(9101, description="Prometheus /metrics port")
     policy: str = Field("kv_aware", description="routing policy: round_robin, least_loaded, prefix_affinity, kv_aware, dualmap")
-    heartbeat_timeout_s: float = Field(3.0, description="a worker silent this long is dropped (with its index entries)")
+    heartbeat_timeout_s: float = Field(3.0, description="a worker silent this long is dropped (with its index entries); the registry is swept every sixth of it, at most every 0.5 s")
     reconcile_grace_s: float = Field(
         5.0, description="a routed request its decode worker's heartbeat still does not list after this is reclaimed (lost Complete)"
     )

@@ -21,7 +21,7 @@ from kvmesh.runtime.telemetry import Telemetry, TracingServerInterceptor
 from . import metrics
 from .admission import AdmissionQueue
 from .config import SchedulerSettings
-from .feeds import BusFeeds
+from .feeds import BusFeeds, sweep_interval
 from .index import BlockIndex
 from .peers import Peers
 from .policy import make_policy
@@ -79,7 +79,7 @@ class SchedulerApp:
             prewarm.kick()
 
         feeds = BusFeeds(router, bus, on_change, settings.replay_timeout_s)
-        await feeds.start()
+        await feeds.start(sweep_interval(settings.heartbeat_timeout_s))
         servicer = SchedulerServicer(router, gate)
         sync = StartupSync(router, bus, replicas, settings.sync_timeout_s, settings.sync_alone_s)
         servicer.until_synced = sync.until_synced
