@@ -23,9 +23,10 @@ PAUSE_FRAMES = 256  # frames received and not yet read: past this the socket's r
 class FrameReceiver(asyncio.BufferedProtocol):
     """Receives `enginewire` frames; `await read()` returns the next (header, blobs)."""
 
-    def __init__(self, scratch_bytes: int = SCRATCH_BYTES) -> None:
+    def __init__(self, scratch_bytes: int | None = None) -> None:
         self.transport: asyncio.Transport | None = None
-        self._scratch = bytearray(max(scratch_bytes, wire.PREFIX.size))
+        self._scratch = bytearray(max(scratch_bytes or SCRATCH_BYTES, wire.PREFIX.size))
+        self.large_frames = 0  # frames received into a buffer of their own
         self._have = 0  # bytes of the scratch holding received data
         self._body: bytearray | None = None  # a large frame's own buffer, being filled
         self._body_got = 0
@@ -92,6 +93,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
                 self._deliver(wire.split(view[start:start + size], header_len))
                 pos = start + size
             elif wire.PREFIX.size + size > len(self._scratch):
+                self.large_frames += 1
                 self._body = bytearray(size)
                 self._body_got, self._body_header = self._have - start, header_len
                 self._body[:self._body_got] = view[start:self._have]

@@ -115,6 +115,27 @@ async def test_pushed_kv_goes_in_and_pinned_blocks_come_back_byte_for_byte(engin
     assert len(back[0]) == 3 and all(torch.equal(a, b) for a, b in zip(back[0], blocks))
 
 
+async def test_a_reply_larger_than_the_receive_buffer_comes_back_byte_for_byte(reference, monkeypatch) -> None:
+    """read_turns' blocks leave the engine process from the tensors' memory (a gathered send) and a
+    frame past the worker's scratch buffer is received into a buffer of its own (framereceiver.py)."""
+    monkeypatch.setattr("kvmesh.worker.framereceiver.SCRATCH_BYTES", 4096)  # 3 blocks of tiny: ~6 KiB
+    proc = await EngineProcess.spawn("kvmesh.decode.enginehost", decode_settings(engine_process=True))
+    proc.start()
+    try:
+        prompt = [41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53]
+        blocks = reference_kv(reference, prompt)
+        assert (await run(proc, "large", prompt))[0] == greedy(reference, prompt, 6)  # small frames: the scratch
+        pinned = await proc.call("pin_turns", [[prompt, 0], [prompt, 1]])
+        before = proc._reader.large_frames
+        back = await proc.offload("read_turns", pinned)
+        proc.call_nowait("unpin_turns", pinned)
+        assert proc._reader.large_frames == before + 1
+        assert len(back[0]) == 3 and all(torch.equal(a, b) for a, b in zip(back[0], blocks))
+        assert len(back[1]) == 2 and all(torch.equal(a, b) for a, b in zip(back[1], blocks[1:]))
+    finally:
+        await proc.stop()
+
+
 async def test_prewarmed_blocks_cross_by_hash(engine, reference) -> None:
     prompt = [31, 32, 33, 34, 35, 36, 37, 38, 39]
     blocks = reference_kv(reference, prompt)[:2]
