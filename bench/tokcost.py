@@ -332,7 +332,7 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
 
 
 def _cpu_around(procs: dict, run: Callable[[Callable[[], None]], dict],
-                settled: Callable[[], None] = lambda: time.sleep(0.5)) -> tuple[dict, dict[str, float], dict[str, float]]:
+                settled: Callable[[], None]) -> tuple[dict, dict[str, float], dict[str, float]]:
     """`run(start)` with each mesh process's CPU time and its engine's read when it calls `start()`
     (the load's first request) and again once `settled()` returns (the hand-backs of the last turns
     are part of the cost). (run's result, CPU s by process, CPU s by "<process>: its engine <process|thread>")."""

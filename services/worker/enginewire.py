@@ -25,9 +25,9 @@ import torch
 from kvmesh.engine.outputs import EngineStats, RequestOutput, TokenLogprob
 from kvmesh.engine.sampling import SamplingParams
 
-from .kvtensor import TORCH_DTYPES
+from .kvtensor import TORCH_DTYPES, byte_view
 
-Buffer = bytes | memoryview  # a frame's part: bytes, or a view of a tensor's memory (`tensor_buffer`)
+Buffer = bytes | memoryview  # a frame's part: bytes, or a view of a tensor's memory (`kvtensor.byte_view`)
 Blobs = bytearray | memoryview  # a received frame's blob section, writable (torch.frombuffer views it)
 
 PREFIX = struct.Struct("<II")  # header length, blobs length
@@ -67,18 +67,12 @@ def pack(value: Any, blobs: list[Buffer]) -> Any:
     if isinstance(value, bytes):
         return {"$b": _append(blobs, value), "n": len(value)}
     if isinstance(value, torch.Tensor):
-        data = tensor_buffer(value)
+        data = byte_view(value)  # NOTE: not copied: the frame holding it keeps it alive until sent
         return {"$t": _append(blobs, data), "n": len(data), "d": str(value.dtype).removeprefix("torch."),
                 "s": list(value.shape)}
     if isinstance(value, SamplingParams):
         return {"$p": [pack(getattr(value, f), blobs) for f in _PARAM_FIELDS]}
     raise TypeError(f"{type(value).__name__} cannot cross to the engine process")
-
-
-def tensor_buffer(t: torch.Tensor) -> memoryview:
-    """The tensor's elements as a flat byte buffer (on CPU, contiguous; no copy when it already is):
-    the view keeps them alive until the frame holding it is sent."""
-    return memoryview(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy())
 
 
 def _append(blobs: list[Buffer], data: Buffer) -> int:

@@ -21,9 +21,15 @@ def codec_pool(threads: int = 2, max_pending: int = 8) -> Offload:
     return Offload("kv-codec", threads=threads, max_pending=max_pending)
 
 
+def byte_view(t: torch.Tensor) -> memoryview:
+    """The tensor's elements as a flat little-endian byte buffer (on CPU, contiguous; no copy when it
+    already is): the view keeps them alive while it is held."""
+    return memoryview(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy())
+
+
 def to_bytes(t: torch.Tensor) -> bytes:
     """The tensor's elements as little-endian bytes (copied to CPU, contiguous)."""
-    return t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return byte_view(t).tobytes()
 
 
 def _dtype_name(t: torch.Tensor) -> str:
