@@ -155,9 +155,18 @@ def engine_child(model: str, requests: int, concurrency: int, max_tokens: int, v
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
               for n in output_lengths(requests, max_tokens, vary)]
     me = psutil.Process()
+    ran = model_steps(engine)
     cpu0, t0 = process_cpu_s(me), time.perf_counter()
-    tokens, steps = closed_loop(engine, prompts, params, concurrency)
-    return {"tokens": tokens, "wall_s": time.perf_counter() - t0, "cpu_s": process_cpu_s(me) - cpu0, "steps": steps}
+    tokens, _ = closed_loop(engine, prompts, params, concurrency)
+    return {"tokens": tokens, "wall_s": time.perf_counter() - t0, "cpu_s": process_cpu_s(me) - cpu0,
+            "steps": model_steps(engine) - ran}
+
+
+def model_steps(engine) -> int:
+    """Steps that ran the model (both kinds): what the mesh's decode workers count as
+    kvmesh_decode_model_steps_total."""
+    stats = engine.stats()
+    return stats.decode_steps + stats.prefill_steps
 
 
 def closed_loop(engine, prompts: list[list[int]], params, concurrency: int, tag: str = "r") -> tuple[int, int]:
@@ -307,13 +316,15 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
                 store_delta = {k: v - counts[k] for k, v in _store_counts(store).items()}
                 time.sleep(0.6)  # NOTE: the engine step counter is refreshed with the gauges (every heartbeat, 0.5 s)
                 frame_delta = {k: v - frames.get(k, 0.0) for k, v in _frame_counts(procs).items()}
-                steps = sum(frame_delta.pop(k) for k in list(frame_delta) if k.endswith(_STEPS))
+                model_steps = sum(frame_delta.pop(k) for k in list(frame_delta) if k.endswith(_MODEL_STEPS))
+                loop_steps = sum(frame_delta.pop(k) for k in list(frame_delta) if k.endswith(_STEPS))
+                steps = model_steps or loop_steps  # NOTE: a checkout without the model-step counter (tokcost-ab.sh)
                 timed = {kind: sum(frame_delta.pop(k) for k in list(frame_delta) if k.endswith(kind))
                          for kind in _SUMMED.values()}
                 messages = timed.pop("stream messages")
                 results.setdefault(c, []).append({
                     **load, "cpu_s": cpu, "switches": switches, "engine_thread_cpu_s": engine_cpu, "store": store_delta,
-                    "frames": frame_delta, "engine_steps": steps, "engine_time_s": timed, "stream_messages": messages,
+                    "frames": frame_delta, "engine_steps": steps, "engine_loop_steps": loop_steps, "engine_time_s": timed, "stream_messages": messages,
                     **({"engine": engine(c, first)} if engine is not None else {})})
             first = prompt_offset(rounds, 0, len(concurrencies), requests)
             for length in split_lengths:
@@ -370,6 +381,11 @@ def handed_back(store: str, counts: dict, turns: int, limit_s: float = 0.5, poll
 _FRAME_METRICS = ("kvmesh_scheduler_route_stream_frames_total", "kvmesh_decode_stream_frames_total",
                   "kvmesh_decode_engine_steps_total")
 _STEPS = "engine steps"  # the kind `_frame_counts` gives the step counter (it has no kind label)
+# NOTE: the loop's step counter above also counts steps that ran no model (a command frame woke an
+# idle engine: a hand-back's pin, read and unpin after the load; an add before any request ran),
+# ~5 of a load's ~560 at c=32, which read as partial batches. These count the model's runs.
+_MODEL_STEPS_METRIC = "kvmesh_decode_model_steps_total"
+_MODEL_STEPS = "model steps"
 _ENGINE_TIME = {"kvmesh_decode_engine_busy_seconds_total": "engine busy s",  # steps' wall time, both kinds
                 "kvmesh_decode_engine_between_steps_seconds_total": "engine between s"}  # work left, not stepping
 _SUMMED = {**_ENGINE_TIME, "kvmesh_decode_stream_messages_total": "stream messages"}  # StepOutputs sent
@@ -387,15 +403,23 @@ def _frame_counts(procs: dict) -> dict[str, float]:
             continue
         url = f"http://127.0.0.1:{argv[argv.index('--metrics-port') + 1]}/metrics"
         with urllib.request.urlopen(url, timeout=10) as reply:
-            for line in reply.read().decode().splitlines():
-                timed = _SUMMED.get(line.split("{")[0].split(" ")[0])
-                if timed:
-                    key = f"{name} {timed}"
-                    out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
-                elif line.startswith(_FRAME_METRICS):
-                    kind = line.split('kind="', 1)[1].split('"', 1)[0] if 'kind="' in line else _STEPS
-                    out[f"{name} {kind}"] = float(line.rsplit(" ", 1)[1])
+            read_counts(name, reply.read().decode(), out)
     return out
+
+
+def read_counts(name: str, metrics_text: str, out: dict[str, float]) -> None:
+    """Adds process `name`'s counters from its /metrics text to `out` (see `_frame_counts`)."""
+    for line in metrics_text.splitlines():
+        timed = _SUMMED.get(line.split("{")[0].split(" ")[0])
+        if timed:
+            key = f"{name} {timed}"
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith(_MODEL_STEPS_METRIC):  # NOTE: before _FRAME_METRICS' prefix test: it has a kind too
+            key = f"{name} {_MODEL_STEPS}"
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith(_FRAME_METRICS):
+            kind = line.split('kind="', 1)[1].split('"', 1)[0] if 'kind="' in line else _STEPS
+            out[f"{name} {kind}"] = float(line.rsplit(" ", 1)[1])
 
 
 def _store_endpoint(procs: dict) -> str:
@@ -529,8 +553,10 @@ def report(c: int, mesh: dict) -> None:
         print("frames read per request: " + ", ".join(f"{k} {v / requests:.2f}" for k, v in sorted(mesh["frames"].items()) if v))
     steps = mesh.get("engine_steps")
     if steps and engine.get("steps"):
+        loop = mesh.get("engine_loop_steps") or steps
         print(f"tokens per engine step (the mean batch): mesh {tokens / steps:.1f}, in-process engine "
-              f"{engine['tokens'] / engine['steps']:.1f}")
+              f"{engine['tokens'] / engine['steps']:.1f} (steps that ran the model: mesh {steps:.0f}, in-process "
+              f"{engine['steps']}; the mesh's engine loop stepped {loop:.0f} times)")
         if mesh.get("stream_messages"):
             print(f"token-stream messages (StepOutput) per engine step: {mesh['stream_messages'] / steps:.2f}")
         timed = mesh.get("engine_time_s") or {}
