@@ -79,7 +79,7 @@ class Tokenizer:
 
     def byte_table(self, skip_special_tokens: bool = True) -> list[bytes] | None:
         """Each token id's bytes for a byte-level BPE tokenizer, None for any other (see
-        `bytelevel.byte_table`); built on first use and kept."""
+        `bytelevel.byte_table`); built on first use (the gateway's at start-up) and kept."""
         if skip_special_tokens not in self._byte_tables:
             self._byte_tables[skip_special_tokens] = byte_table(self._tok, skip_special_tokens)
         return self._byte_tables[skip_special_tokens]
