@@ -54,14 +54,14 @@ def tokens(header: dict | None) -> dict[str, list[int]]:
 
 
 def test_held_steps_send_no_frame_and_every_fourth_step_sends_every_requests_tokens() -> None:
-    host = EngineHost(CountingEngine(2, 9), None, {}, hold=OutputHold(4, 2), quiet_s=60.0)
-    sent = frames(host, 9)
+    host = EngineHost(CountingEngine(2, 10), None, {}, hold=OutputHold(4, 2), quiet_s=60.0)
+    sent = frames(host, 10)
     assert [tokens(h) for h in sent] == [
-        {"r0": [1], "r1": [1]}, {}, {}, {"r0": [2, 3, 4], "r1": [2, 3, 4]}, {}, {}, {},
-        {"r0": [5, 6, 7, 8], "r1": [5, 6, 7, 8]}, {"r0": [9], "r1": [9]},
+        {"r0": [1], "r1": [1]}, {}, {}, {}, {"r0": [2, 3, 4, 5], "r1": [2, 3, 4, 5]}, {}, {}, {},
+        {"r0": [6, 7, 8, 9], "r1": [6, 7, 8, 9]}, {"r0": [10], "r1": [10]},
     ]
-    assert [h is None for h in sent] == [False, True, True, False, True, True, True, False, False]
-    assert [h["n"] for h in sent if h is not None] == [1, 4, 8, 9]  # the engine's step count, skipped steps too
+    assert [h is None for h in sent] == [False, True, True, True, False, True, True, True, False, False]
+    assert [h["n"] for h in sent if h is not None] == [1, 5, 9, 10]  # the engine's step count, skipped steps too
     assert sent[-1]["w"] is False and all(h["w"] for h in sent[:-1] if h is not None)
 
 
@@ -93,12 +93,12 @@ class EventEngine(CountingEngine):
 
 
 def test_kv_events_wait_for_the_next_frame_in_order_and_go_at_once_when_the_engine_is_idle() -> None:
-    engine = EventEngine(2, 5)
+    engine = EventEngine(2, 6)
     host = EngineHost(engine, None, {}, hold=OutputHold(4, 2), quiet_s=60.0)
-    sent = frames(host, 5)
-    assert [h is None for h in sent] == [False, True, True, False, False]
+    sent = frames(host, 6)
+    assert [h is None for h in sent] == [False, True, True, True, False, False]
     stored = [[hashes[0][:2] for _, hashes, _ in h["e"]] for h in sent if h is not None]
-    assert stored == [["01"], ["02", "03", "04"], ["05"]]
+    assert stored == [["01"], ["02", "03", "04", "05"], ["06"]]
     # idle now: a command's step (no outputs) still sends its events at once
     frame = frames(host, 1)[0]
-    assert frame is not None and [hashes[0][:2] for _, hashes, _ in frame["e"]] == ["06"] and frame["w"] is False
+    assert frame is not None and [hashes[0][:2] for _, hashes, _ in frame["e"]] == ["07"] and frame["w"] is False

@@ -22,18 +22,19 @@ def test_under_load_tokens_leave_every_interval_steps_all_together_and_first_and
     hold = OutputHold(interval=4, hold_from=2)
     steps = [
         [out("a", [1], 1, queue_s=0.1, prefill_s=0.2), out("b", [10], 1)],  # step 1: both first tokens
-        [out("a", [2], 2), out("b", [11], 2)],
+        [out("a", [2], 2), out("b", [11], 2)],  # the hold begins
         [out("a", [3], 3), out("b", [12], 3)],
-        [out("a", [4], 4), out("b", [13], 4)],  # step 4: everything held goes
-        [out("a", [5], 5), out("b", [14], 5, finished=True)],  # b's end goes at once, a is held
-        [out("a", [6], 6)],
+        [out("a", [4], 4), out("b", [13], 4)],
+        [out("a", [5], 5), out("b", [14], 5)],  # its fourth step: everything held goes
+        [out("a", [6], 6), out("b", [15], 6, finished=True)],  # b's end goes at once, a is held
+        [out("a", [7], 7)],
     ]
     sent = run(hold, steps, in_engine=2)
     assert sent[0] == [("a", [1], False), ("b", [10], False)]
-    assert sent[1] == sent[2] == []
-    assert sent[3] == [("a", [2, 3, 4], False), ("b", [11, 12, 13], False)]
-    assert sent[4] == [("b", [14], True)]
-    assert sent[5] == [] and len(hold) == 1
+    assert sent[1] == sent[2] == sent[3] == []
+    assert sent[4] == [("a", [2, 3, 4, 5], False), ("b", [11, 12, 13, 14], False)]
+    assert sent[5] == [("b", [15], True)]
+    assert sent[6] == [] and len(hold) == 1
 
 
 def test_below_its_load_nothing_is_held_and_what_was_held_goes_at_once() -> None:
@@ -53,7 +54,8 @@ def test_merged_outputs_keep_every_token_logprob_text_and_the_latest_counts() ->
     hold.take([out("a", [1], 1, logprobs=lp[:1])], 1, 1)
     hold.take([out("a", [2], 2, logprobs=lp[1:2])], 1, 2)
     hold.take([out("a", [3], 3, logprobs=lp[2:3])], 1, 3)
-    (merged,) = hold.take([out("a", [4, 5], 5, logprobs=lp[3:5])], 1, 4)
+    assert hold.take([out("a", [4], 4, logprobs=lp[3:4])], 1, 4) == []
+    (merged,) = hold.take([out("a", [5], 5, logprobs=lp[4:5])], 1, 5)  # the hold's fourth step
     assert merged.new_token_ids == [2, 3, 4, 5] and merged.logprobs == lp[1:5]
     assert merged.new_text == "cdef" and merged.num_output_tokens == 5 and merged.num_computed_tokens == 10
 
@@ -91,3 +93,12 @@ def test_without_a_time_bound_only_the_interval_lets_held_tokens_go() -> None:
     hold = OutputHold(interval=8, hold_from=1)
     hold.take([out("a", [1], 1)], 1, 1, 0.0)
     assert hold.take([out("a", [2], 2)], 1, 2, 10.0) == [] and len(hold) == 1
+
+
+def test_a_hold_the_time_bound_let_go_is_not_followed_by_a_short_one() -> None:
+    # NOTE: 3.5 ms steps: 20 ms pass on the hold's seventh step, before its eighth. Counted from step
+    # numbers that are multiples of 8, a hold of one step followed each such one (7 tokens, then 1).
+    hold = OutputHold(interval=8, hold_from=1, max_hold_s=0.020)
+    sizes = [len(o.new_token_ids) for step in range(1, 50)
+             for o in hold.take([out("a", [step], step, finished=step == 49)], 1, step, step * 0.0035)]
+    assert sizes == [1, 7, 7, 7, 7, 7, 7, 6]  # the first token, then 7 at a time (24.5 ms: the last, its end)
