@@ -6,8 +6,10 @@ socket `N` only (frames: `enginewire`), on its main thread: it runs the commands
 steps the engine while it has work, and sends at most ONE `step` frame per step with every due
 output (under load the tokens leave every `stream_interval` steps, or sooner once they waited
 `stream_interval_ms`: `outputhold.py`), the stats, the step and progress counts and the KV cache
-events. A step with nothing due sends none, unless `quiet_s` (20 ms) passed since the last frame
-(the worker's stats and the watchdog's progress). KV cache events wait for the next frame: they
+events. A step with nothing due sends none, unless `quiet_s` passed since the last frame (the
+worker's stats and the watchdog's progress): 50 ms, or twice the hold's time bound if that is
+longer, so that a hold never goes out just after a frame of stats alone (with the 20 ms it had,
+every hold of steps of 2.9 ms or more was preceded by one: nearly twice the frames). KV cache events wait for the next frame: they
 are not due on their own (the worker publishes them at most every 20 ms anyway), and at 32
 running requests some block fills on nearly every step.
 Commands marked off-loop (a grammar compile, a copy of pinned blocks) run on a side thread and
@@ -114,7 +116,7 @@ class EngineHost:
 
     def __init__(self, engine: Any, conn: FrameSocket, commands: Mapping[str, Command], step_delay_s: float = 0.0,
                  step_slowdown: float = 1.0, idle_wait_s: float = 0.05, hold: OutputHold | None = None,
-                 quiet_s: float = 0.02) -> None:
+                 quiet_s: float = 0.05) -> None:
         self.engine = engine
         self.conn = conn
         self.commands = commands
@@ -223,6 +225,12 @@ class EngineHost:
         return wire.frame(header)
 
 
+def quiet_for(hold: OutputHold, floor_s: float = 0.05) -> float:
+    """The longest a busy engine goes without a frame: past the hold's time bound, so a hold is
+    never preceded by a frame of stats alone (see the module docstring)."""
+    return max(floor_s, 2 * hold.max_hold_s)
+
+
 def die_with_parent() -> None:
     """SIGKILL this process when its parent dies (Linux); exit now if it already has."""
     parent = os.getppid()
@@ -263,6 +271,7 @@ def main(settings_cls: type[WorkerSettings], commands: Mapping[str, Command], ar
         "model_id": engine.hasher.model_id, "dtype": engine.hasher.dtype, "pid": os.getpid(),
         "s": wire.stats_to_wire(engine.stats()),
     })])
-    EngineHost(engine, conn, commands, settings.step_delay_s, settings.step_slowdown,
-               hold=OutputHold.from_settings(settings)).run()
+    hold = OutputHold.from_settings(settings)
+    EngineHost(engine, conn, commands, settings.step_delay_s, settings.step_slowdown, hold=hold,
+               quiet_s=quiet_for(hold)).run()
     return 0

@@ -102,3 +102,52 @@ def test_kv_events_wait_for_the_next_frame_in_order_and_go_at_once_when_the_engi
     # idle now: a command's step (no outputs) still sends its events at once
     frame = frames(host, 1)[0]
     assert frame is not None and [hashes[0][:2] for _, hashes, _ in frame["e"]] == ["07"] and frame["w"] is False
+
+
+class Clock:
+    """time.monotonic / perf_counter / sleep for the engine host, advanced by the engine's steps."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    perf_counter = monotonic
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class TimedEngine(CountingEngine):
+    """A CountingEngine whose every step takes `step_s` on `clock`."""
+
+    def __init__(self, clock: Clock, step_s: float, requests: int, tokens: int) -> None:
+        super().__init__(requests, tokens)
+        self.clock, self.step_s = clock, step_s
+
+    def step(self) -> list[RequestOutput]:
+        self.clock.now += self.step_s
+        return super().step()
+
+
+@pytest.mark.parametrize(("quiet_s", "stats_only"), [(None, 0), (0.02, 12)])
+def test_a_hold_is_not_preceded_by_a_frame_of_stats_alone(monkeypatch, quiet_s, stats_only) -> None:
+    # NOTE: 3 ms steps and a 20 ms hold: the hold goes on its seventh step, 21 ms after the last frame.
+    # A frame every 20 ms (the old quiet_s) went one step before it, with nothing but stats.
+    from kvmesh.worker import enginehost
+
+    clock = Clock()
+    monkeypatch.setattr(enginehost, "time", clock)
+    hold = OutputHold(8, 2, 0.020)
+    host = EngineHost(TimedEngine(clock, 0.003, 2, 100), None, {}, hold=hold,
+                      quiet_s=enginehost.quiet_for(hold) if quiet_s is None else quiet_s)
+    sent = [h for h in frames(host, 100) if h is not None]
+    assert sum(1 for h in sent if not tokens(h)) == stats_only
+    assert sum(len(t) for h in sent for t in tokens(h).values()) == 200  # every token, once
+
+
+def test_the_quiet_interval_outlasts_the_holds_time_bound() -> None:
+    from kvmesh.worker.enginehost import quiet_for
+
+    assert quiet_for(OutputHold(8, 16, 0.020)) == 0.05 and quiet_for(OutputHold(8, 16, 0.1)) == 0.2
