@@ -316,12 +316,11 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
                 store_delta = {k: v - counts[k] for k, v in _store_counts(store).items()}
                 time.sleep(0.6)  # NOTE: the engine step counter is refreshed with the gauges (every heartbeat, 0.5 s)
                 frame_delta = {k: v - frames.get(k, 0.0) for k, v in _frame_counts(procs).items()}
-                model_steps = sum(frame_delta.pop(k) for k in list(frame_delta) if k.endswith(_MODEL_STEPS))
                 loop_steps = sum(frame_delta.pop(k) for k in list(frame_delta) if k.endswith(_STEPS))
-                steps = model_steps or loop_steps  # NOTE: a checkout without the model-step counter (tokcost-ab.sh)
                 timed = {kind: sum(frame_delta.pop(k) for k in list(frame_delta) if k.endswith(kind))
                          for kind in _SUMMED.values()}
                 messages = timed.pop("stream messages")
+                steps = timed.pop(_MODEL_STEPS) or loop_steps  # NOTE: a checkout without the model-step counter (tokcost-ab.sh)
                 results.setdefault(c, []).append({
                     **load, "cpu_s": cpu, "switches": switches, "engine_thread_cpu_s": engine_cpu, "store": store_delta,
                     "frames": frame_delta, "engine_steps": steps, "engine_loop_steps": loop_steps, "engine_time_s": timed, "stream_messages": messages,
@@ -384,11 +383,11 @@ _STEPS = "engine steps"  # the kind `_frame_counts` gives the step counter (it h
 # NOTE: the loop's step counter above also counts steps that ran no model (a command frame woke an
 # idle engine: a hand-back's pin, read and unpin after the load; an add before any request ran),
 # ~5 of a load's ~560 at c=32, which read as partial batches. These count the model's runs.
-_MODEL_STEPS_METRIC = "kvmesh_decode_model_steps_total"
 _MODEL_STEPS = "model steps"
 _ENGINE_TIME = {"kvmesh_decode_engine_busy_seconds_total": "engine busy s",  # steps' wall time, both kinds
                 "kvmesh_decode_engine_between_steps_seconds_total": "engine between s"}  # work left, not stepping
-_SUMMED = {**_ENGINE_TIME, "kvmesh_decode_stream_messages_total": "stream messages"}  # StepOutputs sent
+_SUMMED = {**_ENGINE_TIME, "kvmesh_decode_stream_messages_total": "stream messages",  # StepOutputs sent
+           "kvmesh_decode_model_steps_total": _MODEL_STEPS}  # both kinds
 
 
 def _frame_counts(procs: dict) -> dict[str, float]:
@@ -413,9 +412,6 @@ def read_counts(name: str, metrics_text: str, out: dict[str, float]) -> None:
         timed = _SUMMED.get(line.split("{")[0].split(" ")[0])
         if timed:
             key = f"{name} {timed}"
-            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
-        elif line.startswith(_MODEL_STEPS_METRIC):  # NOTE: before _FRAME_METRICS' prefix test: it has a kind too
-            key = f"{name} {_MODEL_STEPS}"
             out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
         elif line.startswith(_FRAME_METRICS):
             kind = line.split('kind="', 1)[1].split('"', 1)[0] if 'kind="' in line else _STEPS

@@ -7,11 +7,11 @@ steps the engine while it has work, and sends at most ONE `step` frame per step 
 output (under load the tokens leave every `stream_interval` steps, or sooner once they waited
 `stream_interval_ms`: `outputhold.py`), the stats, the step and progress counts and the KV cache
 events. A step with nothing due sends none, unless `quiet_s` passed since the last frame (the
-worker's stats and the watchdog's progress): 50 ms, or twice the hold's time bound if that is
+worker's stats and the watchdog's progress): QUIET_S, or twice the hold's time bound if that is
 longer, so that a hold never goes out just after a frame of stats alone (with the 20 ms it had,
-every hold of steps of 2.9 ms or more was preceded by one: nearly twice the frames). KV cache events wait for the next frame: they
-are not due on their own (the worker publishes them at most every 20 ms anyway), and at 32
-running requests some block fills on nearly every step.
+every hold of steps of 2.9 ms or more was preceded by one: nearly twice the frames). KV cache
+events wait for the next frame: they are not due on their own (the worker publishes them at most
+every 20 ms anyway), and at 32 running requests some block fills on nearly every step.
 Commands marked off-loop (a grammar compile, a copy of pinned blocks) run on a side thread and
 answer when done.
 
@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 
 IOV_MAX = 1024  # buffers one sendmsg takes (Linux)
+QUIET_S = 0.05  # the longest a busy engine goes without a frame, at least (`quiet_for`)
 
 
 def send_all(sock: socket.socket, parts: list[wire.Buffer]) -> None:
@@ -95,14 +96,8 @@ class FrameSocket:
             if not chunk:
                 raise EOFError("the worker closed the engine socket")
             self._buf += chunk
-        frames = []
-        while len(self._buf) >= wire.PREFIX.size:
-            header_len, blobs_len = wire.PREFIX.unpack_from(self._buf)
-            end = wire.PREFIX.size + header_len + blobs_len
-            if len(self._buf) < end:
-                break
-            frames.append(wire.split(memoryview(self._buf)[wire.PREFIX.size : end], header_len))
-            del self._buf[:end]
+        frames, taken = wire.take_frames(self._buf, len(self._buf))
+        del self._buf[:taken]
         return frames
 
     def recv(self) -> tuple[dict, bytearray]:
@@ -116,7 +111,7 @@ class EngineHost:
 
     def __init__(self, engine: Any, conn: FrameSocket, commands: Mapping[str, Command], step_delay_s: float = 0.0,
                  step_slowdown: float = 1.0, idle_wait_s: float = 0.05, hold: OutputHold | None = None,
-                 quiet_s: float = 0.05) -> None:
+                 quiet_s: float = QUIET_S) -> None:
         self.engine = engine
         self.conn = conn
         self.commands = commands
@@ -225,7 +220,7 @@ class EngineHost:
         return wire.frame(header)
 
 
-def quiet_for(hold: OutputHold, floor_s: float = 0.05) -> float:
+def quiet_for(hold: OutputHold, floor_s: float = QUIET_S) -> float:
     """The longest a busy engine goes without a frame: past the hold's time bound, so a hold is
     never preceded by a frame of stats alone (see the module docstring)."""
     return max(floor_s, 2 * hold.max_hold_s)

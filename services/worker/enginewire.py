@@ -55,6 +55,21 @@ def split(body: bytes | bytearray | memoryview, header_len: int, copy: bool = Tr
     return orjson.loads(view[:header_len]), bytearray(view[header_len:]) if copy else view[header_len:]
 
 
+def take_frames(buf: bytearray, end: int) -> tuple[list[tuple[dict, Blobs]], int]:
+    """The whole frames in `buf[:end]`, each `split` (its blobs copied out), and where the first
+    one not yet whole starts (`end` when none is)."""
+    frames, pos = [], 0
+    with memoryview(buf) as view:
+        while end - pos >= PREFIX.size:
+            header_len, blobs_len = PREFIX.unpack_from(buf, pos)
+            start, stop = pos + PREFIX.size, pos + PREFIX.size + header_len + blobs_len
+            if stop > end:
+                break
+            frames.append(split(view[start:stop], header_len))
+            pos = stop
+    return frames, pos
+
+
 # -- command arguments and results ----------------------------------------------------------
 def pack(value: Any, blobs: list[Buffer]) -> Any:
     """`value` as JSON data; its tensors and bytes appended to `blobs` (see the module docstring)."""

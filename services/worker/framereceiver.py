@@ -85,27 +85,23 @@ class FrameReceiver(asyncio.BufferedProtocol):
     def _take_frames(self) -> None:
         """Every whole frame in the scratch out; a large frame's start moved to its own buffer; the
         rest moved to the scratch's front."""
-        view, pos = memoryview(self._scratch), 0
-        while self._have - pos >= wire.PREFIX.size:
-            header_len, blobs_len = wire.PREFIX.unpack_from(self._scratch, pos)
-            start, size = pos + wire.PREFIX.size, header_len + blobs_len
-            if self._have - start >= size:
-                self._deliver(wire.split(view[start:start + size], header_len))
-                pos = start + size
-            elif wire.PREFIX.size + size > len(self._scratch):
-                self.large_frames += 1
-                self._body = bytearray(size)
-                self._body_got, self._body_header = self._have - start, header_len
-                self._body[:self._body_got] = view[start:self._have]
-                pos = self._have
-                break
-            else:
-                break
-        if pos:
-            rest = self._have - pos
-            self._scratch[:rest] = view[pos:self._have]
-            self._have = rest
-        view.release()
+        frames, pos = wire.take_frames(self._scratch, self._have)
+        for frame in frames:
+            self._deliver(frame)
+        with memoryview(self._scratch) as view:
+            if self._have - pos >= wire.PREFIX.size:
+                header_len, blobs_len = wire.PREFIX.unpack_from(self._scratch, pos)
+                start, size = pos + wire.PREFIX.size, header_len + blobs_len
+                if wire.PREFIX.size + size > len(self._scratch):
+                    self.large_frames += 1
+                    self._body = bytearray(size)
+                    self._body_got, self._body_header = self._have - start, header_len
+                    self._body[:self._body_got] = view[start:self._have]
+                    pos = self._have
+            if pos:
+                rest = self._have - pos
+                self._scratch[:rest] = view[pos:self._have]
+                self._have = rest
 
     def _deliver(self, frame: tuple[dict, wire.Blobs]) -> None:
         self._frames.append(frame)
