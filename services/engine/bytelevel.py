@@ -3,7 +3,7 @@
 A byte-level BPE token is a string of stand-in characters, one per byte (GPT-2's
 `bytes_to_unicode`), so a sequence's text is the UTF-8 of its tokens' bytes laid end to end. With
 that table, incremental detokenization is a list lookup per token and an incremental UTF-8 decode
-per delta (`IncrementalDetokenizer`), where `tokenizers`' DecodeStream decodes its window of ids
+per delta (`ByteLevelDetokenizer`), where `tokenizers`' DecodeStream decodes its window of ids
 twice a step.
 
 `byte_table` follows what `tokenizers` does in `decode` with a `ByteLevel` decoder: a token whose
@@ -17,6 +17,7 @@ decodes otherwise, keeps DecodeStream.
 
 from __future__ import annotations
 
+import codecs
 import random
 from typing import Any
 
@@ -73,3 +74,48 @@ def _agrees(hf: Any, table: list[bytes], skip_special_tokens: bool, special: set
     seqs = [[i] for i in ids] + [[rng.randrange(size) for _ in range(rng.randint(1, 16))] for _ in range(_SAMPLE_SEQS)]
     texts = hf.decode_batch(seqs, skip_special_tokens=skip_special_tokens)
     return all(text == b"".join(table[i] for i in seq).decode("utf-8", "replace") for seq, text in zip(seqs, texts))
+
+
+_UTF8 = codecs.getincrementaldecoder("utf-8")
+
+
+class ByteLevelDetokenizer:
+    """Token ids to text deltas by a `byte_table`: a token is a list lookup of its bytes and a delta
+    one incremental UTF-8 decode of them (U+FFFD for each bad sequence, as `decode`). A character
+    split across tokens waits in the decoder until its last byte comes, and the deltas laid end to
+    end are `decode` of all the ids. The methods are `IncrementalDetokenizer`'s."""
+
+    def __init__(self, table: list[bytes]) -> None:
+        self._table = table
+        self._utf8 = _UTF8("replace")
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the newly completed text (possibly empty)."""
+        return self._utf8.decode(self._bytes_of(token_id))
+
+    def push_many(self, token_ids: list[int]) -> str:
+        """Add several tokens; return the newly completed text (what `push` of each would have, joined)."""
+        table = self._table
+        try:
+            data = b"".join([table[t] for t in token_ids])
+        except IndexError:  # NOTE: an id past the vocabulary decodes to nothing, as in `decode`
+            data = b"".join([self._bytes_of(t) for t in token_ids])
+        return self._utf8.decode(data)
+
+    def _bytes_of(self, token_id: int) -> bytes:
+        return self._table[token_id] if 0 <= token_id < len(self._table) else b""
+
+    def snapshot(self) -> tuple[Any, list[int]]:
+        """The state, for `restore`: text made from here on can be made again."""
+        return self._utf8.getstate(), []
+
+    def restore(self, state: tuple[Any, list[int]]) -> None:
+        self._utf8.setstate(state[0])
+
+    def held_text(self) -> str:
+        """What `flush` would return now, without taking it."""
+        return self._utf8.getstate()[0].decode("utf-8", "replace")
+
+    def flush(self) -> str:
+        """The bytes still held back, as text (an incomplete character decodes to U+FFFD)."""
+        return self._utf8.decode(b"", final=True)

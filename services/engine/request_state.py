@@ -9,13 +9,13 @@ from typing import Any
 from kvmesh.engine.outputs import RequestOutput, TokenLogprob
 from kvmesh.engine.sequence import Sequence
 from kvmesh.engine.stops import StopStringMatcher
-from kvmesh.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from kvmesh.engine.tokenizer import Detokenizer, Tokenizer, detokenizer
 
 
 @dataclass(slots=True)
 class RequestState:
     seq: Sequence
-    detokenizer: IncrementalDetokenizer | None  # None: token ids only (the caller makes the text)
+    detokenizer: Detokenizer | None  # None: token ids only (the caller makes the text)
     matcher: StopStringMatcher | None
     generator: Any  # the request's sampling seed (its own, or drawn by the engine)
     new_token_ids: list[int] = field(default_factory=list)
@@ -32,7 +32,7 @@ class RequestState:
         does both, e.g. the gateway on the token stream); stop token ids still end the request."""
         if not detokenize:
             return cls(seq, None, None, generator)
-        detok = IncrementalDetokenizer(tokenizer, seq.token_ids[: seq.num_prompt_tokens])
+        detok = detokenizer(tokenizer, seq.token_ids[: seq.num_prompt_tokens])
         return cls(seq, detok, StopStringMatcher(seq.params.stop), generator)
 
     def append_token(

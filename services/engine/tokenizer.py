@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import codecs
 import copy
 import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kvmesh.engine.bytelevel import byte_table
+from kvmesh.engine.bytelevel import ByteLevelDetokenizer, byte_table
 from kvmesh.engine.config import ModelLoadError
 
 _CONTEXT_TOKENS = 5  # prompt tokens kept as left context when decoding output incrementally
-_utf8_decoder = codecs.getincrementaldecoder("utf-8")  # NOTE: ("replace") below: U+FFFD for each bad sequence, as `decode`
 
 
 class Tokenizer:
@@ -102,35 +100,36 @@ class Tokenizer:
         )
 
 
+def detokenizer(tokenizer: Tokenizer, prompt_token_ids: list[int] = (), skip_special_tokens: bool = True) -> Detokenizer:
+    """A request's incremental detokenizer: by the byte table for a byte-level BPE tokenizer
+    (`Tokenizer.byte_table`), else by `tokenizers`' DecodeStream."""
+    table = tokenizer.byte_table(skip_special_tokens)
+    if table is not None:
+        return ByteLevelDetokenizer(table)
+    return IncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens)
+
+
 class IncrementalDetokenizer:
     """Turns a stream of token ids into text deltas, never splitting a multi-byte character.
 
-    For a byte-level BPE tokenizer (`Tokenizer.byte_table`) a token is a list lookup of its bytes
-    and a delta is one incremental UTF-8 decode of them: a character split across tokens waits in
-    the decoder until its last byte comes, and the text laid end to end is `decode` of all the
-    ids. For other tokenizers `tokenizers`' DecodeStream does the work (in Rust, O(1) per token),
-    primed with the last few prompt tokens so a leading space or merge renders as it would in the
-    full text. `push_many` takes the tokens that arrived together in one call: the gateway gets a
-    request's tokens a few at a time (the worker's stream interval), and a step of DecodeStream
-    costs two decodes however many tokens it takes.
+    `tokenizers`' DecodeStream does the work (in Rust, O(1) per token), primed with the last few
+    prompt tokens so a leading space or merge renders as it would in the full text. `push_many`
+    takes the tokens that arrived together in one call: the gateway gets a request's tokens a few
+    at a time (the worker's stream interval), and a step of DecodeStream costs two decodes however
+    many tokens it takes. A byte-level BPE tokenizer's requests use `ByteLevelDetokenizer`
+    instead (`detokenizer`), which has the same methods.
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int] = (), skip_special_tokens: bool = True) -> None:
-        self._tokenizer = tokenizer
-        self._skip = skip_special_tokens
-        self._table = tokenizer.byte_table(skip_special_tokens)
-        self._held: list[int] = []  # DecodeStream: tokens of a character not yet complete
-        if self._table is not None:
-            self._utf8 = _utf8_decoder("replace")
-            return
         from tokenizers.decoders import DecodeStream
 
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
         self._stream = DecodeStream(list(prompt_token_ids[-_CONTEXT_TOKENS:]), skip_special_tokens=skip_special_tokens)
+        self._held: list[int] = []  # tokens of a character not yet complete
 
     def push(self, token_id: int) -> str:
         """Add one token; return the newly completed text (possibly empty)."""
-        if self._table is not None:
-            return self._utf8.decode(self._bytes_of(token_id))
         text = self._stream.step(self._tokenizer._tok, token_id)
         if text is None:
             self._held.append(token_id)
@@ -140,14 +139,7 @@ class IncrementalDetokenizer:
 
     def push_many(self, token_ids: list[int]) -> str:
         """Add several tokens; return the newly completed text: what `push` of each would have
-        returned, joined, and with the same bytes (or tokens) held back (those of an incomplete character)."""
-        if self._table is not None:
-            table = self._table
-            try:
-                data = b"".join([table[t] for t in token_ids])
-            except IndexError:  # NOTE: an id past the vocabulary decodes to nothing, as in `decode`
-                data = b"".join([self._bytes_of(t) for t in token_ids])
-            return self._utf8.decode(data)
+        returned, joined, and with the same tokens held back (those of an incomplete character)."""
         if len(token_ids) == 1:
             return self.push(token_ids[0])
         before = copy.copy(self._stream)  # NOTE: a copy of the stream's state (~0.2 µs): a few ids and a string
@@ -161,36 +153,27 @@ class IncrementalDetokenizer:
         self._stream = before
         return "".join([self.push(t) for t in token_ids])
 
-    def _bytes_of(self, token_id: int) -> bytes:
-        return self._table[token_id] if 0 <= token_id < len(self._table) else b""
-
     def snapshot(self) -> tuple[Any, list[int]]:
         """The state, for `restore`: text made from here on can be made again."""
-        if self._table is not None:
-            return self._utf8.getstate(), []
         return copy.copy(self._stream), list(self._held)
 
     def restore(self, state: tuple[Any, list[int]]) -> None:
-        if self._table is not None:
-            self._utf8.setstate(state[0])
-            return
         self._stream, held = state
         self._held = list(held)
 
     def held_text(self) -> str:
         """What `flush` would return now, without taking it."""
-        if self._table is not None:
-            return self._utf8.getstate()[0].decode("utf-8", "replace")
         return self._tokenizer.decode(self._held, self._skip) if self._held else ""
 
     def flush(self) -> str:
         """Text of tokens still held back (an incomplete character decodes to U+FFFD)."""
-        if self._table is not None:
-            return self._utf8.decode(b"", final=True)
         if not self._held:
             return ""
         text, self._held = self._tokenizer.decode(self._held, self._skip), []
         return text
+
+
+Detokenizer = ByteLevelDetokenizer | IncrementalDetokenizer  # what `detokenizer` gives
 
 
 class _ChatTemplate:

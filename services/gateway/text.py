@@ -1,21 +1,21 @@
 """Token ids → text for one request (pure): incremental detokenization and stop strings.
 
 The decode worker streams token ids only; this is where they become text, once per request and
-in O(1) per token (`tokenizers`' DecodeStream behind `IncrementalDetokenizer`), and where stop
+in O(1) per token (a byte table, or `tokenizers`' DecodeStream: `detokenizer`), and where stop
 strings are matched, across token boundaries and across migrations alike.
 """
 
 from __future__ import annotations
 
 from kvmesh.engine.stops import StopStringMatcher
-from kvmesh.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from kvmesh.engine.tokenizer import Tokenizer, detokenizer
 
 
 class TextAssembler:
     """Feed each batch of new token ids; get the text safe to show and where a stop string hit."""
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int], stop: tuple[str, ...]) -> None:
-        self._detok = IncrementalDetokenizer(tokenizer, prompt_token_ids)
+        self._detok = detokenizer(tokenizer, prompt_token_ids)
         self._matcher = StopStringMatcher(tuple(stop))
         self.stopped = False
 

@@ -10,7 +10,7 @@ import pytest
 from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
 
 from kvmesh.engine.bytelevel import byte_table, token_bytes
-from kvmesh.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from kvmesh.engine.tokenizer import IncrementalDetokenizer, Tokenizer, detokenizer
 
 _TEXT = "héllo wörld, 世界 ok. Ünïcödé 🙂 <|tool|> and\u00a0plain words\n\nthe end"
 
@@ -75,7 +75,7 @@ def test_deltas_laid_end_to_end_are_the_full_decode(tmp_path: Path, seed: int, s
     assert tok.byte_table(skip) is not None
     rng = random.Random(seed)
     for ids in _streams(tok, rng):
-        detok = IncrementalDetokenizer(tok, tok.encode("a prompt", add_special_tokens=False), skip)
+        detok = detokenizer(tok, tok.encode("a prompt", add_special_tokens=False), skip)
         deltas = [detok.push_many(chunk) if rng.random() < 0.7 else "".join(detok.push(t) for t in chunk)
                   for chunk in _chunks(ids, rng)]
         assert "".join(deltas) + detok.flush() == tok.decode(ids, skip_special_tokens=skip)
@@ -86,7 +86,7 @@ def test_a_split_character_waits_for_its_last_byte(tmp_path: Path) -> None:
     table = tok.byte_table()
     emoji = "🙂".encode()
     pieces = [next(i for i, b in enumerate(table) if b == bytes([c])) for c in emoji]  # one token a byte
-    detok = IncrementalDetokenizer(tok)
+    detok = detokenizer(tok)
     assert [detok.push(t) for t in pieces[:3]] == ["", "", ""]
     assert detok.held_text() == "\ufffd"
     state = detok.snapshot()
@@ -102,7 +102,8 @@ def test_other_decoders_keep_decode_stream(tmp_path: Path) -> None:
     tok = Tokenizer.from_dir(_metaspace(tmp_path))
     assert tok.byte_table() is None
     ids = tok.encode("the end ok", add_special_tokens=False)
-    detok = IncrementalDetokenizer(tok, tok.encode("héllo", add_special_tokens=False))
+    detok = detokenizer(tok, tok.encode("héllo", add_special_tokens=False))
+    assert isinstance(detok, IncrementalDetokenizer)
     assert "".join(detok.push(t) for t in ids) + detok.flush() == " the end ok"
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kvmesh.engine.stops import StopStringMatcher
-from kvmesh.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from kvmesh.engine.tokenizer import IncrementalDetokenizer, Tokenizer, detokenizer
 
 
 class _Recording(StopStringMatcher):
@@ -33,10 +35,11 @@ def test_the_stop_matcher_searches_only_the_unemitted_tail_however_long_the_outp
     assert "".join(emitted) + matcher.flush() == matcher.text
 
 
-def test_the_detokenizer_holds_only_an_incomplete_character(tiny_dir: Path) -> None:
+@pytest.mark.parametrize("make", [detokenizer, IncrementalDetokenizer], ids=["byte table", "DecodeStream"])
+def test_the_detokenizer_holds_only_an_incomplete_character(tiny_dir: Path, make) -> None:
     tok = Tokenizer.from_dir(tiny_dir)
     ids = tok.encode("héllo wörld, ", add_special_tokens=False) * 2000
-    detok = IncrementalDetokenizer(tok)
+    detok = make(tok)
     longest_held = 0
     pieces = []
     for token in ids:

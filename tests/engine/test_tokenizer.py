@@ -7,9 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kvmesh.engine.stops import StopStringMatcher
 from kvmesh.engine.tiny import ensure_tiny_model, resolve_model
-from kvmesh.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from kvmesh.engine.tokenizer import IncrementalDetokenizer, Tokenizer, detokenizer
 
 
 def test_byte_level_round_trip_with_bos(tiny_dir: Path) -> None:
@@ -62,10 +64,11 @@ def test_chat_template_renders_as_jinjas_own_render_does(tiny_dir: Path) -> None
         messages=no_content, add_generation_prompt=True, bos_token=tok.bos_token or "", eos_token=tok.eos_token or "")
 
 
-def test_incremental_detokenizer_never_splits_characters(tiny_dir: Path) -> None:
+@pytest.mark.parametrize("make", [detokenizer, IncrementalDetokenizer], ids=["byte table", "DecodeStream"])
+def test_incremental_detokenizer_never_splits_characters(tiny_dir: Path, make) -> None:
     tok = Tokenizer.from_dir(tiny_dir)
     text = "añb 世界 ok"
-    detok = IncrementalDetokenizer(tok, tok.encode("prompt"))
+    detok = make(tok, tok.encode("prompt"))
     deltas = [detok.push(t) for t in tok.encode(text, add_special_tokens=False)]
     assert "".join(deltas) == text
     assert "\ufffd" not in "".join(deltas)

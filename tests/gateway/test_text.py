@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvmesh.engine.tiny import ensure_tiny_model
-from kvmesh.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from kvmesh.engine.tokenizer import IncrementalDetokenizer, Tokenizer, detokenizer
 from kvmesh.gateway.text import TextAssembler
 
 _TEXT = "héllo wörld, 世界 ok. Ünïcödé 🙂 and plain words\n\nthe end"
@@ -35,13 +35,14 @@ def _streams(tok: Tokenizer, rng: random.Random) -> list[list[int]]:
     return [text_ids, garbage, text_ids[:40] + garbage[:40] + text_ids[40:]]
 
 
+@pytest.mark.parametrize("make", [detokenizer, IncrementalDetokenizer], ids=["byte table", "DecodeStream"])
 @pytest.mark.parametrize("seed", range(6))
-def test_push_many_gives_what_one_token_at_a_time_gives(tiny_dir: Path, seed: int) -> None:
+def test_push_many_gives_what_one_token_at_a_time_gives(tiny_dir: Path, seed: int, make) -> None:
     tok = Tokenizer.from_dir(tiny_dir)
     rng = random.Random(seed)
     for ids in _streams(tok, rng):
         prompt = tok.encode("a prompt ends", add_special_tokens=False)
-        one, many = IncrementalDetokenizer(tok, prompt), IncrementalDetokenizer(tok, prompt)
+        one, many = make(tok, prompt), make(tok, prompt)
         for chunk in _chunks(ids, rng):
             assert many.push_many(chunk) == "".join(one.push(t) for t in chunk)
             assert many.held_text() == one.held_text()  # the same text waits for its character
