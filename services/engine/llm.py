@@ -96,6 +96,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, self.hasher.extend, config.max_num_seqs, config.max_num_batched_tokens)
         self._requests: dict[str, RequestState] = {}
         self._pending: list[RequestOutput] = []  # abort outputs, reported by the next step()
+        self._held: dict[str, RequestState] = {}  # requests whose tokens step(hold=True) kept (take_held)
+        self.last_step_ran = False  # the last step() ran the model (its outputs may all be held)
         self._generator = torch.Generator()
         self._generator.manual_seed(config.seed)
         self._prompt_tokens_computed = 0
@@ -171,6 +173,7 @@ class LLMEngine:
             self.scheduler.free_blocks(state.seq)
             return
         self.scheduler.finish(state.seq, "abort")
+        self._held.pop(request_id, None)
         self._pending.append(state.take_output(True, "abort"))
 
     def release(self, request_id: str) -> None:
@@ -182,6 +185,10 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()
+
+    def num_unfinished_requests(self) -> int:
+        """Requests running or waiting (`stats()`'s two counts, without the rest of it)."""
+        return len(self.scheduler.running) + len(self.scheduler.waiting)
 
     def stats(self) -> EngineStats:
         c = self.scheduler.counters
@@ -205,9 +212,15 @@ class LLMEngine:
 
     # ---- the step loop ----
 
-    def step(self) -> list[RequestOutput]:
-        """One continuous-batching iteration; outputs for every sequence that advanced."""
+    def step(self, hold: bool = False) -> list[RequestOutput]:
+        """One continuous-batching iteration; outputs for every sequence that advanced.
+
+        With `hold`, a request that has sent output before keeps this step's tokens in its state
+        and makes no output: `take_held` returns them, all it made since, when the caller lets
+        them go (`worker/outputhold.py`). Its first output and its end still come at once. A held
+        step builds no output object per request, which a step per token otherwise does."""
         outputs, self._pending = self._pending, []
+        self.last_step_ran = False
         sched = self.scheduler.schedule()
         for seq, start, end in sched.kv_imports:
             self.runner.write_kv(seq.block_table, start, seq.computed_kv[:, :, start:end])
@@ -217,6 +230,7 @@ class LLMEngine:
             self._finish(seq, "prefill", outputs)
         if not sched.scheduled:
             return outputs
+        self.last_step_ran = True
         started = time.perf_counter()
         self._batches.started(started)
         for s in sched.scheduled:
@@ -224,13 +238,24 @@ class LLMEngine:
                 state = self._requests[s.seq.request_id]
                 if state.first_step_at is None:
                     state.first_step_at = started
-        self._run_step(sched, outputs)
+        self._run_step(sched, outputs, hold)
         ended = time.perf_counter()
         self._batches.add(sched.scheduled, ended - started)
         self._batches.finished(ended, self.scheduler.has_work())
         return outputs
 
-    def _run_step(self, sched: SchedulerOutput, outputs: list[RequestOutput]) -> None:
+    def take_held(self) -> list[RequestOutput]:
+        """One output a request that `step(hold=True)` kept tokens of: every token (and its text and
+        logprobs) made since its last output; none for a request with nothing new since."""
+        held, self._held = self._held, {}
+        return [state.take_output(False, None) for state in held.values() if state.new_token_ids or state.new_text]
+
+    @property
+    def num_held(self) -> int:
+        """Requests whose tokens a held step kept (some may have sent them since, unheld)."""
+        return len(self._held)
+
+    def _run_step(self, sched: SchedulerOutput, outputs: list[RequestOutput], hold: bool = False) -> None:
         do_sample = [s.start + s.num_new_tokens == s.seq.num_tokens and not s.seq.prefill_only for s in sched.scheduled]
         if wants_prompt_logprobs(sched.scheduled):
             logits = split_all_logits(sched.scheduled, do_sample, self.runner.execute(sched.scheduled, do_sample, all_logits=True))
@@ -265,11 +290,15 @@ class LLMEngine:
             elif seq.prefill_only and seq.num_computed_tokens >= seq.target_len:
                 self._finish(seq, "prefill", outputs)
                 continue
+            if hold and seq.num_output_tokens > len(state.new_token_ids):  # NOTE: it sent output before
+                self._held[seq.request_id] = state
+                continue
             outputs.append(state.take_output(False, None))
 
     def _finish(self, seq: Sequence, reason: str, outputs: list[RequestOutput]) -> None:
         keep = reason == "prefill"
         self.scheduler.finish(seq, reason, keep_blocks=keep)
+        self._held.pop(seq.request_id, None)
         state = self._requests[seq.request_id] if keep else self._requests.pop(seq.request_id)
         outputs.append(state.take_output(True, reason))
 

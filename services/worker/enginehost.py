@@ -120,7 +120,7 @@ class EngineHost:
         self.idle_wait_s = idle_wait_s
         self.progress = 0
         self.steps = 0
-        self.hold = hold if hold is not None else OutputHold()  # NOTE: not `or`: an empty hold has len 0
+        self.hold = hold or OutputHold()
         self.quiet_s = quiet_s  # the longest a busy engine goes without a step frame (stats, progress)
         self._last_frame = 0.0
         self._last_w = False
@@ -179,26 +179,23 @@ class EngineHost:
     def _step(self) -> bytes | None:
         """One engine step; its frame, or None when it has nothing due: its outputs all held (see
         `OutputHold`), no error, the same `w`, and a frame went out within `quiet_s`. KV events wait for
-        the next frame, or go at once when the engine has nothing left to run."""
+        the next frame, or go at once when the engine has nothing left to run. The engine's stats are
+        read only for a frame that goes."""
         started = time.perf_counter()
         header: dict[str, Any] = {"k": "step"}
         self.steps += 1
         made = False
         try:
-            outputs = self.engine.step()
-            made = bool(outputs)
-            stats = self.engine.stats()
-            outputs = self.hold.take(outputs, stats.num_running + stats.num_waiting, self.steps, time.monotonic())
+            outputs, made = self.hold.step(self.engine, self.steps, time.monotonic)
         except Exception as exc:  # noqa: BLE001 - the worker fails the requests; this process lives on
             log.exception("engine step failed")
             header["x"] = wire.error_to_wire(exc)
             outputs = []
-            self.hold.drop_all()
-            stats = self.engine.stats()
+            self.hold.reset()
         self._stalled = not made and "x" not in header
         if made:
             self.progress += 1
-        working = self.engine.has_unfinished_requests() or len(self.hold) > 0
+        working = self.engine.has_unfinished_requests()
         if self._events:
             self._pending_events += self.engine.take_kv_events()
         delay = step_pause_s(self.step_delay_s, self.step_slowdown, time.perf_counter() - started)
@@ -210,7 +207,7 @@ class EngineHost:
             return None
         self._last_frame, self._last_w = now, working
         header["o"] = [wire.output_to_wire(o) for o in outputs]
-        header["s"] = wire.stats_to_wire(stats)
+        header["s"] = wire.stats_to_wire(self.engine.stats())
         header["p"] = self.progress
         header["n"] = self.steps
         header["w"] = working

@@ -64,7 +64,7 @@ class EngineLoop:
         hold: OutputHold | None = None,
     ) -> None:
         self.engine = engine
-        self.hold = hold if hold is not None else OutputHold()  # NOTE: not `or`: an empty hold has len 0
+        self.hold = hold or OutputHold()
         self.commands = commands
         self.call_timeout_s = call_timeout_s
         self.idle_wait_s = idle_wait_s
@@ -257,18 +257,14 @@ class EngineLoop:
 
     def _step_once(self) -> None:
         try:
-            outputs = self.engine.step()
-            made = bool(outputs)
-            if self.hold.interval > 1:
-                s = self.engine.stats()
-                outputs = self.hold.take(outputs, s.num_running + s.num_waiting, self.num_steps, time.monotonic())
+            outputs, made = self.hold.step(self.engine, self.num_steps, time.monotonic)
         except Exception as exc:  # noqa: BLE001 - fail the requests, keep the worker alive
             log.exception("engine step failed; failing %d requests", len(self._subs))
             failed = [(sub.deliver, exc) for sub in self._subs.values()]
             for request_id in list(self._subs):
                 self.engine.abort_request(request_id)
             self._subs.clear()
-            self.hold.drop_all()
+            self.hold.reset()
             self._deliver(lambda: call_each(((d, (exc,)) for d, exc in failed), "delivering an engine failure"))
             self._stalled_step = False
             return

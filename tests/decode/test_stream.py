@@ -235,7 +235,7 @@ async def test_an_engine_failure_ends_its_requests_internal_without_the_exceptio
     engine = app.loop.engine
     real_step = engine.step
 
-    def failing_step():
+    def failing_step(hold: bool = False):
         engine.step = real_step
         raise RuntimeError("secret detail /opt/weights shape [4, 8]")
 

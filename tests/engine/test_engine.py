@@ -206,3 +206,62 @@ def test_bfloat16_engine_runs_and_exports_in_model_dtype(tiny_dir: Path) -> None
     kv = engine.export_kv("r", 0, 16)
     assert kv.dtype == torch.bfloat16 and tuple(kv.shape) == (2, 2, 16, 2, 16)
     assert len(drain(engine)["r"]) == 19
+
+
+def held_run(engine: LLMEngine, every: int) -> tuple[dict[str, list[int]], dict[str, str], list[list[tuple]]]:
+    """Steps `engine` with hold=True, taking what is held every `every` steps: each request's
+    tokens and text, and what came out at each step as (request id, tokens, finished)."""
+    tokens: dict[str, list[int]] = {}
+    texts: dict[str, str] = {}
+    sent: list[list[tuple]] = []
+    step = 0
+    while engine.has_unfinished_requests():
+        step += 1
+        outs = engine.step(hold=True)
+        if step % every == 0:
+            outs += engine.take_held()
+        sent.append([(o.request_id, o.new_token_ids, o.finished) for o in outs])
+        for o in outs:
+            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+            texts[o.request_id] = texts.get(o.request_id, "") + o.new_text
+    return tokens, texts, sent
+
+
+def test_held_steps_keep_tokens_in_the_engine_until_take_held_and_lose_none(tiny_dir: Path) -> None:
+    ps = prompts(2)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=2)
+    plain = make_engine(tiny_dir).generate(ps, params)
+    engine = make_engine(tiny_dir)
+    for i, p in enumerate(ps):
+        engine.add_request(f"r{i}", p, params)
+    tokens, texts, sent = held_run(engine, every=4)
+    assert [tokens["r0"], tokens["r1"]] == [c.token_ids for c in plain]
+    assert [texts["r0"], texts["r1"]] == [c.text for c in plain]
+    assert sent[0] == [("r0", plain[0].token_ids[:1], False), ("r1", plain[1].token_ids[:1], False)]  # first: at once
+    assert sent[1] == sent[2] == [] and engine.num_held == 0  # all taken on step 4
+    assert [len(t) for _, t, _ in sent[3]] == [3, 3]  # steps 2-4
+    assert [(f, len(t)) for _, t, f in sent[9]] == [(True, 2), (True, 2)]  # the end at once, with steps 9-10
+
+
+def test_a_held_output_keeps_its_logprobs_and_the_latest_counts(tiny_dir: Path) -> None:
+    engine = make_engine(tiny_dir)
+    engine.add_request("r", prompts(1)[0], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=1))
+    engine.step(hold=True)
+    engine.step(hold=True)
+    assert engine.step(hold=True) == [] and engine.num_held == 1
+    (out,) = engine.take_held()
+    assert len(out.new_token_ids) == len(out.logprobs) == 2 and [lp.token_id for lp in out.logprobs] == out.new_token_ids
+    assert (out.num_output_tokens, out.finished) == (3, False) and engine.take_held() == []
+
+
+def test_an_abort_sends_the_tokens_its_request_held(tiny_dir: Path) -> None:
+    engine = make_engine(tiny_dir)
+    engine.add_request("r", prompts(1)[0], GREEDY)
+    first = engine.step(hold=True)[0].new_token_ids
+    engine.step(hold=True)
+    engine.step(hold=True)
+    engine.abort_request("r")
+    (out,) = engine.step(hold=True)
+    assert (out.finished, out.finish_reason, len(out.new_token_ids)) == (True, "abort", 2)
+    assert first + out.new_token_ids == run_alone(tiny_dir, prompts(1)[0])[:3]
+    assert engine.num_held == 0 and engine.take_held() == []

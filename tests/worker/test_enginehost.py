@@ -5,39 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvmesh.engine.outputs import EngineStats, RequestOutput
+from kvmesh.engine.outputs import RequestOutput
 from kvmesh.worker import enginewire as wire
 from kvmesh.worker.enginehost import EngineHost
 from kvmesh.worker.outputhold import OutputHold
-
-
-class CountingEngine:
-    """`requests` requests, each makes one token a step until it has `tokens`; step `fail_at` raises."""
-
-    def __init__(self, requests: int, tokens: int, fail_at: int = 0) -> None:
-        self.made = {f"r{i}": 0 for i in range(requests)}
-        self.tokens = tokens
-        self.fail_at = fail_at
-        self.steps = 0
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.made)
-
-    def step(self) -> list[RequestOutput]:
-        self.steps += 1
-        if self.steps == self.fail_at:
-            raise RuntimeError("kernel failed")
-        outs = []
-        for rid in list(self.made):
-            n = self.made[rid] = self.made[rid] + 1
-            done = n == self.tokens
-            outs.append(RequestOutput(rid, [n], "", done, "length" if done else None, None, 3, n, 0, 3 + n))
-            if done:
-                del self.made[rid]
-        return outs
-
-    def stats(self) -> EngineStats:
-        return EngineStats(len(self.made), 0, 10, 10, 0, 0, 0, 0, 0)
+from tests.worker.holdengine import CountingEngine
 
 
 def frames(host: EngineHost, steps: int) -> list[dict | None]:
@@ -78,11 +50,13 @@ def test_below_the_load_that_holds_every_step_sends_its_tokens() -> None:
 
 
 @pytest.mark.filterwarnings("ignore")
-def test_a_failed_step_is_reported_at_once_and_drops_what_was_held() -> None:
-    host = EngineHost(CountingEngine(2, 9, fail_at=3), None, {}, hold=OutputHold(4, 2), quiet_s=60.0)
-    sent = frames(host, 3)
+def test_a_failed_step_is_reported_at_once_and_the_next_hold_begins_anew() -> None:
+    host = EngineHost(CountingEngine(2, 12, fail_at=3), None, {}, hold=OutputHold(4, 2), quiet_s=60.0)
+    sent = frames(host, 8)
     assert sent[1] is None and sent[2]["x"] == ["RuntimeError", "kernel failed"] and tokens(sent[2]) == {}
-    assert len(host.hold) == 0
+    # the hold that began on step 2 is forgotten: step 4 begins another, which goes on its fourth step
+    assert [h is None for h in sent[3:]] == [True, True, True, False, True]
+    assert tokens(sent[6]) == {"r0": [2, 3, 4, 5, 6], "r1": [2, 3, 4, 5, 6]}
 
 
 class EventEngine(CountingEngine):
@@ -126,9 +100,9 @@ class TimedEngine(CountingEngine):
         super().__init__(requests, tokens)
         self.clock, self.step_s = clock, step_s
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, hold: bool = False) -> list[RequestOutput]:
         self.clock.now += self.step_s
-        return super().step()
+        return super().step(hold)
 
 
 @pytest.mark.parametrize(("quiet_s", "stats_only"), [(None, 0), (0.02, 12)])
