@@ -16,7 +16,7 @@ from kvmesh.runtime import kvwire
 from kvmesh.worker import kvtensor
 from kvmesh.runtime.pb import common_pb2, decode_pb2
 
-from .helpers import BLOCK_SIZE, PROMPT, collect, generate_request, greedy
+from .helpers import BLOCK_SIZE, PROMPT, collect, generate_request, greedy, make_reference
 
 
 async def test_local_prefill_matches_the_engine_greedy_tokens(decode, stub, reference) -> None:
@@ -181,23 +181,28 @@ async def test_a_push_closed_short_is_invalid(decode, stub) -> None:
     assert not pending.complete
 
 
-def test_handed_in_kv_is_not_held_once_it_is_in_the_cache(reference) -> None:
+def test_handed_in_kv_is_not_held_once_it_is_in_the_cache() -> None:
     """Issue 16 item 5: `computed_kv` is written into the KV cache on admission and then let go,
-    not held for the request's lifetime."""
-    a = reference.model_args
-    kv = torch.zeros((2, a.num_layers, len(PROMPT) - 1, a.num_kv_heads, a.head_dim), dtype=reference.dtype)
+    not held for the request's lifetime.
+
+    NOTE: an engine of its own: the zeros it hands in land in the prefix cache under PROMPT's
+    blocks, and the session's `reference` then answered PROMPT from them (other tests' greedy
+    tokens differed whenever one ran after this in the same pytest worker)."""
+    engine = make_reference()
+    a = engine.model_args
+    kv = torch.zeros((2, a.num_layers, len(PROMPT) - 1, a.num_kv_heads, a.head_dim), dtype=engine.dtype)
     alive = weakref.ref(kv)
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-    reference.add_request("handed-in", PROMPT, params, computed_kv=kv)
+    engine.add_request("handed-in", PROMPT, params, computed_kv=kv)
     del kv
-    reference.step()
+    engine.step()
     gc.collect()
     try:
-        assert reference.has_unfinished_requests()  # still running...
+        assert engine.has_unfinished_requests()  # still running...
         assert alive() is None  # ...without its handed-in KV
     finally:
-        while reference.has_unfinished_requests():
-            reference.step()
+        while engine.has_unfinished_requests():
+            engine.step()
 
 
 async def test_pushed_blocks_are_decoded_off_the_event_loop_into_one_buffer(decode, stub, monkeypatch) -> None:
