@@ -174,12 +174,15 @@ def run_all(args: argparse.Namespace, model: str) -> int:
     # NOTE: the scheduler would prefill short prompts on the decode worker itself; force the
     # disaggregated path so these rows measure KV crossing processes.
     remote = ["scheduler.local_prefill_max_tokens=0"]
+
+    def disaggregated(name: str, tracing: bool = True) -> Result:
+        return run_mesh(name, *work, prefill=1, decode=1, settings=remote, env={} if tracing else {"KVMESH_TRACING": "false"})
+
     results = [
         run_in_process(*work),
-        run_mesh("mesh: prefill + decode (KV over gRPC)", *work, prefill=1, decode=1, settings=remote),
+        disaggregated("mesh: prefill + decode (KV over gRPC)"),
         run_mesh("mesh: decode only (local prefill)", *work, prefill=0, decode=1),
-        run_mesh("mesh: prefill + decode, tracing off", *work, prefill=1, decode=1, settings=remote,
-                 env={"KVMESH_TRACING": "false"}),
+        disaggregated("mesh: prefill + decode, tracing off", tracing=False),
     ]
     base = results[0]
     print(f"\n{args.requests} requests, {args.prompt_tokens} prompt tokens, {args.max_tokens} output tokens, "
@@ -198,15 +201,12 @@ def run_all(args: argparse.Namespace, model: str) -> int:
           f"= {traced.cpu_us_per_token / untraced.cpu_us_per_token:.3f} (less sensitive to a loaded machine)")
     ratios = [traced.cpu_us_per_token / untraced.cpu_us_per_token]
     for pair in range(1, max(1, args.tracing_pairs)):
-        def run(tracing: bool) -> Result:
-            return run_mesh(f"tracing {'on' if tracing else 'off'}", *work, prefill=1, decode=1, settings=remote,
-                            env={} if tracing else {"KVMESH_TRACING": "false"})
         if pair % 2:  # NOTE: the table's pair ran traced first; the next goes untraced first, and so on
-            off = run(False)
-            on = run(True)
+            off = disaggregated("tracing off", tracing=False)
+            on = disaggregated("tracing on")
         else:
-            on = run(True)
-            off = run(False)
+            on = disaggregated("tracing on")
+            off = disaggregated("tracing off", tracing=False)
         ratios.append(on.cpu_us_per_token / off.cpu_us_per_token)
     if len(ratios) > 1:
         print(f"tracing, mesh CPU per output token with / without, {len(ratios)} pairs (alternating order): "
