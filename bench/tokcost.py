@@ -155,11 +155,11 @@ def engine_child(model: str, requests: int, concurrency: int, max_tokens: int, v
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
               for n in output_lengths(requests, max_tokens, vary)]
     me = psutil.Process()
-    ran = model_steps(engine)
+    ran, step_cpu = model_steps(engine), step_cpu_s(engine)
     cpu0, t0 = process_cpu_s(me), time.perf_counter()
     tokens, _ = closed_loop(engine, prompts, params, concurrency)
     return {"tokens": tokens, "wall_s": time.perf_counter() - t0, "cpu_s": process_cpu_s(me) - cpu0,
-            "steps": model_steps(engine) - ran}
+            "steps": model_steps(engine) - ran, "step_cpu_s": step_cpu_s(engine) - step_cpu}
 
 
 def model_steps(engine) -> int:
@@ -167,6 +167,13 @@ def model_steps(engine) -> int:
     kvmesh_decode_model_steps_total."""
     stats = engine.stats()
     return stats.decode_steps + stats.prefill_steps
+
+
+def step_cpu_s(engine) -> float:
+    """CPU time in the steps that ran the model (both kinds): what the mesh's decode workers count
+    as kvmesh_decode_engine_step_cpu_seconds_total."""
+    stats = engine.stats()
+    return (stats.decode_step_cpu_micros + stats.prefill_step_cpu_micros) / 1e6
 
 
 def closed_loop(engine, prompts: list[list[int]], params, concurrency: int, tag: str = "r") -> tuple[int, int]:
@@ -385,7 +392,8 @@ _STEPS = "engine steps"  # the kind `_frame_counts` gives the step counter (it h
 # ~5 of a load's ~560 at c=32, which read as partial batches. These count the model's runs.
 _MODEL_STEPS = "model steps"
 _ENGINE_TIME = {"kvmesh_decode_engine_busy_seconds_total": "engine busy s",  # steps' wall time, both kinds
-                "kvmesh_decode_engine_between_steps_seconds_total": "engine between s"}  # work left, not stepping
+                "kvmesh_decode_engine_between_steps_seconds_total": "engine between s",  # work left, not stepping
+                "kvmesh_decode_engine_step_cpu_seconds_total": "engine step cpu s"}  # the steps' own CPU, both kinds
 _SUMMED = {**_ENGINE_TIME, "kvmesh_decode_stream_messages_total": "stream messages",  # StepOutputs sent
            "kvmesh_decode_model_steps_total": _MODEL_STEPS}  # both kinds
 
@@ -446,15 +454,29 @@ def _store_counts(endpoint: str) -> dict:
 
 def decode_split(mesh: dict, engine: dict) -> dict[str, float]:
     """The decode worker's CPU per token above the in-process engine's, in three parts (they add
-    up to it): the mesh's smaller batches at the in-process engine's CPU per step, its engine's
-    CPU per step above the in-process one's (the same code, on a crowded host), and the worker's
-    own CPU beside its engine (gRPC, asyncio, hand-backs). {} without a step count or an engine."""
+    up to it). With both sides' step CPU (`kvmesh_decode_engine_step_cpu_seconds_total`, and
+    `step_cpu_s` of the in-process engine): the engine steps' CPU above the in-process engine's
+    (more or smaller steps: a wave's requests arriving over several steps; a crowded host; less
+    the in-process engine's detokenizing and stop checks, which in the mesh the gateway does), its
+    engine process's CPU beside those steps above the in-process engine's beside its own (commands,
+    step frames, hand-back reads), and the worker's own CPU beside its engine (gRPC, asyncio,
+    hand-backs). Without them (an older checkout): the mesh's smaller batches at the in-process
+    engine's CPU per step, its engine's CPU per step above the in-process one's, and the worker's.
+    {} without a step count or an engine."""
     tokens, steps = mesh["tokens"], mesh.get("engine_steps")
     engines = {k: v for k, v in mesh.get("engine_thread_cpu_s", {}).items() if k.startswith("decode")}
     if not tokens or not steps or not engine.get("steps") or not engines:
         return {}
     engine_cpu = sum(engines.values())
     worker_cpu = sum(v for k, v in mesh["cpu_s"].items() if k.startswith("decode"))
+    step_cpu = (mesh.get("engine_time_s") or {}).get("engine step cpu s")
+    if step_cpu and engine.get("step_cpu_s"):
+        inproc_step, inproc_beside = engine["step_cpu_s"], engine["cpu_s"] - engine["step_cpu_s"]
+        return {
+            "engine steps": (step_cpu / tokens - inproc_step / engine["tokens"]) * 1e6,
+            "engine process beside its steps": ((engine_cpu - step_cpu) / tokens - inproc_beside / engine["tokens"]) * 1e6,
+            "beside the engine": (worker_cpu - engine_cpu) / tokens * 1e6,
+        }
     step_inproc = engine["cpu_s"] / engine["steps"]
     batch = tokens / steps
     per_token_inproc = engine["cpu_s"] / engine["tokens"]
@@ -560,6 +582,11 @@ def report(c: int, mesh: dict) -> None:
         if busy:
             print(f"the engine stepping: {busy:.2f} s; with work left and not stepping (its loop's commands, the GIL): "
                   f"{between:.2f} s, {between / busy:.0%} of that")
+        step_cpu = timed.get("engine step cpu s", 0.0)
+        if step_cpu and engine.get("step_cpu_s"):
+            print(f"the engine steps' own CPU: mesh {step_cpu / tokens * 1e6:.0f} µs per token ({step_cpu / steps * 1e3:.2f} ms "
+                  f"a step), in-process engine {engine['step_cpu_s'] / max(1, engine['tokens']) * 1e6:.0f} "
+                  f"({engine['step_cpu_s'] / engine['steps'] * 1e3:.2f} ms a step)")
         split = decode_split(mesh, engine)
         if split:
             print("decode worker above engine, split: " + ", ".join(f"{k} {v:+.0f}" for k, v in split.items()) + " µs per token")

@@ -88,7 +88,8 @@ async def _refresh_gauges(loop: EngineLoop | EngineProcess, interval_s: float) -
 
 
 _BATCH_COUNTERS = (("steps", metrics.MODEL_STEPS, 1), ("step_rows", metrics.STEP_DECODE_ROWS, 1),
-                   ("step_padded_kv_tokens", metrics.STEP_PADDED_KV_TOKENS, 1), ("step_micros", metrics.ENGINE_BUSY, 1e-6))
+                   ("step_padded_kv_tokens", metrics.STEP_PADDED_KV_TOKENS, 1), ("step_micros", metrics.ENGINE_BUSY, 1e-6),
+                   ("step_cpu_micros", metrics.ENGINE_STEP_CPU, 1e-6))
 
 
 def _count_batches(s: EngineStats, seen: dict[str, int]) -> dict[str, int]:

@@ -29,6 +29,8 @@ STEP_DECODE_ROWS = Counter("kvmesh_decode_step_decode_rows", "decode rows over t
 STEP_PADDED_KV_TOKENS = Counter("kvmesh_decode_step_padded_kv_tokens",
                                 "KV tokens those steps' decode attention read: each step's decode rows × its longest context", ["kind"])
 ENGINE_BUSY = Counter("kvmesh_decode_engine_busy_seconds", "wall time of those steps (its rate: the engine's busy fraction)", ["kind"])
+ENGINE_STEP_CPU = Counter("kvmesh_decode_engine_step_cpu_seconds",
+                          "CPU time of the thread that ran those steps (on CUDA: the host's side of each step)", ["kind"])
 ENGINE_BETWEEN = Counter("kvmesh_decode_engine_between_steps_seconds",
                          "time the engine had unfinished sequences and was not in a step (its loop's commands, the GIL)")
 ENGINE_QUEUE = Histogram("kvmesh_decode_engine_queue_seconds", "a request's add to the engine -> the first step that ran it",

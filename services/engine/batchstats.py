@@ -1,7 +1,8 @@
 """What the engine's steps ran, summed by kind: steps that only decode, and steps that prefill
 (decode rows ride along with them). For each: the steps, their decode rows, the KV tokens their
-decode attention read and their wall time (EngineStats; the decode worker's /metrics; `kvmesh
-sim`'s fidelity report sets them beside the simulator's own)."""
+decode attention read, their wall time and the CPU time of the thread that ran them (EngineStats;
+the decode worker's /metrics; `kvmesh sim`'s fidelity report sets them beside the simulator's own;
+bench/tokcost.py sets a mesh engine's step CPU beside the in-process engine's)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class KindCounters:
     rows: int = 0
     padded_kv_tokens: int = 0
     micros: int = 0
+    cpu_micros: int = 0  # the stepping thread's CPU time (on CUDA: the host's side of the step)
 
 
 @dataclass(slots=True)
@@ -46,18 +48,20 @@ class BatchCounters:
     def finished(self, now: float, more: bool) -> None:
         self.ended = now if more else None
 
-    def add(self, scheduled: list[ScheduledSeq], seconds: float) -> None:
+    def add(self, scheduled: list[ScheduledSeq], seconds: float, cpu_seconds: float = 0.0) -> None:
         contexts = decode_contexts(scheduled)
         kind = self.decode if len(contexts) == len(scheduled) else self.prefill
         kind.steps += 1
         kind.rows += len(contexts)
         kind.padded_kv_tokens += padded_kv_tokens(contexts)
         kind.micros += round(seconds * 1e6)
+        kind.cpu_micros += round(cpu_seconds * 1e6)
 
     def as_fields(self) -> dict[str, int]:
         """EngineStats' fields for these counters."""
         return {f"{name}_{what}": getattr(kind, attr)
                 for name, kind in (("decode", self.decode), ("prefill", self.prefill))
                 for what, attr in (("steps", "steps"), ("step_rows", "rows"),
-                                   ("step_padded_kv_tokens", "padded_kv_tokens"), ("step_micros", "micros"))} | {
+                                   ("step_padded_kv_tokens", "padded_kv_tokens"), ("step_micros", "micros"),
+                                   ("step_cpu_micros", "cpu_micros"))} | {
             "between_steps_micros": self.between_micros}

@@ -231,7 +231,7 @@ class LLMEngine:
         if not sched.scheduled:
             return outputs
         self.last_step_ran = True
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         self._batches.started(started)
         for s in sched.scheduled:
             if s.start < s.seq.num_prompt_tokens:  # NOTE: a request's first step computes prompt tokens; decode rows never
@@ -240,7 +240,7 @@ class LLMEngine:
                     state.first_step_at = started
         self._run_step(sched, outputs, hold)
         ended = time.perf_counter()
-        self._batches.add(sched.scheduled, ended - started)
+        self._batches.add(sched.scheduled, ended - started, time.thread_time() - cpu_started)
         self._batches.finished(ended, self.scheduler.has_work())
         return outputs
 

@@ -71,7 +71,7 @@ class EngineStats:
     # The steps it ran, cumulative, by kind (engine/batchstats.py): steps that only decode, and
     # steps that prefill (decode rows riding along). Per kind: steps, decode rows, the KV tokens
     # their decode attention read (each step's rows × its longest decode context: the torch
-    # backend pads every row to it) and wall time in µs.
+    # backend pads every row to it), wall time in µs and the stepping thread's CPU time in µs.
     decode_steps: int = 0
     decode_step_rows: int = 0
     decode_step_padded_kv_tokens: int = 0
@@ -80,4 +80,6 @@ class EngineStats:
     prefill_step_rows: int = 0
     prefill_step_padded_kv_tokens: int = 0
     prefill_step_micros: int = 0
+    decode_step_cpu_micros: int = 0
+    prefill_step_cpu_micros: int = 0
     between_steps_micros: int = 0  # time it had unfinished sequences and was not in a step

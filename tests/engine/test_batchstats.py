@@ -1,6 +1,6 @@
 """The engine's step counters (EngineStats' decode_* and prefill_*; engine/batchstats.py): steps
 by kind, their decode rows, the KV tokens their decode attention read padded to the longest row,
-and their wall time."""
+their wall time and their CPU time."""
 
 from __future__ import annotations
 
@@ -34,6 +34,21 @@ def test_rows_decoding_beside_a_prefill_count_as_riding_along_with_it(tiny_dir: 
     s = engine.stats()
     assert (s.prefill_steps, s.prefill_step_rows, s.prefill_step_padded_kv_tokens) == (2, 1, 22)
     assert (s.decode_steps, s.decode_step_rows, s.decode_step_padded_kv_tokens) == (1, 1, 21)
+
+
+def test_step_cpu_counts_the_stepping_threads_cpu_not_its_waits(tiny_dir: Path) -> None:
+    engine = LLMEngine(EngineConfig(model=str(tiny_dir), num_kv_blocks=64))
+    execute = engine.runner.execute
+
+    def slow_execute(*args, **kwargs):  # a step that waits (as on a host that took the CPU away)
+        time.sleep(0.05)
+        return execute(*args, **kwargs)
+
+    engine.runner.execute = slow_execute
+    engine.generate([[7] * 20], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    s = engine.stats()
+    assert s.prefill_step_micros >= 50_000 and s.decode_step_micros >= 50_000
+    assert 0 < s.prefill_step_cpu_micros < 50_000 and 0 < s.decode_step_cpu_micros < 50_000
 
 
 def test_time_between_steps_counts_only_while_sequences_are_unfinished(tiny_dir: Path) -> None:

@@ -24,6 +24,24 @@ def test_the_split_adds_up_to_the_decode_worker_above_the_engine() -> None:
     assert sum(split.values()) == pytest.approx(130.0 - 50.0)
 
 
+def test_with_both_sides_step_cpu_the_split_is_steps_the_engine_process_beside_them_and_the_worker() -> None:
+    # in-process: 1,000 tokens, 50 ms of CPU, 40 of it in its steps
+    engine = {"tokens": 1000, "steps": 25, "cpu_s": 0.050, "step_cpu_s": 0.040}
+    # mesh: its engine process 100 ms, 80 of it in steps (/metrics); the worker 30 ms more
+    mesh = {"tokens": 1000, "engine_steps": 40, "cpu_s": {"decode-0": 0.130, "gateway": 0.02},
+            "engine_thread_cpu_s": {"decode-0: its engine process": 0.100}, "engine_time_s": {"engine step cpu s": 0.080}}
+    split = tokcost().decode_split(mesh, engine)
+    assert split == pytest.approx({"engine steps": 40.0, "engine process beside its steps": 10.0, "beside the engine": 30.0})
+    assert sum(split.values()) == pytest.approx(130.0 - 50.0)
+
+
+def test_a_workers_step_cpu_is_read_from_its_metrics() -> None:
+    out: dict[str, float] = {}
+    tokcost().read_counts("decode-0", 'kvmesh_decode_engine_step_cpu_seconds_total{kind="decode"} 1.5\n'
+                          'kvmesh_decode_engine_step_cpu_seconds_total{kind="prefill"} 0.25\n', out)
+    assert out == {"decode-0 engine step cpu s": 1.75}
+
+
 def test_no_split_without_a_step_count_or_an_engine() -> None:
     engine = {"tokens": 1000, "steps": 25, "cpu_s": 0.050}
     mesh = {"tokens": 1000, "engine_steps": 0, "cpu_s": {"decode-0": 0.130}, "engine_thread_cpu_s": {}}

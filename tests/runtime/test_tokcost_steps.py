@@ -28,8 +28,9 @@ def test_a_workers_model_steps_are_counted_apart_from_its_loops_steps() -> None:
 def test_the_in_process_reference_counts_the_steps_that_ran_the_model() -> None:
     t = bench_module("tokcost")
     engine = LLMEngine(EngineConfig(model="tiny"))
-    before = t.model_steps(engine)
+    before, cpu_before = t.model_steps(engine), t.step_cpu_s(engine)
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
     tokens, steps = t.closed_loop(engine, [[65, 66, 67], [68, 69], [70], [71, 72]], params, concurrency=2)
     assert tokens == 20
     assert t.model_steps(engine) - before == steps == 10  # two at a time, five steps each (a prefill step gives a token)
+    assert t.step_cpu_s(engine) > cpu_before  # the steps' CPU, beside the decode workers' kvmesh_decode_engine_step_cpu_seconds
