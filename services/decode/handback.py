@@ -2,8 +2,8 @@
 
 Only the blocks the store lacks leave: each turn's block hashes are looked up first (the leading
 run the store holds, under no lease: nobody fetches these blocks) and the rest are pinned in the
-engine (one short command between steps), copied beside the step loop (`offload`) and packed on a
-worker thread (one `KvBlockRun` a turn: one payload, a crc32 a block; the batch's runs share one
+engine (one short command between steps), copied beside the step loop (`offload`: one gather of
+every turn's blocks, one tensor across) and packed on a worker thread (one `KvBlockRun` a turn: one payload, a crc32 a block; the batch's runs share one
 `runs` message) - never on the engine's step loop - and put with a two-phase `KvStore.Put` per owner shard
 (`runtime/kvshardclient.py`; one store is one shard). Turns that wait together are handed back
 together: one `LookupChains` per shard asks about all of them (a unary Lookup per turn cost the
@@ -151,10 +151,10 @@ class Handback:
             return
         pinned = await self._loop.call("pin_turns", [[turn.tokens, turn.held] for turn in turns])
         try:
-            blocks = await self._loop.offload("read_turns", pinned)
+            kv, counts = await self._loop.offload("read_turns", pinned)
         finally:
             self._loop.call_nowait("unpin_turns", pinned)
-        chains = await asyncio.to_thread(self._encode, blocks, turns)
+        chains = await asyncio.to_thread(self._encode, list(kv.split(counts)), turns)
         chains = [chain for chain in chains if chain.blocks]
         if not chains:
             return

@@ -110,9 +110,9 @@ async def test_pushed_kv_goes_in_and_pinned_blocks_come_back_byte_for_byte(engin
     tokens, how = await run(engine, "pushed", prompt, kv=torch.cat(blocks, dim=2))
     assert (tokens, how) == (greedy(reference, prompt, 6), "remote")
     pinned = await engine.call("pin_turns", [[prompt, 0]])
-    back = await engine.offload("read_turns", pinned)
+    kv, counts = await engine.offload("read_turns", pinned)
     engine.call_nowait("unpin_turns", pinned)
-    assert len(back[0]) == 3 and all(torch.equal(a, b) for a, b in zip(back[0], blocks))
+    assert counts == [3] and all(torch.equal(a, b) for a, b in zip(kv, blocks))
 
 
 async def test_a_reply_larger_than_the_receive_buffer_comes_back_byte_for_byte(reference, monkeypatch) -> None:
@@ -127,11 +127,13 @@ async def test_a_reply_larger_than_the_receive_buffer_comes_back_byte_for_byte(r
         assert (await run(proc, "large", prompt))[0] == greedy(reference, prompt, 6)  # small frames: the scratch
         pinned = await proc.call("pin_turns", [[prompt, 0], [prompt, 1]])
         before = proc._reader.large_frames
-        back = await proc.offload("read_turns", pinned)
+        kv, counts = await proc.offload("read_turns", pinned)
         proc.call_nowait("unpin_turns", pinned)
         assert proc._reader.large_frames == before + 1
-        assert len(back[0]) == 3 and all(torch.equal(a, b) for a, b in zip(back[0], blocks))
-        assert len(back[1]) == 2 and all(torch.equal(a, b) for a, b in zip(back[1], blocks[1:]))
+        assert counts == [3, 2]
+        first, second = kv.split(counts)  # the turns' blocks, in order, in one tensor
+        assert all(torch.equal(a, b) for a, b in zip(first, blocks))
+        assert all(torch.equal(a, b) for a, b in zip(second, blocks[1:]))
     finally:
         await proc.stop()
 
