@@ -86,7 +86,9 @@ def pack(value: Any, blobs: list[Buffer]) -> Any:
         return {"$t": _append(blobs, data), "n": len(data), "d": str(value.dtype).removeprefix("torch."),
                 "s": list(value.shape)}
     if isinstance(value, SamplingParams):
-        return {"$p": [pack(getattr(value, f), blobs) for f in _PARAM_FIELDS]}
+        # NOTE: its fields are JSON data (numbers, strings, None and tuples of them, which orjson
+        # writes as arrays): no call a field (~9 µs a request's add, of ~28 for its frame both ways)
+        return {"$p": [getattr(value, f) for f in _PARAM_FIELDS]}
     raise TypeError(f"{type(value).__name__} cannot cross to the engine process")
 
 
@@ -112,7 +114,7 @@ def unpack(value: Any, blobs: Blobs) -> Any:
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(memoryview(blobs)[start : start + n], dtype=dtype).reshape(shape)
     if "$p" in value:
-        return _params(unpack(value["$p"], blobs))
+        return _params(value["$p"])  # plain JSON data, as `pack` sent it
     raise ValueError(f"unknown value in an engine frame: {sorted(value)}")
 
 
