@@ -34,3 +34,13 @@ def test_the_in_process_reference_counts_the_steps_that_ran_the_model() -> None:
     assert tokens == 20
     assert t.model_steps(engine) - before == steps == 10  # two at a time, five steps each (a prefill step gives a token)
     assert t.step_cpu_s(engine) > cpu_before  # the steps' CPU, beside the decode workers' kvmesh_decode_engine_step_cpu_seconds
+
+
+def test_minor_faults_count_the_fresh_pages_a_process_touches() -> None:
+    import psutil
+
+    me = psutil.Process()
+    before = bench_module("tokcost")._minor_faults(me)
+    fresh = bytearray(16 << 20)  # zeroed as it is made: every page touched (mapped on its own: above malloc's threshold)
+    assert bench_module("tokcost")._minor_faults(me) - before >= 8  # 4 KiB pages, or 2 MiB ones under THP
+    del fresh
