@@ -348,7 +348,8 @@ def measure_mesh(model: str, requests: int, concurrencies: list[int], max_tokens
                 messages = timed.pop("stream messages")
                 steps = timed.pop(_MODEL_STEPS) or loop_steps  # NOTE: a checkout without the model-step counter (tokcost-ab.sh)
                 results.setdefault(c, []).append({
-                    **load, "cpu_s": cpu, "switches": switches, "minor_faults": faults, "engine_thread_cpu_s": engine_cpu, "store": store_delta,
+                    **load, "cpu_s": cpu, "switches": switches, "minor_faults": faults, "engine_thread_cpu_s": engine_cpu,
+                    "store": store_delta,
                     "frames": frame_delta, "engine_steps": steps, "engine_loop_steps": loop_steps, "engine_time_s": timed, "stream_messages": messages,
                     **({"engine": engine(c, first)} if engine is not None else {})})
             first = prompt_offset(rounds, 0, len(concurrencies), requests)

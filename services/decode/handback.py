@@ -3,8 +3,9 @@
 Only the blocks the store lacks leave: each turn's block hashes are looked up first (the leading
 run the store holds, under no lease: nobody fetches these blocks) and the rest are pinned in the
 engine (one short command between steps), copied beside the step loop (`offload`: one gather of
-every turn's blocks, one tensor across) and packed on a worker thread (one `KvBlockRun` a turn: one payload, a crc32 a block; the batch's runs share one
-`runs` message) - never on the engine's step loop - and put with a two-phase `KvStore.Put` per owner shard
+every turn's blocks, one tensor across) and packed on a worker thread (one `KvBlockRun` a turn:
+one payload, a crc32 a block; the batch's runs share one `runs` message) - never on the engine's
+step loop - and put with a two-phase `KvStore.Put` per owner shard
 (`runtime/kvshardclient.py`; one store is one shard). Turns that wait together are handed back
 together: one `LookupChains` per shard asks about all of them (a unary Lookup per turn cost the
 store ~0.5-0.9 ms of gRPC each) and their blocks share one pin, one copy and one Put per shard (a
