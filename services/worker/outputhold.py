@@ -24,8 +24,8 @@ Where the tokens wait: in the engine's own per-request state (`LLMEngine.step(ho
 output for a request that sent one before; `take_held` makes one, of everything since). An output
 object a request a step, merged into the one held, cost ~2.5 µs a token (`tiny`'s engine at 32
 requests, timed in place: 1.6 µs building them, 1 µs merging them and the per-step stats the hold
-read). This class is the policy: whether a step holds, and when what
-is held goes. Pure but for `step`, which runs it on an engine; the caller passes the clock.
+read). This class is the policy: whether a step holds, and when what is held goes. Pure but for
+`step`, which runs it on an engine; the caller passes the clock.
 """
 
 from __future__ import annotations
