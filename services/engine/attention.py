@@ -71,6 +71,7 @@ class AttentionGroup:
     mask: torch.Tensor  # [B, 1, Q, C] bool, True = attend
     q_index: torch.Tensor | None  # [B*Q] flat token index per query (None: decode, one query per row, in order)
     out_index: torch.Tensor | None  # [end-start] rows of the [B*Q] output that are real tokens
+    single: bool = False  # one prefill row: its queries are tokens start:end in order; mask None = plain causal
 
 
 class TorchAttention:
@@ -103,6 +104,8 @@ class TorchAttention:
         return AttentionGroup(0, len(starts), len(starts), c, self._context_slots(bt, c).to(dev), mask.to(dev), None, None)
 
     def _prefill_group(self, starts: list[int], num_new: list[int], bt: torch.Tensor, offset: int, dev: torch.device) -> AttentionGroup:
+        if len(starts) == 1:
+            return self._prefill_one(starts[0], num_new[0], bt, offset, dev)
         n = torch.tensor(num_new)  # [B]
         start = torch.tensor(starts)  # [B]
         q_len, c = int(n.max()), int((start + n).max())
@@ -119,6 +122,15 @@ class TorchAttention:
             q_index.flatten().to(dev), out_index.to(dev),
         )
 
+    def _prefill_one(self, start: int, n: int, bt: torch.Tensor, offset: int, dev: torch.device) -> AttentionGroup:
+        """One prefill row (a continuous batch's usual case: a request joins running decodes):
+        no padding, so no query or output gather, and with nothing cached before it a plain causal
+        mask SDPA makes itself. NOTE: a step with one prompt mixed into 32 decode rows cost ~0.5 ms
+        more than the decode rows alone on `tiny` (CPU), ~0.2 ms of it the padded group's build."""
+        c = start + n
+        mask = None if start == 0 else (torch.arange(c)[None, :] <= torch.arange(start, c)[:, None])[None, None].to(dev)
+        return AttentionGroup(offset, offset + n, 1, c, self._context_slots(bt, c).to(dev), mask, None, None, single=True)
+
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         # k, v: [T, Hkv, D]; caches [slots, Hkv, D]; slot_mapping [T]
         k_cache.index_copy_(0, slot_mapping, k)
@@ -132,6 +144,11 @@ class TorchAttention:
             kv_shape = (g.num_rows, g.context_len, a.num_kv_heads, a.head_dim)
             kg = k_cache.index_select(0, g.kv_slots).view(kv_shape).transpose(1, 2)  # [B, Hkv, C, D]
             vg = v_cache.index_select(0, g.kv_slots).view(kv_shape).transpose(1, 2)
+            if g.single:
+                qg = q[g.start : g.end].view(1, -1, a.num_heads, a.head_dim).transpose(1, 2)  # [1, Hq, Q, D]
+                o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, is_causal=g.mask is None, enable_gqa=True)
+                outs.append(o.transpose(1, 2).reshape(-1, a.q_size))  # [Q, Hq*D]
+                continue
             if g.q_index is None:
                 # NOTE: decode: fold each kv head's query group into the query axis, so plain
                 # attention does GQA without repeating K/V.
