@@ -28,7 +28,7 @@ import grpc
 from .errors import MeshError
 from .grpcutil import ChannelPool
 from .kvshards import Shard, ShardDirectory, contiguous_prefix, rank, split_by_owner
-from .kvstoremsgs import BlockRun, Chain, lookup_chains_requests, put_messages, renumbered, runs
+from .kvstoremsgs import BlockRun, Chain, lookup_chains_requests, put_frames, renumbered, runs
 from .pb import common_pb2, kvstore_pb2, kvstore_pb2_grpc
 from .telemetry import inject_metadata
 
@@ -38,6 +38,7 @@ MAX_HOT_TRACKED = 65_536  # hit counters kept for replication decisions
 OLD_STORE_PUT = "unexpected empty message"  # a store older than KvBlockRun, handed a `runs` message
 UNARY_RETRY_S = 300.0  # a shard without LookupChains gets unary Lookups this long before it is asked again
 NO_LEASE = -1.0  # lookup_chains' lease_s for "what is held" only
+PUT_METHOD = "/kvmesh.v1.KvStore/Put"
 
 
 @dataclass(slots=True)
@@ -62,6 +63,7 @@ class ShardedStore:
         self.failures = 0  # calls a shard failed
         self._channels = channels
         self._stubs: dict[str, tuple[grpc.aio.Channel, kvstore_pb2_grpc.KvStoreStub]] = {}  # endpoint -> (channel, stub)
+        self._put_calls: dict[str, tuple[grpc.aio.Channel, grpc.aio.StreamUnaryMultiCallable]] = {}  # endpoint -> (channel, Put)
         self._no_runs: set[str] = set()  # endpoints of stores older than KvBlockRun
         self._hits: Counter[bytes] = Counter()
         self._background: set[asyncio.Task] = set()
@@ -74,6 +76,15 @@ class ShardedStore:
         cached = self._stubs.get(shard.endpoint)
         if cached is None or cached[0] is not channel:
             cached = self._stubs[shard.endpoint] = (channel, kvstore_pb2_grpc.KvStoreStub(channel))
+        return cached[1]
+
+    def _put_call(self, shard: Shard) -> grpc.aio.StreamUnaryMultiCallable:
+        """The shard's `Put`, sending messages already serialized (`put_frames`), made once per channel."""
+        channel = self._channels.get(shard.endpoint)
+        cached = self._put_calls.get(shard.endpoint)
+        if cached is None or cached[0] is not channel:
+            call = channel.stream_unary(PUT_METHOD, request_serializer=None, response_deserializer=kvstore_pb2.PutResponse.FromString)
+            cached = self._put_calls[shard.endpoint] = (channel, call)
         return cached[1]
 
     def _failed(self, shard: Shard, call: str, exc: Exception) -> None:
@@ -222,8 +233,8 @@ class ShardedStore:
         return reply.stored, reply.duplicates
 
     async def _put(self, shard: Shard, producer_id: str, chains: list[Chain], runs_ok: bool) -> kvstore_pb2.PutResponse:
-        messages = put_messages(self.spec, producer_id, chains, runs_ok=runs_ok)
-        return await self._stub(shard).Put(iter(messages), timeout=self.put_timeout_s, metadata=inject_metadata())
+        frames = put_frames(self.spec, producer_id, chains, runs_ok=runs_ok)
+        return await self._put_call(shard)(iter(frames), timeout=self.put_timeout_s, metadata=inject_metadata())
 
     def _count_hits(self, blocks: list[common_pb2.KvBlock]) -> None:
         if self.replicas < 2 or self.hot_hits <= 0:

@@ -17,7 +17,7 @@ from kvmesh.runtime.kvwire import checksum
 from kvmesh.runtime.grpcutil import ChannelPool
 from kvmesh.runtime.kvshardclient import ShardedStore
 from kvmesh.runtime.kvshards import Shard, ShardDirectory
-from kvmesh.runtime.kvstoremsgs import BlockRun, Chain, put_messages, runs
+from kvmesh.runtime.kvstoremsgs import BlockRun, Chain, put_frames, put_messages, runs
 from kvmesh.runtime.pb import common_pb2, kvstore_pb2
 
 from .conftest import BLOCK_BYTES, SPEC, chain, h
@@ -55,6 +55,24 @@ def test_runs_go_in_as_few_messages_as_the_byte_bound_allows_and_as_blocks_to_an
     old = put_messages(SPEC_PB, "t", [Chain(run, h("p"))], runs_ok=False)
     assert [m.WhichOneof("msg") for m in old] == ["open", "blocks", "commit"]
     assert list(old[1].blocks.blocks) == run.as_blocks(SPEC_PB)
+
+
+def test_put_frames_are_put_messages_serialized_runs_written_by_hand():
+    # a run with scales, payloads whose lengths take 1-3 varint bytes, a byte bound that splits
+    # runs across messages, several runs in one message, and an old store's `blocks`
+    big = BlockRun.of(bytes(range(256)) * 256 * 5, [h(f"g{i}") for i in range(5)], 2, common_pb2.KV_ENCODING_INT8,
+                      scales=bytes(range(5)) * 40)
+    small = BlockRun.of(b"\x07" * 20, [h("s1"), h("s2")], 0)
+    cases = [
+        ([Chain(run_of(NAMES), h("p")), Chain(run_of(["b1", "b2"]), h("a5"))], {}),
+        ([Chain(big), Chain(small, h("g5"))], {}),
+        ([Chain(big, h("p")), Chain(small, h("g5")), Chain(run_of(["z"]))], {"max_bytes": 2 * len(big.data) // 5}),
+        ([Chain(run_of(NAMES), h("p"))], {"runs_ok": False}),
+    ]
+    for chains, kwargs in cases:
+        messages = put_messages(SPEC_PB, "t", chains, **kwargs)
+        frames = put_frames(SPEC_PB, "t", chains, **kwargs)
+        assert [kvstore_pb2.PutMessage.FromString(f) for f in frames] == messages
 
 
 def test_a_runs_blocks_split_by_shard_keep_their_parents():
