@@ -62,30 +62,29 @@ class ShardedStore:
         self.replicated = 0
         self.failures = 0  # calls a shard failed
         self._channels = channels
-        self._stubs: dict[str, tuple[grpc.aio.Channel, kvstore_pb2_grpc.KvStoreStub]] = {}  # endpoint -> (channel, stub)
-        self._put_calls: dict[str, tuple[grpc.aio.Channel, grpc.aio.StreamUnaryMultiCallable]] = {}  # endpoint -> (channel, Put)
+        # endpoint -> (channel, stub, its Put for messages already serialized)
+        self._stubs: dict[str, tuple[grpc.aio.Channel, kvstore_pb2_grpc.KvStoreStub, grpc.aio.StreamUnaryMultiCallable]] = {}
         self._no_runs: set[str] = set()  # endpoints of stores older than KvBlockRun
         self._hits: Counter[bytes] = Counter()
         self._background: set[asyncio.Task] = set()
         self._clock = clock
         self._unary_until: dict[str, float] = {}  # endpoint -> when to try its LookupChains again
 
-    def _stub(self, shard: Shard) -> kvstore_pb2_grpc.KvStoreStub:
-        """The shard's stub, made once per channel (a channel the pool replaced gets a new one)."""
+    def _calls(self, shard: Shard) -> tuple[grpc.aio.Channel, kvstore_pb2_grpc.KvStoreStub, grpc.aio.StreamUnaryMultiCallable]:
+        """The shard's stub and its `Put` sending messages already serialized (`put_frames`), made
+        once per channel (a channel the pool replaced gets new ones)."""
         channel = self._channels.get(shard.endpoint)
         cached = self._stubs.get(shard.endpoint)
         if cached is None or cached[0] is not channel:
-            cached = self._stubs[shard.endpoint] = (channel, kvstore_pb2_grpc.KvStoreStub(channel))
-        return cached[1]
+            put = channel.stream_unary(PUT_METHOD, request_serializer=None, response_deserializer=kvstore_pb2.PutResponse.FromString)
+            cached = self._stubs[shard.endpoint] = (channel, kvstore_pb2_grpc.KvStoreStub(channel), put)
+        return cached
+
+    def _stub(self, shard: Shard) -> kvstore_pb2_grpc.KvStoreStub:
+        return self._calls(shard)[1]
 
     def _put_call(self, shard: Shard) -> grpc.aio.StreamUnaryMultiCallable:
-        """The shard's `Put`, sending messages already serialized (`put_frames`), made once per channel."""
-        channel = self._channels.get(shard.endpoint)
-        cached = self._put_calls.get(shard.endpoint)
-        if cached is None or cached[0] is not channel:
-            call = channel.stream_unary(PUT_METHOD, request_serializer=None, response_deserializer=kvstore_pb2.PutResponse.FromString)
-            cached = self._put_calls[shard.endpoint] = (channel, call)
-        return cached[1]
+        return self._calls(shard)[2]
 
     def _failed(self, shard: Shard, call: str, exc: Exception) -> None:
         self.failures += 1

@@ -111,7 +111,7 @@ def put_frames(spec: common_pb2.ModelSpec, producer_id: str, chains: Sequence[Ch
                max_bytes: int = PUT_MESSAGE_BYTES, runs_ok: bool = True) -> list[bytes]:
     """`put_messages`, serialized: what a Put call sends with no serializer of its own.
 
-    NOTE: a `runs` message is written here, its payloads joined in once (`run_frame`): protobuf's
+    NOTE: a `runs` message is written here, its payloads joined in once (`runs_frame`): protobuf's
     serializer took 1.4 ms of CPU for a 2 MiB message in a loop, and 2-30 ms in a decode worker
     (a hand-back batch of 32 turns on `tiny`: ~20 µs a block), where joining the bytes takes ~0.2."""
     return [runs_frame(item) if isinstance(item, list) else item.SerializeToString()
