@@ -120,6 +120,22 @@ class KvReceiver:
         return pending
 
 
+def read_push(frame: bytes, spec: common_pb2.ModelSpec) -> tuple[decode_pb2.KvPushMessage, torch.Tensor | None]:
+    """Codec pool: one PushKv message's bytes parsed, and a block's payload validated and decoded
+    (its header is checked against the request on the event loop, `PendingKv.check`). PushKv's
+    requests come unparsed (`DecodeServicer.RAW_REQUESTS`): a 2 MiB block's parse and each read of
+    its payload are a copy, ~0.2 ms each, that would all hold the event loop."""
+    msg = parse_push(frame)
+    return msg, kvtensor.decode_block(msg.block, spec) if msg.WhichOneof("msg") == "block" else None
+
+
+def parse_push(frame: bytes) -> decode_pb2.KvPushMessage:
+    try:
+        return decode_pb2.KvPushMessage.FromString(frame)
+    except Exception as exc:  # noqa: BLE001 - bytes that do not parse are the sender's bad input
+        raise InvalidArgument(f"malformed request message: {type(exc).__name__}") from None
+
+
 def fill_prefix(kv: torch.Tensor, local: list[torch.Tensor]) -> torch.Tensor:
     """`kv` (`[2, L, k, H, D]`, received blocks in place) with the local cached blocks (each
     `[2, L, block_size, H, D]`) copied into its head, in token order."""

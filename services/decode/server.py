@@ -68,6 +68,8 @@ def delta_to_pb(delta: Delta) -> decode_pb2.GenerateResponse:
 
 
 class DecodeServicer(decode_pb2_grpc.DecodeWorkerServicer):
+    RAW_REQUESTS = ("PushKv",)  # parsed by the worker, a block's off the event loop (`receive.read_push`)
+
     def __init__(self, worker: DecodeWorker) -> None:
         self.worker = worker
 
@@ -95,6 +97,6 @@ class DecodeServicer(decode_pb2_grpc.DecodeWorkerServicer):
     async def Abort(self, request: decode_pb2.AbortRequest, context: grpc.aio.ServicerContext) -> decode_pb2.AbortResponse:
         return decode_pb2.AbortResponse(found=self.worker.abort(request.request_id))
 
-    async def PushKv(self, request_iterator, context: grpc.aio.ServicerContext) -> decode_pb2.PushKvResponse:
+    async def PushKv(self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> decode_pb2.PushKvResponse:
         blocks, nbytes = await self.worker.receive_push(request_iterator)
         return decode_pb2.PushKvResponse(blocks_received=blocks, bytes_received=nbytes)

@@ -34,7 +34,7 @@ from kvmesh.worker.worker import EngineLoop
 
 from . import commands, metrics
 from .handback import Handback
-from .receive import KvReceiver, PendingKv
+from .receive import KvReceiver, PendingKv, parse_push, read_push
 
 log = logging.getLogger(__name__)
 
@@ -247,25 +247,27 @@ class DecodeWorker:
         finally:
             self.receiver.unregister(job.request_id)
 
-    async def receive_push(self, messages: AsyncIterator) -> tuple[int, int]:
-        """Handle one PushKv stream; returns (blocks, bytes) received."""
-        first = await anext(aiter(messages), None)
+    async def receive_push(self, frames: AsyncIterator[bytes]) -> tuple[int, int]:
+        """Handle one PushKv stream, its messages as bytes (parsed here, a block's on the codec
+        pool: `receive.read_push`); returns (blocks, bytes) received."""
+        first = await anext(aiter(frames), None)
+        first = None if first is None else parse_push(first)
         if first is None or first.WhichOneof("msg") != "open":
             raise InvalidArgument("a KV push must start with KvPushOpen")
         kvwire.check_spec(self.spec, first.open.spec)
         pending = self.receiver.get(first.open.request_id)
         try:
             pending.open(first.open)
-            async for msg in messages:
+            async for frame in frames:
+                msg, kv = await self.codec.run(read_push, frame, self.spec)
                 kind = msg.WhichOneof("msg")
                 if kind == "block":
                     index = pending.check(msg.block)
-                    # NOTE: crc, copies and dequantization on the codec pool, not the event loop
-                    kv = await self.codec.run(kvtensor.decode_block, msg.block, self.spec)
-                    pending.store(index, kv, kvwire.wire_bytes(msg.block))
+                    nbytes = kvwire.wire_bytes(msg.block)
+                    pending.store(index, kv, nbytes)
                     label = kvwire.encoding_name(msg.block.header.encoding)
                     metrics.KV_BLOCKS_RECEIVED.labels(label).inc()
-                    metrics.KV_BYTES_RECEIVED.labels(label).inc(kvwire.wire_bytes(msg.block))
+                    metrics.KV_BYTES_RECEIVED.labels(label).inc(nbytes)
                 elif kind == "close":
                     pending.close(msg.close)
                     break

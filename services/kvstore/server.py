@@ -13,7 +13,7 @@ from typing import TypeVar
 import grpc
 from opentelemetry import trace
 
-from kvmesh.runtime import kvevents
+from kvmesh.runtime import kvevents, kvwire
 from kvmesh.runtime.errors import FailedPrecondition, InvalidArgument, MeshError, ResourceExhausted
 from kvmesh.runtime.offload import Offload
 from kvmesh.runtime.pb import common_pb2, events_pb2, kvstore_pb2, kvstore_pb2_grpc
@@ -73,14 +73,22 @@ def block_from_pb(pb: common_pb2.KvBlock) -> Block:
     return Block(header, pb.data, pb.scales)
 
 
-def block_to_pb(block: Block) -> common_pb2.KvBlock:
+def header_to_pb(block: Block) -> common_pb2.KvBlockHeader:
     h = block.header
-    header = common_pb2.KvBlockHeader(
+    return common_pb2.KvBlockHeader(
         block_hash=h.block_hash, block_index=h.block_index, layer_start=h.layer_start, layer_end=h.layer_end,
         dtype=h.dtype, shape=list(h.shape), encoding=int(h.encoding), byte_length=h.byte_length,
         checksum=h.checksum, num_tokens=h.num_tokens, scales_length=h.scales_length,
     )
-    return common_pb2.KvBlock(header=header, data=block.data, scales=block.scales)
+
+
+def block_to_pb(block: Block) -> common_pb2.KvBlock:
+    return common_pb2.KvBlock(header=header_to_pb(block), data=block.data, scales=block.scales)
+
+
+def block_frame(block: Block) -> bytes:
+    """`block_to_pb(block)` serialized, its payload joined in once (`kvwire.block_frame`)."""
+    return kvwire.block_frame(header_to_pb(block), block.data, block.scales)
 
 
 def event_to_pb(event: StoreEvent) -> events_pb2.KvEvent:
@@ -175,9 +183,12 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
         finally:
             self._settle()
 
-    def _read_chunk(self, spec: ModelSpec, hashes: list[bytes], encoding: Encoding) -> list[common_pb2.KvBlock]:
-        """Store thread: reads blocks (disk included) and converts them to the asked encoding."""
-        return [block_to_pb(codec.convert(block, encoding)) for block in self.store.read(spec, hashes)]
+    def _read_chunk(self, spec: ModelSpec, hashes: list[bytes], encoding: Encoding) -> list[tuple[bytes, int]]:
+        """Store thread: reads blocks (disk included), converts them to the asked encoding and
+        serializes them: (a `KvBlock` message's bytes, its payload bytes) a block. The event loop
+        only hands the bytes to gRPC (a large block's serializer costs several copies)."""
+        blocks = [codec.convert(block, encoding) for block in self.store.read(spec, hashes)]
+        return [(block_frame(b), b.header.byte_length + b.header.scales_length) for b in blocks]
 
     async def Lookup(self, request: kvstore_pb2.LookupRequest, context: grpc.aio.ServicerContext) -> kvstore_pb2.LookupResponse:
         with traced("kvstore.lookup", query_blocks=len(request.block_hashes)) as span:
@@ -216,9 +227,10 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
             try:
                 await self.thread.run(self.store.require, spec, hashes)
                 for start in range(0, len(hashes), GET_CHUNK_BLOCKS):
-                    for pb in await self.thread.run(self._read_chunk, spec, hashes[start : start + GET_CHUNK_BLOCKS], encoding):
-                        sent += pb.header.byte_length + pb.header.scales_length
-                        yield pb
+                    for frame, nbytes in await self.thread.run(self._read_chunk, spec, hashes[start : start + GET_CHUNK_BLOCKS],
+                                                               encoding):
+                        sent += nbytes
+                        yield frame  # NOTE: serialized already: the server's serializers pass bytes through
             finally:
                 span.set_attribute("bytes", sent)
                 await self.after_change()

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import grpc
 
 from kvmesh.engine.sampling import SamplingParams
-from kvmesh.runtime import kvwire
+from kvmesh.runtime import kvwire, pbframe
 from kvmesh.worker import kvtensor
 from kvmesh.runtime.errors import InvalidArgument, Unavailable
 from kvmesh.runtime.grpcutil import ChannelPool
 from kvmesh.runtime.offload import Offload
-from kvmesh.runtime.pb import common_pb2, decode_pb2, decode_pb2_grpc
+from kvmesh.runtime.pb import common_pb2, decode_pb2
 from kvmesh.runtime.telemetry import inject_metadata, tracer
 from kvmesh.worker.storereader import StoreReader
 from kvmesh.worker.worker import EngineLoop
@@ -30,6 +30,9 @@ from kvmesh.worker.worker import EngineLoop
 from . import metrics
 
 log = logging.getLogger(__name__)
+
+PUSH_METHOD = "/kvmesh.v1.DecodeWorker/PushKv"
+_BLOCK_IN_PUSH = pbframe.key(2)  # KvPushMessage.block: a block's frame is the whole push message
 
 
 @dataclass(slots=True)
@@ -150,29 +153,31 @@ class PrefillWorker:
         open_msg = decode_pb2.KvPushOpen(
             request_id=job.request_id, spec=self.spec, num_tokens=num_tokens, start_block=job.start_block
         )
-        stub = decode_pb2_grpc.DecodeWorkerStub(self.channels.get(job.destination))
+        push = self.channels.get(job.destination).stream_unary(  # NOTE: frames serialized on the codec pool
+            PUSH_METHOD, request_serializer=None, response_deserializer=decode_pb2.PushKvResponse.FromString)
         encoding = job.encoding or self.kv_encoding
         label = kvwire.encoding_name(encoding)
         finished, pushed, nbytes, cached = False, 0, 0, 0
         with tracer.start_as_current_span("kv.push", attributes={"encoding": label, "destination": job.destination}) as span:
-            call = stub.PushKv(_messages(open_msg, outbox), timeout=self.push_timeout_s, metadata=inject_metadata())
+            call = push(_messages(open_msg, outbox), timeout=self.push_timeout_s, metadata=inject_metadata())
             reply = asyncio.ensure_future(call)
             try:
                 while not finished:
                     for blocks, out in await stream.next_batch():
                         for index, kv in blocks:
                             block_hash = hashes[index] if kv.shape[2] == bs else b""
-                            # NOTE: crc, copies and quantization on the codec pool, not the event loop
-                            msg = await self.codec.run(kvtensor.encode_block, kv, encoding=encoding,
-                                                       block_hash=block_hash, block_index=index)
-                            if not await _put(outbox, decode_pb2.KvPushMessage(block=msg), reply):
+                            # NOTE: crc, quantization and serializing on the codec pool, not the event loop
+                            frame, size = await self.codec.run(kvtensor.encode_frame, kv, encoding=encoding,
+                                                               block_hash=block_hash, block_index=index, wrap=_BLOCK_IN_PUSH)
+                            if not await _put(outbox, frame, reply):
                                 break
-                            pushed, nbytes = pushed + 1, nbytes + kvwire.wire_bytes(msg)
+                            pushed, nbytes = pushed + 1, nbytes + size
                         if out.finished:
                             finished, cached = True, out.num_cached_tokens
                     if reply.done():
                         break  # the decode side ended the push early; its status is raised below
-                if await _put(outbox, decode_pb2.KvPushMessage(close=decode_pb2.KvPushClose(num_blocks=pushed)), reply):
+                close = decode_pb2.KvPushMessage(close=decode_pb2.KvPushClose(num_blocks=pushed)).SerializeToString()
+                if await _put(outbox, close, reply):
                     await _put(outbox, None, reply)
                 await reply
             except grpc.aio.AioRpcError as exc:
@@ -197,7 +202,7 @@ class PrefillWorker:
         return PrefillResult(num_tokens - cached, cached, pushed, nbytes)
 
 
-async def _put(outbox: asyncio.Queue, msg: decode_pb2.KvPushMessage | None, reply: asyncio.Future) -> bool:
+async def _put(outbox: asyncio.Queue, msg: bytes | None, reply: asyncio.Future) -> bool:
     """Waits for room in the push's bounded outbox; False when the push call ended first."""
     if reply.done():
         return False
@@ -209,7 +214,8 @@ async def _put(outbox: asyncio.Queue, msg: decode_pb2.KvPushMessage | None, repl
     return True
 
 
-async def _messages(first: decode_pb2.KvPushMessage, outbox: asyncio.Queue) -> AsyncIterator:
-    yield decode_pb2.KvPushMessage(open=first)
+async def _messages(first: decode_pb2.KvPushOpen, outbox: asyncio.Queue) -> AsyncIterator[bytes]:
+    """The push's messages, serialized (PUSH_METHOD has no serializer)."""
+    yield decode_pb2.KvPushMessage(open=first).SerializeToString()
     while (msg := await outbox.get()) is not None:
         yield msg

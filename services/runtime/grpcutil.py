@@ -175,27 +175,41 @@ def _wrap_stream(behavior: Callable) -> Callable:
 
 
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
-    """Turns exceptions raised by servicers into status codes (see `errors.status_for`)."""
+    """Turns exceptions raised by servicers into status codes (see `errors.status_for`).
+
+    It also rebuilds every handler's (de)serializers:
+    - an answer that is `bytes` goes out as it is: a servicer may serialize a large message
+      itself, off the event loop (`pbframe`; the KV store's Get);
+    - the methods in `raw_requests` (full names, "/package.Service/Method") get their requests'
+      bytes unparsed, to parse off the event loop (a decode worker's PushKv)."""
+
+    def __init__(self, raw_requests: Iterable[str] = ()) -> None:
+        self.raw_requests = frozenset(raw_requests)
 
     async def intercept_service(self, continuation: Callable, handler_call_details: Any) -> Any:
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
+        raw = handler_call_details.method in self.raw_requests
+        parse = None if raw else _safe_deserializer(handler.request_deserializer)
+        serialize = _passing_bytes(handler.response_serializer)
         if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(handler.unary_unary), _safe_deserializer(handler.request_deserializer), handler.response_serializer
-            )
+            return grpc.unary_unary_rpc_method_handler(_wrap_unary(handler.unary_unary), parse, serialize)
         if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(
-                _wrap_stream(handler.unary_stream), _safe_deserializer(handler.request_deserializer), handler.response_serializer
-            )
+            return grpc.unary_stream_rpc_method_handler(_wrap_stream(handler.unary_stream), parse, serialize)
         if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(
-                _wrap_unary(handler.stream_unary), _safe_deserializer(handler.request_deserializer), handler.response_serializer
-            )
-        return grpc.stream_stream_rpc_method_handler(
-            _wrap_stream(handler.stream_stream), _safe_deserializer(handler.request_deserializer), handler.response_serializer
-        )
+            return grpc.stream_unary_rpc_method_handler(_wrap_unary(handler.stream_unary), parse, serialize)
+        return grpc.stream_stream_rpc_method_handler(_wrap_stream(handler.stream_stream), parse, serialize)
+
+
+def _passing_bytes(serialize: Callable | None) -> Callable | None:
+    if serialize is None:
+        return None
+
+    def serializer(message: Any) -> bytes:
+        return message if type(message) is bytes else serialize(message)
+
+    return serializer
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,8 +268,11 @@ async def start_server(
 ) -> GrpcServer:
     """Starts a gRPC server on host:port serving each (add_fn, servicer, full service name)
     plus grpc.health.v1 (SERVING once started, or NOT_SERVING until `set_serving(True)` when
-    `serving` is False); with `tls`, only clients holding a certificate signed by the mesh CA get in."""
-    server = grpc.aio.server(interceptors=[*interceptors, ErrorMappingInterceptor()], options=SERVER_OPTIONS)
+    `serving` is False); with `tls`, only clients holding a certificate signed by the mesh CA get in.
+    A servicer's `RAW_REQUESTS` (method names) get their requests as bytes (ErrorMappingInterceptor)."""
+    register = list(register)
+    raw = [f"/{name}/{method}" for _, servicer, name in register for method in getattr(servicer, "RAW_REQUESTS", ())]
+    server = grpc.aio.server(interceptors=[*interceptors, ErrorMappingInterceptor(raw)], options=SERVER_OPTIONS)
     names = []
     for add_fn, servicer, name in register:
         add_fn(servicer, server)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from . import kvwire
+from . import kvwire, pbframe
 from .pb import common_pb2, kvstore_pb2
 
 PUT_MESSAGE_BYTES = 4 * 1024 * 1024  # block bytes per Put message (a larger block travels alone)
@@ -159,41 +159,21 @@ def _runs_message(entries: list[RunEntry]) -> kvstore_pb2.PutMessage:
     return message
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _field(tag: bytes, payload_len: int) -> bytes:
-    """A length-delimited field's key and length (the payload follows)."""
-    return tag + _varint(payload_len)
-
-
-_RUNS_IN_PUT = b"\x2a"  # PutMessage.runs = 5, length-delimited
-_RUN_IN_RUNS = b"\x0a"  # KvBlockRuns.runs = 1
-_RUN_DATA = b"\x2a"  # KvBlockRun.data = 5
-_RUN_SCALES = b"\x32"  # KvBlockRun.scales = 6
+_RUNS_IN_PUT = pbframe.key(5)  # PutMessage.runs
+_RUN_IN_RUNS = pbframe.key(1)  # KvBlockRuns.runs
+_RUN_DATA = pbframe.key(5)  # KvBlockRun.data
+_RUN_SCALES = pbframe.key(6)  # KvBlockRun.scales
 
 
 def runs_frame(entries: list[RunEntry]) -> bytes:
-    """A `PutMessage` of `runs`, serialized: each run's fields but its payload by protobuf, then the
-    payload (and scales) as fields written here, all joined once. Fields may come in any order on
-    the wire; a parser reads this as `put_messages`' message."""
-    parts: list[bytes] = []
+    """A `PutMessage` of `runs`, serialized (`pbframe`): each run's fields but its payload by
+    protobuf, its payload and scales joined in once; a parser reads it as `put_messages`' message."""
+    parts: list[pbframe.Buffer] = []
     for run, new_chain, parent_hash in entries:
         head = kvstore_pb2.KvBlockRun(block_hashes=run.block_hashes, checksums=run.checksums, first_index=run.first_index,
                                       encoding=run.encoding, new_chain=new_chain, parent_hash=parent_hash).SerializeToString()
-        run_parts = [head]
-        if run.data:
-            run_parts += [_field(_RUN_DATA, len(run.data)), run.data]
-        if run.scales:
-            run_parts += [_field(_RUN_SCALES, len(run.scales)), run.scales]
-        parts += [_field(_RUN_IN_RUNS, sum(len(p) for p in run_parts)), *run_parts]
-    return b"".join([_field(_RUNS_IN_PUT, sum(len(p) for p in parts)), *parts])
+        parts += pbframe.wrapped(_RUN_IN_RUNS, pbframe.pieces(head, [(_RUN_DATA, run.data), (_RUN_SCALES, run.scales)]))
+    return b"".join(pbframe.wrapped(_RUNS_IN_PUT, parts))
 
 
 def _run_pieces(run: BlockRun, new_chain: bool, max_bytes: int) -> list[tuple[BlockRun, bool]]:

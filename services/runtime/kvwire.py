@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from . import pbframe
 from .errors import InvalidArgument
 from .pb import common_pb2
 
@@ -67,7 +68,9 @@ def check_spec(expected: common_pb2.ModelSpec, got: common_pb2.ModelSpec) -> Non
 
 
 def wire_bytes(block: common_pb2.KvBlock) -> int:
-    return len(block.data) + len(block.scales)
+    """The payload's bytes, as its header says (a validated block's are its lengths). NOTE: not
+    `len(block.data)`: upb makes a new copy of a bytes field at every read."""
+    return block.header.byte_length + block.header.scales_length
 
 
 def checksum(data: bytes, scales: bytes = b"") -> int:
@@ -159,22 +162,34 @@ def encode_block(
 ) -> common_pb2.KvBlock:
     """One block given as RAW model-dtype bytes of `shape` `[2, L, n, H, D]`, as a wire message in
     `encoding` (full blocks carry their chained hash)."""
+    data, scales = _encoded(data, dtype, shape, encoding)
+    return block_message(data, scales, dtype, shape, encoding or RAW, block_hash, block_index, layer_start)
+
+
+def encode_frame(data: pbframe.Buffer, dtype: str, shape: tuple[int, ...], *, encoding: int = RAW, block_hash: bytes = b"",
+                 block_index: int = 0, layer_start: int = 0, wrap: bytes = b"") -> tuple[bytes, int]:
+    """`encode_block`'s message serialized (`pbframe`: the payload joined in once, from `data`'s
+    buffer when RAW), and its payload bytes. `wrap`: the key of the field of an outer message that
+    holds the block (`KvPushMessage.block`): the frame is then that outer message."""
+    data, scales = _encoded(data, dtype, shape, encoding)
+    header = block_header(len(data), len(scales), checksum(data, scales), dtype, shape, encoding or RAW, block_hash,
+                          block_index, layer_start)
+    return block_frame(header, data, scales, wrap), len(data) + len(scales)
+
+
+def _encoded(data: pbframe.Buffer, dtype: str, shape: tuple[int, ...], encoding: int) -> tuple[pbframe.Buffer, bytes]:
     if len(shape) != 5 or shape[0] != 2:
         raise ValueError(f"KV block must be [2, L, n, H, D], got {list(shape)}")
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"KV dtype {dtype} is not one of {sorted(DTYPE_BYTES)}")
-    encoding = encoding or RAW
-    if encoding not in ENCODING_NAMES:
+    if (encoding or RAW) not in ENCODING_NAMES:
         raise ValueError(f"unknown KV encoding {encoding}")
-    data, scales = transcode(data, b"", dtype, tuple(shape), RAW, encoding)
-    return block_message(data, scales, dtype, shape, encoding, block_hash, block_index, layer_start)
+    return transcode(data, b"", dtype, tuple(shape), RAW, encoding or RAW)
 
 
-def block_message(data: bytes, scales: bytes, dtype: str, shape: Sequence[int], encoding: int, block_hash: bytes = b"",
-                  block_index: int = 0, layer_start: int = 0, crc: int | None = None) -> common_pb2.KvBlock:
-    """A block already in `encoding` (`data`, `scales`) as a wire message; `crc`: its checksum
-    when the caller has it (else computed)."""
-    header = common_pb2.KvBlockHeader(
+def block_header(data_len: int, scales_len: int, crc: int, dtype: str, shape: Sequence[int], encoding: int,
+                 block_hash: bytes = b"", block_index: int = 0, layer_start: int = 0) -> common_pb2.KvBlockHeader:
+    return common_pb2.KvBlockHeader(
         block_hash=block_hash,
         block_index=block_index,
         layer_start=layer_start,
@@ -182,12 +197,30 @@ def block_message(data: bytes, scales: bytes, dtype: str, shape: Sequence[int], 
         dtype=dtype,
         shape=list(shape),
         encoding=encoding,
-        byte_length=len(data),
-        checksum=checksum(data, scales) if crc is None else crc,
+        byte_length=data_len,
+        checksum=crc,
         num_tokens=shape[2],
-        scales_length=len(scales),
+        scales_length=scales_len,
     )
+
+
+def block_message(data: bytes, scales: bytes, dtype: str, shape: Sequence[int], encoding: int, block_hash: bytes = b"",
+                  block_index: int = 0, layer_start: int = 0, crc: int | None = None) -> common_pb2.KvBlock:
+    """A block already in `encoding` (`data`, `scales`) as a wire message; `crc`: its checksum
+    when the caller has it (else computed)."""
+    crc = checksum(data, scales) if crc is None else crc
+    header = block_header(len(data), len(scales), crc, dtype, shape, encoding, block_hash, block_index, layer_start)
     return common_pb2.KvBlock(header=header, data=data, scales=scales)
+
+
+_HEADER, _DATA, _SCALES = pbframe.key(1), pbframe.key(2), pbframe.key(3)  # KvBlock's fields
+
+
+def block_frame(header: common_pb2.KvBlockHeader, data: pbframe.Buffer, scales: pbframe.Buffer, wrap: bytes = b"") -> bytes:
+    """`KvBlock(header, data, scales)` serialized (`pbframe`); `wrap` as in `encode_frame`."""
+    head = header.SerializeToString()
+    parts = pbframe.pieces(pbframe.field(_HEADER, len(head)) + head, [(_DATA, data), (_SCALES, scales)])
+    return b"".join(pbframe.wrapped(wrap, parts) if wrap else parts)
 
 
 def expected_lengths(spec: common_pb2.ModelSpec, num_tokens: int, encoding: int) -> tuple[int, int]:
@@ -202,7 +235,10 @@ def expected_lengths(spec: common_pb2.ModelSpec, num_tokens: int, encoding: int)
 
 def validate_block(block: common_pb2.KvBlock, spec: common_pb2.ModelSpec) -> None:
     """Checks every header field against `spec` and the payload lengths and checksum."""
-    h = block.header
+    _validate(block.header, block.data, block.scales, spec)
+
+
+def _validate(h: common_pb2.KvBlockHeader, data: bytes, scales: bytes, spec: common_pb2.ModelSpec) -> None:
     encoding = h.encoding or RAW
     if encoding not in ENCODING_NAMES:
         raise InvalidArgument(f"KV block {h.block_index}: unknown encoding {h.encoding}")
@@ -222,24 +258,24 @@ def validate_block(block: common_pb2.KvBlock, spec: common_pb2.ModelSpec) -> Non
     if h.block_hash and h.num_tokens != spec.block_size:
         raise InvalidArgument(f"KV block {h.block_index}: a partial block ({h.num_tokens} tokens) must not carry a hash")
     data_len, scales_len = expected_lengths(spec, h.num_tokens, encoding)
-    if h.byte_length != data_len or len(block.data) != data_len:
+    if h.byte_length != data_len or len(data) != data_len:
         raise InvalidArgument(
-            f"KV block {h.block_index}: byte_length {h.byte_length} / data {len(block.data)} bytes, expected {data_len}"
+            f"KV block {h.block_index}: byte_length {h.byte_length} / data {len(data)} bytes, expected {data_len}"
         )
-    if h.scales_length != scales_len or len(block.scales) != scales_len:
+    if h.scales_length != scales_len or len(scales) != scales_len:
         raise InvalidArgument(
-            f"KV block {h.block_index}: scales_length {h.scales_length} / scales {len(block.scales)} bytes, "
+            f"KV block {h.block_index}: scales_length {h.scales_length} / scales {len(scales)} bytes, "
             f"expected {scales_len}"
         )
-    if checksum(block.data, block.scales) != h.checksum:
+    if checksum(data, scales) != h.checksum:
         raise InvalidArgument(f"KV block {h.block_index}: checksum mismatch (corrupted payload)")
 
 
 def decode_block(block: common_pb2.KvBlock, spec: common_pb2.ModelSpec) -> bytes:
     """A validated block as RAW model-dtype bytes (`[2, L, n, H, D]`, shape in its header)."""
-    validate_block(block, spec)
-    h = block.header
+    h, data, scales = block.header, block.data, block.scales  # NOTE: read once: each read of a bytes field copies
+    _validate(h, data, scales, spec)
     encoding = h.encoding or RAW
-    if encoding != RAW and not np.isfinite(np.frombuffer(block.scales, dtype="<f4")).all():
+    if encoding != RAW and not np.isfinite(np.frombuffer(scales, dtype="<f4")).all():
         raise InvalidArgument(f"KV block {h.block_index}: scales are not all finite")
-    return transcode(block.data, block.scales, spec.dtype, tuple(h.shape), encoding, RAW)[0]
+    return transcode(data, scales, spec.dtype, tuple(h.shape), encoding, RAW)[0]

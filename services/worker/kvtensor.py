@@ -48,6 +48,14 @@ def encode_block(
                                block_index=block_index, layer_start=layer_start)
 
 
+def encode_frame(kv: torch.Tensor, *, encoding: int = kvwire.RAW, block_hash: bytes = b"", block_index: int = 0,
+                 wrap: bytes = b"") -> tuple[bytes, int]:
+    """`encode_block`'s message serialized (`kvwire.encode_frame`: the tensor's bytes joined in
+    once, not copied before), and its payload bytes; `wrap`: see there."""
+    return kvwire.encode_frame(byte_view(kv), _dtype_name(kv), tuple(kv.shape), encoding=encoding, block_hash=block_hash,
+                               block_index=block_index, wrap=wrap)
+
+
 def pack_blocks(kv: torch.Tensor, block_hashes: Sequence[bytes], start: int, dtype: str) -> BlockRun:
     """Consecutive full blocks `[n, 2, L, bs, H, D]` (one tensor) as one RAW run numbered from
     `start`, block i with `block_hashes[i]`: one bytes object and a crc32 a block, where

@@ -228,3 +228,37 @@ async def test_pushed_blocks_are_decoded_off_the_event_loop_into_one_buffer(deco
     for i, msg in enumerate(blocks):
         want = decode_block(msg.block, decode.worker.spec)
         assert torch.equal(pending.kv[:, :, i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE], want)
+
+
+async def test_a_push_frame_that_does_not_parse_is_invalid(decode) -> None:
+    pending = _pending(decode)
+    async with grpc.aio.insecure_channel(decode.endpoint) as channel:
+        raw = channel.stream_unary("/kvmesh.v1.DecodeWorker/PushKv", request_serializer=None,
+                                   response_deserializer=decode_pb2.PushKvResponse.FromString)
+        with pytest.raises(grpc.aio.AioRpcError) as err:  # a block field whose length runs past the end
+            await raw(iter([_open(decode).SerializeToString(), b"\x12\xff\xff\xff\x0f\x00"]), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed" in err.value.details()
+    assert pending.error is not None and pending.num_received == 0
+
+
+async def test_pushed_frames_are_parsed_off_the_event_loop(decode, stub, monkeypatch) -> None:
+    """A 2 MiB block's parse, and each read of its payload, is a copy (~0.2 ms): PushKv's frames
+    come as bytes and are parsed on the codec pool, after the open."""
+    import threading
+
+    from kvmesh.decode import receive
+
+    threads: list[str] = []
+    parse = receive.parse_push
+
+    def spy(frame):
+        threads.append(threading.current_thread().name)
+        return parse(frame)
+
+    monkeypatch.setattr(receive, "parse_push", spy)
+    pending = _pending(decode)
+    close = decode_pb2.KvPushMessage(close=decode_pb2.KvPushClose(num_blocks=3))
+    reply = await stub.PushKv(iter([_open(decode), *(_block(decode, i) for i in range(3)), close]), timeout=5)
+    assert reply.blocks_received == 3 and pending.complete
+    assert len(threads) == 4 and all(name.startswith("kv-codec") for name in threads)  # the blocks and the close

@@ -16,7 +16,7 @@ from kvmesh.kvstore.config import KvStoreSettings
 from kvmesh.kvstore.disk import DiskDir
 from kvmesh.kvstore.main import start
 from kvmesh.kvstore.metrics import StoreMetrics
-from kvmesh.kvstore.server import block_from_pb, block_to_pb
+from kvmesh.kvstore.server import block_frame, block_from_pb, block_to_pb
 from kvmesh.runtime.grpcutil import CHANNEL_OPTIONS
 from kvmesh.runtime.pb import common_pb2, kvstore_pb2, kvstore_pb2_grpc
 
@@ -89,6 +89,14 @@ async def test_put_lookup_get_round_trip_is_byte_exact(stub):
     assert (again.stored, again.duplicates) == (1, 3)
     stats = await stub.Stats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT)
     assert stats.tiers[0].blocks == 4 and stats.puts == 2 and stats.lookup_hit_blocks == 2
+
+
+@pytest.mark.parametrize("encoding", [Encoding.RAW, Encoding.INT8, Encoding.INT4])
+def test_a_blocks_frame_is_its_message_serialized(encoding):
+    """Get answers with `block_frame`s, serialized on the store thread; gRPC passes them through."""
+    b = codec.convert(block("a1"), encoding)
+    assert block_frame(b) == block_to_pb(b).SerializeToString()
+    assert block_from_pb(common_pb2.KvBlock.FromString(block_frame(b))) == b
 
 
 async def test_get_can_serve_int8(stub):

@@ -149,3 +149,39 @@ async def test_an_unimplemented_stream_answers_while_the_client_still_holds_its_
         async for _ in call:
             pass
     assert info.value.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.INTERNAL)  # INTERNAL: grpc/grpc#36066
+
+
+class Framed(decode_pb2_grpc.DecodeWorkerServicer):
+    """Answers with bytes it serialized itself, and reads PushKv's requests as bytes."""
+
+    RAW_REQUESTS = ("PushKv",)
+
+    def __init__(self) -> None:
+        self.pushed: list = []
+
+    async def Generate(self, request, context):
+        yield decode_pb2.GenerateResponse(token_ids=[7, 8]).SerializeToString()
+        yield decode_pb2.GenerateResponse(token_ids=[9])  # a message still works beside bytes
+
+    async def PushKv(self, request_iterator, context):
+        async for frame in request_iterator:
+            self.pushed.append(frame)
+        return decode_pb2.PushKvResponse(blocks_received=len(self.pushed))
+
+
+async def test_bytes_answers_pass_through_and_raw_requests_arrive_as_bytes():
+    framed = Framed()
+    started = await start_server("127.0.0.1", 0, [(decode_pb2_grpc.add_DecodeWorkerServicer_to_server, framed,
+                                                    "kvmesh.v1.DecodeWorker")])
+    pool = ChannelPool()
+    try:
+        stub = decode_pb2_grpc.DecodeWorkerStub(pool.get(f"127.0.0.1:{started.port}"))
+        got = [list(r.token_ids) async for r in stub.Generate(decode_pb2.GenerateRequest(), timeout=5)]
+        assert got == [[7, 8], [9]]
+        sent = [decode_pb2.KvPushMessage(close=decode_pb2.KvPushClose(num_blocks=n)) for n in (1, 2)]
+        reply = await stub.PushKv(iter(sent), timeout=5)
+        assert reply.blocks_received == 2
+        assert framed.pushed == [m.SerializeToString() for m in sent]  # unparsed
+    finally:
+        await pool.close()
+        await started.stop(0)

@@ -133,3 +133,33 @@ def test_encoding_names() -> None:
     assert kvwire.encoding_name(common_pb2.KV_ENCODING_UNSPECIFIED) == "raw"
     with pytest.raises(ValueError):
         kvwire.encoding_from_name("fp8")
+
+
+@pytest.mark.parametrize("encoding", [kvwire.RAW, kvwire.INT8, kvwire.INT4])
+@pytest.mark.parametrize("n", [BS, 3])
+def test_a_frame_parses_to_the_blocks_message(encoding: int, n: int) -> None:
+    kv = kv_block(n=n, dtype=torch.bfloat16)
+    block_hash = HASH if n == BS else b""
+    msg = kvtensor.encode_block(kv, encoding=encoding, block_hash=block_hash, block_index=7)
+    frame, nbytes = kvtensor.encode_frame(kv, encoding=encoding, block_hash=block_hash, block_index=7)
+    assert common_pb2.KvBlock.FromString(frame) == msg
+    assert frame == msg.SerializeToString()  # the fields in protobuf's own order, too
+    assert nbytes == len(msg.data) + len(msg.scales) == kvwire.wire_bytes(msg)
+
+
+def test_a_wrapped_frame_is_the_outer_message() -> None:
+    from kvmesh.runtime import pbframe
+    from kvmesh.runtime.pb import decode_pb2
+
+    kv = kv_block()
+    frame, _ = kvtensor.encode_frame(kv, block_hash=HASH, block_index=2, wrap=pbframe.key(2))
+    msg = decode_pb2.KvPushMessage.FromString(frame)
+    assert msg == decode_pb2.KvPushMessage(block=kvtensor.encode_block(kv, block_hash=HASH, block_index=2))
+    assert torch.equal(kvtensor.decode_block(msg.block, spec()), kv)
+
+
+def test_a_frame_of_a_non_contiguous_tensor_has_its_elements_in_order() -> None:
+    kv = kv_block(n=BS).transpose(3, 4).contiguous().transpose(3, 4)  # same values, other strides
+    assert not kv.is_contiguous()
+    frame, _ = kvtensor.encode_frame(kv, block_hash=HASH)
+    assert torch.equal(kvtensor.decode_block(common_pb2.KvBlock.FromString(frame), spec()), kv)
