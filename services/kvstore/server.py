@@ -13,7 +13,7 @@ from typing import TypeVar
 import grpc
 from opentelemetry import trace
 
-from kvmesh.runtime import kvevents, kvwire
+from kvmesh.runtime import kvevents, kvwire, pbframe
 from kvmesh.runtime.errors import FailedPrecondition, InvalidArgument, MeshError, ResourceExhausted
 from kvmesh.runtime.offload import Offload
 from kvmesh.runtime.pb import common_pb2, events_pb2, kvstore_pb2, kvstore_pb2_grpc
@@ -107,20 +107,40 @@ class ChainStart:
     parent_hash: bytes
 
 
-def _receive(message: kvstore_pb2.PutMessage, kind: str, staged: list) -> int:
-    """Appends a `block`, `blocks` or `runs` message's blocks (and chain starts; a run whole, cut
-    on the store thread) to `staged`; their bytes."""
+_PUT_KINDS = {pbframe.key(1): "open", pbframe.key(2): "block", pbframe.key(3): "commit", pbframe.key(4): "blocks",
+              pbframe.key(5): "runs"}  # PutMessage's oneof, by its field's key
+
+
+def put_kind(frame: bytes) -> str | None:
+    """A Put message's kind from its first key, without parsing it: a message of a oneof is that
+    one field (`parse_put` checks the parsed message says the same). None: not one of them."""
+    return _PUT_KINDS.get(frame[:1])
+
+
+def parse_put(frame: bytes, kind: str) -> kvstore_pb2.PutMessage:
+    try:
+        message = kvstore_pb2.PutMessage.FromString(frame)
+    except Exception as exc:  # noqa: BLE001 - bytes that do not parse are the sender's bad input
+        raise InvalidArgument(f"malformed request message: {type(exc).__name__}") from None
+    if message.WhichOneof("msg") != kind:
+        raise InvalidArgument(f"malformed Put message: it starts as {kind} but is {message.WhichOneof('msg') or 'empty'}")
+    return message
+
+
+def _received(frame: bytes, kind: str) -> list[common_pb2.KvBlock | kvstore_pb2.KvBlockRun | ChainStart]:
+    """Store thread: a `block`, `blocks` or `runs` message's blocks (and chain starts; a run whole)."""
+    message = parse_put(frame, kind)
     if kind == "runs":
+        items: list = []
         for run in message.runs.runs:
             if run.new_chain:
-                staged.append(ChainStart(run.parent_hash))
-            staged.append(run)
-        return sum(len(run.data) + len(run.scales) for run in message.runs.runs)
-    received = [message.block] if kind == "block" else message.blocks.blocks
-    if kind == "blocks" and message.blocks.new_chain:
-        staged.append(ChainStart(message.blocks.parent_hash))
-    staged.extend(received)
-    return sum(b.header.byte_length + b.header.scales_length for b in received)
+                items.append(ChainStart(run.parent_hash))
+            items.append(run)
+        return items
+    if kind == "block":
+        return [message.block]
+    starts = [ChainStart(message.blocks.parent_hash)] if message.blocks.new_chain else []
+    return [*starts, *message.blocks.blocks]
 
 
 class EventFeed:
@@ -153,6 +173,8 @@ class EventFeed:
 
 
 class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
+    RAW_REQUESTS = ("Put",)  # a Put's blocks are parsed on the store thread (`_received`), not the event loop
+
     def __init__(
         self, store: BlockStore, metrics: StoreMetrics, feed: EventFeed | None = None, thread: Offload | None = None
     ) -> None:
@@ -235,17 +257,20 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
                 span.set_attribute("bytes", sent)
                 await self.after_change()
 
-    async def Put(self, request_iterator: AsyncIterator[kvstore_pb2.PutMessage], context: grpc.aio.ServicerContext) -> kvstore_pb2.PutResponse:
-        """open → `block`, `blocks` or `runs` messages → commit. Blocks received are staged on the
-        store thread STAGE_BYTES at a time; the rest, the commit and the events it makes take one trip."""
+    async def Put(self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> kvstore_pb2.PutResponse:
+        """open → `block`, `blocks` or `runs` messages → commit, each as its bytes (RAW_REQUESTS).
+        Block messages are parsed and staged on the store thread STAGE_BYTES at a time (a 4 MiB
+        message's parse is a copy, and each read of a payload one more); the rest, the commit and
+        the events it makes take one trip."""
         with traced("kvstore.put") as span:
             put_id, committed, staged, staged_bytes = "", False, [], 0
             try:
-                async for message in request_iterator:
-                    kind = message.WhichOneof("msg")
+                async for frame in request_iterator:
+                    kind = put_kind(frame)
                     if not put_id:
                         if kind != "open":
                             raise InvalidArgument("a Put stream must start with an `open` message")
+                        message = parse_put(frame, kind)
                         put_id = await self.thread.run(
                             self.store.open_put, spec_from_pb(message.open.spec), message.open.producer_id,
                             message.open.parent_hash or None,
@@ -253,16 +278,18 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
                     elif kind == "block" or kind == "blocks" or kind == "runs":
                         # NOTE: staged in bulk: one store-thread trip per block (or per message) cost more
                         # than the blocks' own work on small models (a turn's hand-back is ~10 blocks).
-                        staged_bytes += _receive(message, kind, staged)
+                        staged.append((frame, kind))
+                        staged_bytes += len(frame)
                         if staged_bytes >= STAGE_BYTES:
                             staged, staged_bytes = await self.thread.run(self._stage, put_id, staged), 0
                     elif kind == "commit":
-                        result = await self.thread.run(self._settled, self._commit, put_id, staged, message.commit.num_blocks)
+                        num_blocks = parse_put(frame, kind).commit.num_blocks
+                        result = await self.thread.run(self._settled, self._commit, put_id, staged, num_blocks)
                         committed = True
                         span.set_attributes({"stored": result.stored, "duplicates": result.duplicates})
                         return kvstore_pb2.PutResponse(stored=result.stored, duplicates=result.duplicates)
                     else:
-                        raise InvalidArgument(f"unexpected {kind or 'empty'} message in a Put stream")
+                        raise InvalidArgument(f"unexpected {'empty' if not frame else 'unknown'} message in a Put stream")
                 if staged:  # NOTE: a block's own error (a reclaimed put, a bad block) comes first
                     await self.thread.run(self._stage, put_id, staged)
                 raise InvalidArgument("the Put stream ended without a commit; nothing was stored")
@@ -274,20 +301,21 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
                     await self.thread.run(self.store.abort, put_id)
                 await self.feed.publish()
 
-    def _stage(self, put_id: str, staged: list[common_pb2.KvBlock | kvstore_pb2.KvBlockRun | ChainStart]) -> list:
-        """Store thread: stages blocks, runs' blocks and chain starts in order (the first bad one
-        aborts the put); [] after."""
-        for item in staged:
-            if isinstance(item, ChainStart):
-                self.store.start_chain(put_id, item.parent_hash or None)
-            elif isinstance(item, kvstore_pb2.KvBlockRun):
-                self.store.stage_run(put_id, encoding_from_pb(item.encoding), item.block_hashes, item.checksums,
-                                     item.first_index, item.data, item.scales)
-            else:
-                self.store.stage(put_id, block_from_pb(item))
+    def _stage(self, put_id: str, staged: list[tuple[bytes, str]]) -> list:
+        """Store thread: parses the staged block messages and stages their blocks, runs' blocks and
+        chain starts in order (the first bad one aborts the put); [] after."""
+        for frame, kind in staged:
+            for item in _received(frame, kind):
+                if isinstance(item, ChainStart):
+                    self.store.start_chain(put_id, item.parent_hash or None)
+                elif isinstance(item, kvstore_pb2.KvBlockRun):
+                    self.store.stage_run(put_id, encoding_from_pb(item.encoding), item.block_hashes, item.checksums,
+                                         item.first_index, item.data, item.scales)
+                else:
+                    self.store.stage(put_id, block_from_pb(item))
         return []
 
-    def _commit(self, put_id: str, blocks: list[common_pb2.KvBlock | kvstore_pb2.KvBlockRun | ChainStart], num_blocks: int) -> PutResult:
+    def _commit(self, put_id: str, blocks: list[tuple[bytes, str]], num_blocks: int) -> PutResult:
         """Store thread: stages the last `blocks` and commits the put."""
         self._stage(put_id, blocks)
         return self.store.commit(put_id, num_blocks)

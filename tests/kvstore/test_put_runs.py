@@ -133,11 +133,11 @@ class _OldStore(KvStoreServicer):
         kinds = []
 
         async def older():
-            async for message in request_iterator:
-                kinds.append(message.WhichOneof("msg"))
+            async for frame in request_iterator:  # NOTE: the store reads a Put's messages as bytes
+                kinds.append(kvstore_pb2.PutMessage.FromString(frame).WhichOneof("msg"))
                 if kinds[-1] == "runs":
-                    message = kvstore_pb2.PutMessage()  # what an older store parses it as
-                yield message
+                    frame = kvstore_pb2.PutMessage().SerializeToString()  # what an older store parses it as
+                yield frame
 
         try:
             return await super().Put(older(), context)
@@ -200,3 +200,42 @@ def test_a_runs_block_with_a_wrong_checksum_fails_the_run_scales_included():
     wrong = blocks_of_run(SPEC, Encoding.INT8, [h("a3")], [checksum(data[:data_len])], 2, data[:data_len], scales[:scales_len])
     with pytest.raises(InvalidArgument, match="checksum mismatch"):
         puts.stage_run(put_id, wrong, 0.0)  # the data's crc alone is not the block's
+
+
+@pytest.mark.parametrize("tail, message", [
+    (b"\x2a\xff\xff\xff\x0f", "malformed request message"),  # a runs field whose length runs past the end
+    (kvstore_pb2.PutMessage(open=kvstore_pb2.PutOpen(producer_id="x")).SerializeToString(), "starts as runs but is open"),
+])
+async def test_a_put_message_that_does_not_parse_as_it_starts_is_invalid(running_factory, tail, message):
+    """The store reads a Put's messages as bytes, tells their kind by the first key and parses the
+    block messages on its store thread: a frame that parses otherwise (or not at all) is refused."""
+    running, stub = await running_factory()
+    good = put_frames(SPEC_PB, "t", [Chain(run_of(["z"]))])
+    first_runs = good[1]
+    assert first_runs[:1] == b"\x2a"
+    async with grpc.aio.insecure_channel(running.endpoint) as channel:
+        raw = channel.stream_unary("/kvmesh.v1.KvStore/Put", request_serializer=None,
+                                   response_deserializer=kvstore_pb2.PutResponse.FromString)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await raw(iter([good[0], first_runs + tail, *good[2:]]), timeout=TIMEOUT)
+    assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert message in err.value.details()
+    assert (await lookup(stub, ["z"])).num_blocks == 0 and running.store.open_puts == 0
+
+
+async def test_a_puts_block_messages_are_parsed_on_the_store_thread(running_factory, monkeypatch):
+    import threading
+
+    from kvmesh.kvstore import server
+
+    threads: list[str] = []
+    parse = server.parse_put
+
+    def spy(frame, kind):
+        threads.append((kind, threading.current_thread() is threading.main_thread()))
+        return parse(frame, kind)
+
+    monkeypatch.setattr(server, "parse_put", spy)
+    running, stub = await running_factory()
+    assert (await stub.Put(iter(put_messages(SPEC_PB, "t", [Chain(run_of(NAMES))])), timeout=TIMEOUT)).stored == 5
+    assert threads == [("open", True), ("commit", True), ("runs", False)]  # staged by the commit's trip
