@@ -28,6 +28,7 @@ from kvmesh.kvstore.config import KvStoreSettings
 from kvmesh.kvstore.main import start
 from kvmesh.kvstore.metrics import StoreMetrics
 from kvmesh.kvstore.server import block_to_pb
+from kvmesh.runtime import kvwire
 from kvmesh.runtime.grpcutil import CHANNEL_OPTIONS
 from kvmesh.runtime.pb import common_pb2, kvstore_pb2, kvstore_pb2_grpc
 
@@ -40,7 +41,7 @@ def payloads(spec: ModelSpec, count: int = 4) -> list[bytes]:
     out = []
     for _ in range(count):
         x = rng.standard_normal(spec.numel, dtype=np.float32)
-        out.append(codec.from_float32(x, spec.dtype))
+        out.append(kvwire.from_float32(x, spec.dtype))
     return out
 
 
