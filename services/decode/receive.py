@@ -16,6 +16,7 @@ import torch
 from kvmesh.runtime import kvwire
 from kvmesh.worker import kvtensor
 from kvmesh.runtime.errors import InvalidArgument, NotFound
+from kvmesh.runtime.grpcutil import parse_request
 from kvmesh.runtime.pb import common_pb2, decode_pb2
 
 
@@ -130,10 +131,7 @@ def read_push(frame: bytes, spec: common_pb2.ModelSpec) -> tuple[decode_pb2.KvPu
 
 
 def parse_push(frame: bytes) -> decode_pb2.KvPushMessage:
-    try:
-        return decode_pb2.KvPushMessage.FromString(frame)
-    except Exception as exc:  # noqa: BLE001 - bytes that do not parse are the sender's bad input
-        raise InvalidArgument(f"malformed request message: {type(exc).__name__}") from None
+    return parse_request(decode_pb2.KvPushMessage, frame)
 
 
 def fill_prefix(kv: torch.Tensor, local: list[torch.Tensor]) -> torch.Tensor:

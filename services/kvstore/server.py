@@ -15,6 +15,7 @@ from opentelemetry import trace
 
 from kvmesh.runtime import kvevents, kvwire, pbframe
 from kvmesh.runtime.errors import FailedPrecondition, InvalidArgument, MeshError, ResourceExhausted
+from kvmesh.runtime.grpcutil import parse_request
 from kvmesh.runtime.offload import Offload
 from kvmesh.runtime.pb import common_pb2, events_pb2, kvstore_pb2, kvstore_pb2_grpc
 from kvmesh.runtime.telemetry import tracer
@@ -118,10 +119,7 @@ def put_kind(frame: bytes) -> str | None:
 
 
 def parse_put(frame: bytes, kind: str) -> kvstore_pb2.PutMessage:
-    try:
-        message = kvstore_pb2.PutMessage.FromString(frame)
-    except Exception as exc:  # noqa: BLE001 - bytes that do not parse are the sender's bad input
-        raise InvalidArgument(f"malformed request message: {type(exc).__name__}") from None
+    message = parse_request(kvstore_pb2.PutMessage, frame)
     if message.WhichOneof("msg") != kind:
         raise InvalidArgument(f"malformed Put message: it starts as {kind} but is {message.WhichOneof('msg') or 'empty'}")
     return message

@@ -110,8 +110,21 @@ def _safe_deserializer(deserialize: Callable | None) -> Callable | None:
 
 def _checked(request: Any) -> Any:
     if isinstance(request, MalformedRequest):
-        raise InvalidArgument(f"malformed request message: {type(request.error).__name__}")
+        raise _malformed(request.error)
     return request
+
+
+def _malformed(error: Exception) -> InvalidArgument:
+    return InvalidArgument(f"malformed request message: {type(error).__name__}")
+
+
+def parse_request(message_type: Any, data: bytes) -> Any:
+    """A request's bytes (a `RAW_REQUESTS` method's) parsed as `message_type`; bytes that do not
+    parse are InvalidArgument, as gRPC's own parse of a request would answer."""
+    try:
+        return message_type.FromString(data)
+    except Exception as exc:  # noqa: BLE001 - any parse failure is the caller's bad input
+        raise _malformed(exc) from None
 
 
 async def _checked_stream(requests: Any) -> Any:
