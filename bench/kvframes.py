@@ -8,6 +8,8 @@ frames (`kvmesh.runtime.pbframe`), side by side, for three block sizes:
 - a decode worker's PushKv receive: the event loop's (the parse, each read of the payload) and
   the codec pool's (validation, checksum, decoding);
 - the KV store's Get answer: the store thread's and the event loop's;
+- a Get's answer read by a worker (`StoreReader`): the event loop's (the parse; frames: the
+  header only) and the codec pool's (decoding; frames: the parse too);
 - the KV store's Put receive (a hand-back's `runs` message of 4 MiB or one run): the event
   loop's (the parse, the payload's length) and the store thread's (the payload read to stage it).
 
@@ -97,6 +99,8 @@ def measure(layers: int, heads: int, dim: int, dtype: torch.dtype, n: int, repea
     old_message = kvstore_pb2.PutMessage.FromString(put)
     stored = block_from_pb(old_block)
     assert block_frame(stored) == block_to_pb(stored).SerializeToString()
+    get_bytes = block_frame(stored)
+    got_block, got_frame = common_pb2.KvBlock.FromString(get_bytes), kvwire.read_frame(get_bytes)
     out = {
         "send, codec pool: old": cpu_us(lambda: kvtensor.encode_block(kv, block_hash=HASH), n, repeats),
         "send, event loop: old": cpu_us(lambda: decode_pb2.KvPushMessage(block=old_block).SerializeToString(), n, repeats),
@@ -108,6 +112,10 @@ def measure(layers: int, heads: int, dim: int, dtype: torch.dtype, n: int, repea
         "Get, store thread: old": cpu_us(lambda: block_to_pb(codec.convert(stored, Encoding.RAW)), n, repeats),
         "Get, event loop: old": cpu_us(lambda: old_block.SerializeToString(), n, repeats),
         "Get, store thread: frames": cpu_us(lambda: block_frame(codec.convert(stored, Encoding.RAW)), n, repeats),
+        "read, codec pool: old": cpu_us(lambda: kvtensor.decode_block(got_block, spec), n, repeats),
+        "read, event loop: old": cpu_us(lambda: common_pb2.KvBlock.FromString(get_bytes), n, repeats),
+        "read, codec pool: frames": cpu_us(lambda: kvtensor.decode_frame(got_frame, spec), n, repeats),
+        "read, event loop: frames": cpu_us(lambda: kvwire.read_frame(get_bytes), n, repeats),
         # a Put message holds `per_put` blocks: its costs a block
         "Put, store thread: old": cpu_us(put_pool(old_message), n, repeats) / per_put,
         "Put, event loop: old": cpu_us(old_put_loop, n, repeats) / per_put,
@@ -131,11 +139,12 @@ def main() -> None:
     for name, (layers, heads, dim, dtype) in SIZES.items():
         r = measure(layers, heads, dim, dtype, args.blocks, args.repeats)
         for path, step in (("PushKv send", "send"), ("PushKv receive", "receive"), ("KV store Get", "Get"),
-                           ("KV store Put receive", "Put")):
+                           ("Get read by a worker", "read"), ("KV store Put receive", "Put")):
             pool = "store thread" if step in ("Get", "Put") else "codec pool"
             old_pool, new_pool = r[f"{step}, {pool}: old"], r[f"{step}, {pool}: frames"]
             old_loop, new_loop = r[f"{step}, event loop: old"], r.get(f"{step}, event loop: frames", 0.0)
-            loop_ratio = f"{old_loop / new_loop:.0f}x" if new_loop >= 0.05 else "all of it"
+            ratio = old_loop / new_loop if new_loop >= 0.05 else 0.0
+            loop_ratio = "all of it" if not ratio else f"{ratio:.1f}x" if ratio < 10 else f"{ratio:.0f}x"
             print(f"| {name} | {path} | {old_pool:.0f} | {old_loop:.0f} | {new_pool:.0f} | {new_loop:.2f} | {loop_ratio} | "
                   f"{(old_pool + old_loop) / (new_pool + new_loop):.2f}x |")
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from . import kvwire
 from .errors import MeshError
 from .grpcutil import ChannelPool
 from .kvshards import Shard, ShardDirectory, contiguous_prefix, rank, split_by_owner
@@ -39,6 +40,25 @@ OLD_STORE_PUT = "unexpected empty message"  # a store older than KvBlockRun, han
 UNARY_RETRY_S = 300.0  # a shard without LookupChains gets unary Lookups this long before it is asked again
 NO_LEASE = -1.0  # lookup_chains' lease_s for "what is held" only
 PUT_METHOD = "/kvmesh.v1.KvStore/Put"
+GET_METHOD = "/kvmesh.v1.KvStore/Get"
+
+
+@dataclass(frozen=True, slots=True)
+class _Calls:
+    """A shard's calls on one channel: the stub, `Put` sending messages already serialized
+    (`put_frames`), and `Get` answering its blocks' bytes unparsed (`kvwire.read_frame`)."""
+
+    channel: grpc.aio.Channel
+    stub: kvstore_pb2_grpc.KvStoreStub
+    put: grpc.aio.StreamUnaryMultiCallable
+    get: grpc.aio.UnaryStreamMultiCallable
+
+    @classmethod
+    def of(cls, channel: grpc.aio.Channel) -> _Calls:
+        put = channel.stream_unary(PUT_METHOD, request_serializer=None, response_deserializer=kvstore_pb2.PutResponse.FromString)
+        get = channel.unary_stream(GET_METHOD, request_serializer=kvstore_pb2.GetRequest.SerializeToString,
+                                   response_deserializer=None)
+        return cls(channel, kvstore_pb2_grpc.KvStoreStub(channel), put, get)
 
 
 @dataclass(slots=True)
@@ -62,29 +82,26 @@ class ShardedStore:
         self.replicated = 0
         self.failures = 0  # calls a shard failed
         self._channels = channels
-        # endpoint -> (channel, stub, its Put for messages already serialized)
-        self._stubs: dict[str, tuple[grpc.aio.Channel, kvstore_pb2_grpc.KvStoreStub, grpc.aio.StreamUnaryMultiCallable]] = {}
+        self._stubs: dict[str, _Calls] = {}  # endpoint -> its calls
         self._no_runs: set[str] = set()  # endpoints of stores older than KvBlockRun
         self._hits: Counter[bytes] = Counter()
         self._background: set[asyncio.Task] = set()
         self._clock = clock
         self._unary_until: dict[str, float] = {}  # endpoint -> when to try its LookupChains again
 
-    def _calls(self, shard: Shard) -> tuple[grpc.aio.Channel, kvstore_pb2_grpc.KvStoreStub, grpc.aio.StreamUnaryMultiCallable]:
-        """The shard's stub and its `Put` sending messages already serialized (`put_frames`), made
-        once per channel (a channel the pool replaced gets new ones)."""
+    def _calls(self, shard: Shard) -> _Calls:
+        """The shard's calls, made once per channel (a channel the pool replaced gets new ones)."""
         channel = self._channels.get(shard.endpoint)
         cached = self._stubs.get(shard.endpoint)
-        if cached is None or cached[0] is not channel:
-            put = channel.stream_unary(PUT_METHOD, request_serializer=None, response_deserializer=kvstore_pb2.PutResponse.FromString)
-            cached = self._stubs[shard.endpoint] = (channel, kvstore_pb2_grpc.KvStoreStub(channel), put)
+        if cached is None or cached.channel is not channel:
+            cached = self._stubs[shard.endpoint] = _Calls.of(channel)
         return cached
 
     def _stub(self, shard: Shard) -> kvstore_pb2_grpc.KvStoreStub:
-        return self._calls(shard)[1]
+        return self._calls(shard).stub
 
     def _put_call(self, shard: Shard) -> grpc.aio.StreamUnaryMultiCallable:
-        return self._calls(shard)[2]
+        return self._calls(shard).put
 
     def _failed(self, shard: Shard, call: str, exc: Exception) -> None:
         self.failures += 1
@@ -162,13 +179,14 @@ class ShardedStore:
             self._failed(shard, "Lookup", exc)
             return None
 
-    async def get(self, hashes: Sequence[bytes], skip: int, found: ShardedLookup, encoding: int) -> list[common_pb2.KvBlock]:
-        """Blocks `skip..found.num_blocks` of `hashes`, in order, from their owners (concurrently).
-        Stops short at the first block whose shard failed."""
+    async def get(self, hashes: Sequence[bytes], skip: int, found: ShardedLookup, encoding: int) -> list[kvwire.BlockFrame]:
+        """Blocks `skip..found.num_blocks` of `hashes`, in order, from their owners (concurrently),
+        as their messages' bytes with the header read (`kvwire.BlockFrame`: the caller parses the
+        rest off the event loop). Stops short at the first block whose shard failed."""
         by_shard: dict[Shard, list[int]] = {}
         for i in range(skip, found.num_blocks):
             by_shard.setdefault(found.owners[i], []).append(i)
-        got: dict[int, common_pb2.KvBlock] = {}
+        got: dict[int, kvwire.BlockFrame] = {}
         end = found.num_blocks
 
         async def fetch(shard: Shard, positions: list[int]) -> None:
@@ -178,7 +196,8 @@ class ShardedStore:
                                              encoding=encoding)
             k = 0
             try:
-                async for block in self._stub(shard).Get(request, timeout=self.timeout_s * 4, metadata=inject_metadata()):
+                async for frame in self._calls(shard).get(request, timeout=self.timeout_s * 4, metadata=inject_metadata()):
+                    block = kvwire.read_frame(frame)
                     if k >= len(positions) or block.header.block_hash != wanted[k]:
                         raise ValueError(f"shard sent an unexpected block at position {positions[min(k, len(positions) - 1)]}")
                     got[positions[k]] = block
@@ -235,7 +254,7 @@ class ShardedStore:
         frames = put_frames(self.spec, producer_id, chains, runs_ok=runs_ok)
         return await self._put_call(shard)(iter(frames), timeout=self.put_timeout_s, metadata=inject_metadata())
 
-    def _count_hits(self, blocks: list[common_pb2.KvBlock]) -> None:
+    def _count_hits(self, blocks: list[kvwire.BlockFrame]) -> None:
         if self.replicas < 2 or self.hot_hits <= 0:
             return
         hot = []
@@ -251,8 +270,13 @@ class ShardedStore:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    async def _replicate(self, blocks: list[common_pb2.KvBlock]) -> None:
+    async def _replicate(self, frames: list[kvwire.BlockFrame]) -> None:
         """Copies hot blocks to the shards ranked 2..R for each (the owner already has them)."""
+        try:
+            blocks = await asyncio.to_thread(lambda: [f.block() for f in frames])  # NOTE: a parse is a copy a block
+        except ValueError as exc:
+            log.warning("hot KV blocks not replicated: %s", exc)
+            return
         shards = self.directory.shards()
         by_shard: dict[Shard, list[common_pb2.KvBlock]] = {}
         for block in blocks:

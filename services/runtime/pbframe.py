@@ -24,6 +24,19 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
+def read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """The varint at `buf[pos:]` and where it ends; ValueError when it runs past the end."""
+    value, shift = 0, 0
+    while pos < len(buf) and shift < 64:
+        byte = buf[pos]
+        value |= (byte & 0x7F) << shift
+        pos += 1
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+    raise ValueError("truncated varint")
+
+
 def key(number: int) -> bytes:
     """The key of length-delimited field `number` (bytes, string or a message)."""
     return varint(number << 3 | 2)

@@ -65,6 +65,11 @@ def pack_blocks(kv: torch.Tensor, block_hashes: Sequence[bytes], start: int, dty
     return BlockRun.of(to_bytes(kv), block_hashes, start)
 
 
+def decode_frame(frame: kvwire.BlockFrame, spec: common_pb2.ModelSpec) -> torch.Tensor:
+    """`decode_block` of a block still in its bytes (a Get's answer): parsed here, on the codec pool."""
+    return decode_block(frame.block(), spec)
+
+
 def decode_block(block: common_pb2.KvBlock, spec: common_pb2.ModelSpec) -> torch.Tensor:
     """A validated block as a tensor `[2, L, n, H, D]` in the spec's dtype (CPU)."""
     data = kvwire.decode_block(block, spec)

@@ -69,8 +69,8 @@ class StoreReader:
             return []
         blocks: list[torch.Tensor] = []
         with tracer.start_as_current_span("kvstore.get", attributes={"blocks": end - skip}):
-            for i, block in enumerate(await self.store.get(hashes, skip, found, kvwire.RAW)):
-                if block.header.num_tokens != self.spec.block_size:
+            for i, frame in enumerate(await self.store.get(hashes, skip, found, kvwire.RAW)):
+                if frame.header.num_tokens != self.spec.block_size:
                     raise ValueError(f"store sent a partial block at position {skip + i}")
-                blocks.append(await self.codec.run(kvtensor.decode_block, block, self.spec))  # off the event loop
+                blocks.append(await self.codec.run(kvtensor.decode_frame, frame, self.spec))  # parsed off the event loop
         return blocks

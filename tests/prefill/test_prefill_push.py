@@ -203,3 +203,41 @@ async def test_the_push_outbox_is_bounded_and_gives_up_when_the_push_ends() -> N
     assert not waiting.done() and outbox.qsize() == 1  # held back, not queued
     reply.set_result(None)
     assert await asyncio.wait_for(waiting, 1.0) is False
+
+
+async def test_blocks_read_from_the_store_are_parsed_on_the_codec_pool(monkeypatch) -> None:
+    """A Get's answers reach the client as bytes with only their header read
+    (`kvwire.read_frame`); the whole block is parsed (a copy of its payload) on the codec pool."""
+    import threading
+
+    import torch
+
+    from kvmesh.runtime.kvshardclient import ShardedStore
+    from kvmesh.runtime.kvshards import Shard, ShardDirectory
+    from kvmesh.runtime.grpcutil import ChannelPool
+    from kvmesh.worker import kvtensor
+    from kvmesh.worker.storereader import StoreReader
+
+    spec = common_pb2.ModelSpec(model_id="m", dtype="float32", block_size=4, num_layers=2, num_kv_heads=2, head_dim=8)
+    kvs = [torch.randn(2, 2, 4, 2, 8) for _ in range(3)]
+    hashes = [bytes([i]) * 32 for i in range(3)]
+    fake = FakeStore()
+    fake.blocks = {h: kvtensor.encode_block(kv, block_hash=h, block_index=i) for i, (h, kv) in enumerate(zip(hashes, kvs))}
+    threads: list[str] = []
+    parse = kvwire.BlockFrame.block
+
+    def spy(self):
+        threads.append(threading.current_thread().name)
+        return parse(self)
+
+    monkeypatch.setattr(kvwire.BlockFrame, "block", spy)
+    server = await start_server("127.0.0.1", 0, [(kvstore_pb2_grpc.add_KvStoreServicer_to_server, fake, "kvmesh.v1.KvStore")])
+    pool = ChannelPool()
+    try:
+        store = ShardedStore(ShardDirectory([Shard("s", f"127.0.0.1:{server.port}")]), pool, spec, 10.0)
+        got = await StoreReader(store, spec).read(hashes, 1)
+        assert [torch.equal(a, b) for a, b in zip(got, kvs[1:])] == [True, True]
+        assert len(threads) == 2 and all(name.startswith("kv-codec") for name in threads)
+    finally:
+        await pool.close()
+        await server.stop(0)

@@ -163,3 +163,38 @@ def test_a_frame_of_a_non_contiguous_tensor_has_its_elements_in_order() -> None:
     assert not kv.is_contiguous()
     frame, _ = kvtensor.encode_frame(kv, block_hash=HASH)
     assert torch.equal(kvtensor.decode_block(common_pb2.KvBlock.FromString(frame), spec()), kv)
+
+
+def test_read_frame_reads_the_header_and_block_parses_the_rest() -> None:
+    msg = kvtensor.encode_block(kv_block(), block_hash=HASH, block_index=4)
+    frame = kvwire.read_frame(msg.SerializeToString())
+    assert frame.header == msg.header and frame.block() == msg
+
+
+def test_read_frame_of_fields_in_another_order_parses_the_whole() -> None:
+    from kvmesh.runtime import pbframe
+
+    msg = kvtensor.encode_block(kv_block(), block_hash=HASH, block_index=4)
+    head = msg.header.SerializeToString()
+    data_first = b"".join([pbframe.field(pbframe.key(2), len(msg.data)), msg.data, pbframe.field(pbframe.key(1), len(head)), head])
+    frame = kvwire.read_frame(data_first)
+    assert frame.header == msg.header and frame.block() == msg
+
+
+def test_a_frame_whose_header_is_overridden_later_is_refused() -> None:
+    """protobuf merges a second header field into the first: the header read first is not the
+    message's, and a block that says one hash and is another must not pass."""
+    from kvmesh.runtime import pbframe
+
+    msg = kvtensor.encode_block(kv_block(), block_hash=HASH, block_index=4)
+    other = common_pb2.KvBlockHeader(block_hash=bytes(32)).SerializeToString()
+    frame = kvwire.read_frame(msg.SerializeToString() + pbframe.field(pbframe.key(1), len(other)) + other)
+    assert frame.header == msg.header
+    with pytest.raises(ValueError, match="header"):
+        frame.block()
+
+
+@pytest.mark.parametrize("data", [b"\x0a\xff\xff", b"\x0a\x05ab", b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"])
+def test_a_frame_that_does_not_parse_is_a_value_error(data: bytes) -> None:
+    with pytest.raises(ValueError, match="does not parse"):
+        kvwire.read_frame(data)
