@@ -5,8 +5,9 @@ frames (`kvmesh.runtime.pbframe`), side by side, for three block sizes:
   layers, 8 KV heads of 128, bfloat16, 16 tokens);
 - a prefill worker's PushKv send: the codec pool's work and the event loop's (the old path's
   serializer ran on the loop, as gRPC's request serializer);
-- a decode worker's PushKv receive: the event loop's (the parse, each read of the payload) and
-  the codec pool's (validation, checksum, decoding);
+- a decode worker's PushKv receive: the event loop's (the parse, each read of the payload, the
+  copy into the prompt's buffer) and the codec pool's (validation, checksum, decoding; frames:
+  the parse and the copy too);
 - the KV store's Get answer: the store thread's and the event loop's;
 - a Get's answer read by a worker (`StoreReader`): the event loop's (the parse; frames: the
   header only) and the codec pool's (decoding; frames: the parse too);
@@ -26,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from kvmesh.decode.receive import read_push
+from kvmesh.decode.receive import PendingKv, read_push
 from kvmesh.kvstore import codec
 from kvmesh.kvstore.blocks import Encoding
 from kvmesh.kvstore.server import block_frame, block_from_pb, block_to_pb, parse_put, put_kind
@@ -65,10 +66,19 @@ def measure(layers: int, heads: int, dim: int, dtype: torch.dtype, n: int, repea
     new_bytes, _ = kvtensor.encode_frame(kv, block_hash=HASH, wrap=BLOCK_IN_PUSH)
     assert decode_pb2.KvPushMessage.FromString(new_bytes) == decode_pb2.KvPushMessage.FromString(old_bytes)
 
-    def old_receive_loop() -> None:  # gRPC's parse, then wire_bytes twice (each read of `data` copies)
+    pending = PendingKv("bench", BLOCK_SIZE, 0, BLOCK_SIZE, [HASH])
+    pending.open(decode_pb2.KvPushOpen(spec=spec, num_tokens=BLOCK_SIZE))
+    decoded = kvtensor.decode_block(old_block, spec)
+
+    def old_receive_loop() -> None:  # gRPC's parse, wire_bytes twice (each read of `data` copies), the copy into place
         msg = decode_pb2.KvPushMessage.FromString(old_bytes)
         len(msg.block.data) + len(msg.block.scales)
         len(msg.block.data) + len(msg.block.scales)
+        pending.kv[:, :, 0:BLOCK_SIZE].copy_(decoded)
+
+    def new_receive_loop() -> None:  # the header's lengths, the counts
+        pending.received(kvwire.wire_bytes(parsed.block))
+        pending.num_received = 0
 
     def old_decode() -> None:  # the old kvtensor.decode_block: its length check, checksum and transcode each read `data`
         block = parsed.block
@@ -107,8 +117,8 @@ def measure(layers: int, heads: int, dim: int, dtype: torch.dtype, n: int, repea
         "send, codec pool: frames": cpu_us(lambda: kvtensor.encode_frame(kv, block_hash=HASH, wrap=BLOCK_IN_PUSH), n, repeats),
         "receive, event loop: old": cpu_us(old_receive_loop, n, repeats),
         "receive, codec pool: old": cpu_us(old_decode, n, repeats),
-        "receive, codec pool: frames": cpu_us(lambda: read_push(new_bytes, spec), n, repeats),
-        "receive, event loop: frames": cpu_us(lambda: kvwire.wire_bytes(parsed.block), n, repeats),  # the header's lengths
+        "receive, codec pool: frames": cpu_us(lambda: read_push(new_bytes, spec, pending), n, repeats),
+        "receive, event loop: frames": cpu_us(new_receive_loop, n, repeats),
         "Get, store thread: old": cpu_us(lambda: block_to_pb(codec.convert(stored, Encoding.RAW)), n, repeats),
         "Get, event loop: old": cpu_us(lambda: old_block.SerializeToString(), n, repeats),
         "Get, store thread: frames": cpu_us(lambda: block_frame(codec.convert(stored, Encoding.RAW)), n, repeats),
@@ -131,8 +141,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5, help="passes; the median is shown")
     args = p.parse_args()
     torch.set_num_threads(1)
-    print("thread CPU µs a block, the median of passes (the pool: the codec pool or the store's thread; the receiver's "
-          "copy into the prompt's buffer, the same on both paths, is left out)\n")
+    print("thread CPU µs a block, the median of passes (the pool: the codec pool or the store's thread)\n")
     print("| block | path | old: pool | old: event loop | frames: pool | frames: event loop | event loop, old / frames | "
           "all, old / frames |")
     print("|---|---|---|---|---|---|---|---|")

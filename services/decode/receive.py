@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 
-from kvmesh.runtime import kvwire
 from kvmesh.worker import kvtensor
 from kvmesh.runtime.errors import InvalidArgument, NotFound
 from kvmesh.runtime.grpcutil import parse_request
@@ -29,7 +28,7 @@ class PendingKv:
     start_block: int
     block_size: int
     hashes: list[bytes]  # chained hashes of the prompt's full blocks
-    kv: torch.Tensor | None = None  # [2, L, num_tokens, H, D] once the first block arrived
+    kv: torch.Tensor | None = None  # [2, L, num_tokens, H, D] once the push opened
     num_received: int = 0
     bytes_received: int = 0
     opened: bool = False
@@ -49,6 +48,8 @@ class PendingKv:
         return self.closed and self.error is None and self.num_received == self.num_expected
 
     def open(self, msg: decode_pb2.KvPushOpen) -> None:
+        """The push's open (its spec already checked against the worker's): `kv` is made for the
+        blocks to land in."""
         if self.opened:
             raise InvalidArgument(f"request {self.request_id!r}: KV push already opened")
         if msg.num_tokens != self.num_tokens or msg.start_block != self.start_block:
@@ -56,6 +57,9 @@ class PendingKv:
                 f"request {self.request_id!r}: push of {msg.num_tokens} tokens from block {msg.start_block}, "
                 f"expected {self.num_tokens} tokens from block {self.start_block}"
             )
+        spec = msg.spec
+        self.kv = torch.empty((2, spec.num_layers, self.num_tokens, spec.num_kv_heads, spec.head_dim),
+                              dtype=kvtensor.TORCH_DTYPES[spec.dtype])
         self.opened = True
 
     def check(self, block: common_pb2.KvBlock) -> int:
@@ -74,21 +78,16 @@ class PendingKv:
             raise InvalidArgument(f"KV block {index}: block hash does not match the prompt's tokens")
         return index
 
-    def store(self, index: int, kv: torch.Tensor, wire_bytes: int) -> None:
-        """Put checked block `index` (`[2, L, n, H, D]`, decoded) at its place in `kv`."""
-        if self.kv is None:
-            two, layers, _, heads, dim = kv.shape
-            self.kv = torch.empty((two, layers, self.num_tokens, heads, dim), dtype=kv.dtype)
-        start = index * self.block_size
-        self.kv[:, :, start : start + kv.shape[2]].copy_(kv)
+    def fill(self, block: common_pb2.KvBlock, spec: common_pb2.ModelSpec) -> None:
+        """The codec pool: `check`s the block and decodes it into its place in `kv`. Its counts
+        are the event loop's (`received`), so they do not move while a block is being filled."""
+        start = self.check(block) * self.block_size
+        kvtensor.decode_block_into(block, spec, self.kv[:, :, start : start + block.header.num_tokens])
+
+    def received(self, wire_bytes: int) -> None:
+        """A block `fill`ed."""
         self.num_received += 1
         self.bytes_received += wire_bytes
-
-    def add(self, block: common_pb2.KvBlock, spec: common_pb2.ModelSpec) -> None:
-        """check + decode + store on the calling thread (see `DecodeWorker.receive_push` for the
-        event-loop path, which decodes on the codec pool)."""
-        index = self.check(block)
-        self.store(index, kvtensor.decode_block(block, spec), kvwire.wire_bytes(block))
 
     def close(self, msg: decode_pb2.KvPushClose) -> None:
         self.closed = True
@@ -121,13 +120,15 @@ class KvReceiver:
         return pending
 
 
-def read_push(frame: bytes, spec: common_pb2.ModelSpec) -> tuple[decode_pb2.KvPushMessage, torch.Tensor | None]:
-    """Codec pool: one PushKv message's bytes parsed, and a block's payload validated and decoded
-    (its header is checked against the request on the event loop, `PendingKv.check`). PushKv's
-    requests come unparsed (`DecodeServicer.RAW_REQUESTS`): a 2 MiB block's parse and each read of
-    its payload are a copy, ~0.2 ms each, that would all hold the event loop."""
+def read_push(frame: bytes, spec: common_pb2.ModelSpec, pending: PendingKv) -> decode_pb2.KvPushMessage:
+    """Codec pool: one PushKv message's bytes parsed, and a block checked and decoded into its
+    place (`PendingKv.fill`). PushKv's requests come unparsed (`DecodeServicer.RAW_REQUESTS`): a
+    2 MiB block's parse, each read of its payload and its copy into the prompt's buffer are a copy,
+    ~0.2 ms each, that would all hold the event loop."""
     msg = parse_push(frame)
-    return msg, kvtensor.decode_block(msg.block, spec) if msg.WhichOneof("msg") == "block" else None
+    if msg.WhichOneof("msg") == "block":
+        pending.fill(msg.block, spec)
+    return msg
 
 
 def parse_push(frame: bytes) -> decode_pb2.KvPushMessage:

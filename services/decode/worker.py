@@ -259,12 +259,11 @@ class DecodeWorker:
         try:
             pending.open(first.open)
             async for frame in frames:
-                msg, kv = await self.codec.run(read_push, frame, self.spec)
+                msg = await self.codec.run(read_push, frame, self.spec, pending)
                 kind = msg.WhichOneof("msg")
                 if kind == "block":
-                    index = pending.check(msg.block)
                     nbytes = kvwire.wire_bytes(msg.block)
-                    pending.store(index, kv, nbytes)
+                    pending.received(nbytes)
                     label = kvwire.encoding_name(msg.block.header.encoding)
                     metrics.KV_BLOCKS_RECEIVED.labels(label).inc()
                     metrics.KV_BYTES_RECEIVED.labels(label).inc(nbytes)

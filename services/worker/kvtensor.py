@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from kvmesh.runtime import kvwire
@@ -68,6 +69,20 @@ def pack_blocks(kv: torch.Tensor, block_hashes: Sequence[bytes], start: int, dty
 def decode_frame(frame: kvwire.BlockFrame, spec: common_pb2.ModelSpec) -> torch.Tensor:
     """`decode_block` of a block still in its bytes (a Get's answer): parsed here, on the codec pool."""
     return decode_block(frame.block(), spec)
+
+
+_BITS = {2: (torch.int16, "<i2"), 4: (torch.int32, "<i4")}  # a dtype's elements as integers of their size
+
+
+def decode_block_into(block: common_pb2.KvBlock, spec: common_pb2.ModelSpec, out: torch.Tensor) -> None:
+    """`decode_block` written straight into `out` (a CPU view `[2, L, n, H, D]` of the spec's
+    dtype, e.g. a prompt's place in a larger buffer): one copy, no tensor made on the way."""
+    data = kvwire.decode_block(block, spec)
+    if tuple(out.shape) != tuple(block.header.shape) or out.dtype != TORCH_DTYPES[spec.dtype]:
+        raise ValueError(f"KV block {list(block.header.shape)} {spec.dtype} into {list(out.shape)} {out.dtype}")
+    ints, wire = _BITS[out.element_size()]
+    # NOTE: as integers of the same size, so numpy (no bfloat16) copies the bytes into the strided view
+    out.view(ints).numpy()[...] = np.frombuffer(data, dtype=wire).reshape(out.shape)
 
 
 def decode_block(block: common_pb2.KvBlock, spec: common_pb2.ModelSpec) -> torch.Tensor:

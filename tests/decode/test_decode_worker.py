@@ -212,12 +212,13 @@ async def test_pushed_blocks_are_decoded_off_the_event_loop_into_one_buffer(deco
 
     threads: list[str] = []
     decode_block = kvtensor.decode_block
+    decode_into = kvtensor.decode_block_into
 
-    def spy(block, spec):
+    def spy(block, spec, out):
         threads.append(threading.current_thread().name)
-        return decode_block(block, spec)
+        return decode_into(block, spec, out)
 
-    monkeypatch.setattr(kvtensor, "decode_block", spy)
+    monkeypatch.setattr(kvtensor, "decode_block_into", spy)
     pending = _pending(decode)
     blocks = [_block(decode, i) for i in range(3)]
     close = decode_pb2.KvPushMessage(close=decode_pb2.KvPushClose(num_blocks=3))

@@ -198,3 +198,15 @@ def test_a_frame_whose_header_is_overridden_later_is_refused() -> None:
 def test_a_frame_that_does_not_parse_is_a_value_error(data: bytes) -> None:
     with pytest.raises(ValueError, match="does not parse"):
         kvwire.read_frame(data)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_decode_block_into_fills_a_place_in_a_larger_buffer(dtype: str) -> None:
+    kv = kv_block(n=3, dtype=kvtensor.TORCH_DTYPES[dtype])
+    msg = kvtensor.encode_block(kv, encoding=kvwire.INT8 if dtype == "float16" else kvwire.RAW)
+    buffer = torch.zeros(2, L, 10, H, D, dtype=kv.dtype)
+    kvtensor.decode_block_into(msg, spec(dtype), buffer[:, :, 4:7])  # a strided view
+    assert torch.equal(buffer[:, :, 4:7], kvtensor.decode_block(msg, spec(dtype)))
+    assert not buffer[:, :, :4].any() and not buffer[:, :, 7:].any()
+    with pytest.raises(ValueError, match="into"):
+        kvtensor.decode_block_into(msg, spec(dtype), buffer[:, :, 4:8])
