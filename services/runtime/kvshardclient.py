@@ -11,7 +11,7 @@ consecutive blocks and the block before them), several per Put, in `blocks` (or,
 `runs`) messages of at most PUT_MESSAGE_BYTES (kvstoremsgs.py builds the messages). A shard older
 than `KvBlockRun` refuses a run as "unexpected empty message": that Put is sent again with the
 run's blocks as `KvBlock`s, and so is every later one to that shard. No torch: blocks stay
-protobuf here.
+protobuf here, a Get's as their bytes with the header read (`kvwire.BlockFrame`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The KV block codec (the only one; numpy, torch-free): one block of K and V `[2, L, n, H, D]` as
-model-dtype bytes <-> `common_pb2.KvBlock`, and re-encoding between encodings (the KV store's cold tier).
+model-dtype bytes <-> `common_pb2.KvBlock` (or its serialized frame, `encode_frame` / `read_frame`:
+a large block's bytes are joined once and parsed off the event loop), and re-encoding between
+encodings (the KV store's cold tier).
 
 Encodings, symmetric quantization after KIVI:
 - RAW: the model dtype, little-endian, in `[2, L, n, H, D]` order;
