@@ -65,8 +65,12 @@ class BlockRun:
 
     def add_to(self, runs: kvstore_pb2.KvBlockRuns, new_chain: bool = False, parent_hash: bytes = b"") -> None:
         """Appends the run to a `runs` message (built in place: its payload is copied once)."""
-        runs.runs.add(block_hashes=self.block_hashes, checksums=self.checksums, first_index=self.first_index,
-                      encoding=self.encoding, data=self.data, scales=self.scales, new_chain=new_chain, parent_hash=parent_hash)
+        runs.runs.add(**self.head(new_chain, parent_hash), data=self.data, scales=self.scales)
+
+    def head(self, new_chain: bool, parent_hash: bytes) -> dict:
+        """Its `KvBlockRun` fields but the payload (data and scales)."""
+        return dict(block_hashes=self.block_hashes, checksums=self.checksums, first_index=self.first_index,
+                    encoding=self.encoding, new_chain=new_chain, parent_hash=parent_hash)
 
     def as_blocks(self, spec: common_pb2.ModelSpec) -> list[common_pb2.KvBlock]:
         """The same blocks as `KvBlock`s of `spec` (for a store older than `KvBlockRun`)."""
@@ -170,8 +174,7 @@ def runs_frame(entries: list[RunEntry]) -> bytes:
     protobuf, its payload and scales joined in once; a parser reads it as `put_messages`' message."""
     parts: list[pbframe.Buffer] = []
     for run, new_chain, parent_hash in entries:
-        head = kvstore_pb2.KvBlockRun(block_hashes=run.block_hashes, checksums=run.checksums, first_index=run.first_index,
-                                      encoding=run.encoding, new_chain=new_chain, parent_hash=parent_hash).SerializeToString()
+        head = kvstore_pb2.KvBlockRun(**run.head(new_chain, parent_hash)).SerializeToString()
         parts += pbframe.wrapped(_RUN_IN_RUNS, pbframe.pieces(head, [(_RUN_DATA, run.data), (_RUN_SCALES, run.scales)]))
     return b"".join(pbframe.wrapped(_RUNS_IN_PUT, parts))
 

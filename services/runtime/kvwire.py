@@ -165,8 +165,9 @@ def encode_block(
 ) -> common_pb2.KvBlock:
     """One block given as RAW model-dtype bytes of `shape` `[2, L, n, H, D]`, as a wire message in
     `encoding` (full blocks carry their chained hash)."""
+    encoding = encoding or RAW
     data, scales = _encoded(data, dtype, shape, encoding)
-    return block_message(data, scales, dtype, shape, encoding or RAW, block_hash, block_index, layer_start)
+    return block_message(data, scales, dtype, shape, encoding, block_hash, block_index, layer_start)
 
 
 def encode_frame(data: pbframe.Buffer, dtype: str, shape: tuple[int, ...], *, encoding: int = RAW, block_hash: bytes = b"",
@@ -174,20 +175,22 @@ def encode_frame(data: pbframe.Buffer, dtype: str, shape: tuple[int, ...], *, en
     """`encode_block`'s message serialized (`pbframe`: the payload joined in once, from `data`'s
     buffer when RAW), and its payload bytes. `wrap`: the key of the field of an outer message that
     holds the block (`KvPushMessage.block`): the frame is then that outer message."""
+    encoding = encoding or RAW
     data, scales = _encoded(data, dtype, shape, encoding)
-    header = block_header(len(data), len(scales), checksum(data, scales), dtype, shape, encoding or RAW, block_hash,
-                          block_index, layer_start)
+    header = block_header(len(data), len(scales), checksum(data, scales), dtype, shape, encoding, block_hash, block_index,
+                          layer_start)
     return block_frame(header, data, scales, wrap), len(data) + len(scales)
 
 
 def _encoded(data: pbframe.Buffer, dtype: str, shape: tuple[int, ...], encoding: int) -> tuple[pbframe.Buffer, bytes]:
+    """RAW `data` of `shape` checked and transcoded to `encoding` (RAW or another, never 0)."""
     if len(shape) != 5 or shape[0] != 2:
         raise ValueError(f"KV block must be [2, L, n, H, D], got {list(shape)}")
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"KV dtype {dtype} is not one of {sorted(DTYPE_BYTES)}")
-    if (encoding or RAW) not in ENCODING_NAMES:
+    if encoding not in ENCODING_NAMES:
         raise ValueError(f"unknown KV encoding {encoding}")
-    return transcode(data, b"", dtype, tuple(shape), RAW, encoding or RAW)
+    return transcode(data, b"", dtype, tuple(shape), RAW, encoding)
 
 
 def block_header(data_len: int, scales_len: int, crc: int, dtype: str, shape: Sequence[int], encoding: int,
